@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Prepares this checkout on a fresh machine, idempotently and quickly when already done:
+#   - Java 17+ and Maven (Debian packages) for the project-provisioned Kafka broker,
+#   - a virtual environment in .venv with streamjoin installed (editable) plus the extras named
+#     in $1 (comma-separated, e.g. "test,lint").
+# The broker's jars themselves are resolved from Maven Central on first use and cached
+# (~/.cache/streamjoin), by streamjoin.testing.kafka.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+extras="${1:-}"
+cd "$root"
+
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[bootstrap] installing ${missing[*]} (Debian packages)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "[bootstrap] please install: ${missing[*]} (Java 17+ and Maven run the local Kafka broker)" >&2
+    exit 1
+  fi
+fi
+
+python="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "[bootstrap] creating .venv with $($python --version)" >&2
+  "$python" -m venv .venv
+fi
+# Reinstall only when the package metadata or the wanted extras change.
+stamp=".venv/.streamjoin-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
+if [ ! -f "$stamp" ]; then
+  echo "[bootstrap] installing streamjoin${extras:+[$extras]} into .venv" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
+  rm -f .venv/.streamjoin-*
+  touch "$stamp"
+fi

@@ -1,0 +1,125 @@
+"""Typed inputs and outputs of the assignor (pure: no I/O, no asyncio, no Kafka).
+
+These value objects are the contract between the runtime (which builds them from
+aiokafka's group metadata and our userdata) and the assignment core. They are
+frozen so the core can share them freely; mappings are copied into plain
+dicts/tuples by the constructors so callers cannot mutate them afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+#: topic name -> sorted partition numbers
+TopicPartitions = Mapping[str, tuple[int, ...]]
+
+
+def normalize_topic_partitions(value: Mapping[str, Iterable[int]]) -> dict[str, tuple[int, ...]]:
+    """Sorted, de-duplicated partitions per topic; topics with no partitions dropped."""
+    out: dict[str, tuple[int, ...]] = {}
+    for topic in sorted(value):
+        parts = tuple(sorted(set(value[topic])))
+        if parts:
+            out[topic] = parts
+    return out
+
+
+@dataclass(frozen=True)
+class MemberState:
+    """What one group member reports in its subscription.
+
+    ``active``/``standby`` are the topic partitions it owned in its last
+    assignment (as of ``generation``); ``state_lag`` is, per changelog topic and
+    partition, how far its local store is behind the changelog end (0 = caught
+    up, absent = no local state).
+    """
+
+    member_id: str
+    topics: frozenset[str]
+    capacity: int = 1
+    generation: int = -1
+    active: TopicPartitions = field(default_factory=dict)
+    standby: TopicPartitions = field(default_factory=dict)
+    state_lag: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    host: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.member_id:
+            raise ValueError("member id must be a non-empty string")
+        if self.capacity < 1:
+            raise ValueError(
+                f"member {self.member_id!r}: capacity must be >= 1, got {self.capacity}"
+            )
+        object.__setattr__(self, "topics", frozenset(self.topics))
+        object.__setattr__(self, "active", normalize_topic_partitions(self.active))
+        object.__setattr__(self, "standby", normalize_topic_partitions(self.standby))
+        lag: dict[str, dict[int, int]] = {}
+        for topic in sorted(self.state_lag):
+            per_partition = {int(p): int(v) for p, v in self.state_lag[topic].items()}
+            for p, v in per_partition.items():
+                if v < 0:
+                    raise ValueError(
+                        f"member {self.member_id!r}: negative state lag {v} for {topic}[{p}]"
+                    )
+            lag[topic] = dict(sorted(per_partition.items()))
+        object.__setattr__(self, "state_lag", lag)
+        object.__setattr__(self, "tags", dict(sorted(self.tags.items())))
+
+
+@dataclass(frozen=True)
+class AssignorConfig:
+    """Knobs of the assignment; defaults are the documented ones."""
+
+    standby_replicas: int = 0
+    acceptable_recovery_lag: int = 10_000
+    #: KIP-441 style: keep a task on a caught-up member beyond its share while a
+    #: warm-up replica catches up on the balanced target. Off by default.
+    high_availability: bool = False
+
+    def __post_init__(self) -> None:
+        if self.standby_replicas < 0:
+            raise ValueError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
+        if self.acceptable_recovery_lag < 0:
+            raise ValueError(
+                f"acceptable_recovery_lag must be >= 0, got {self.acceptable_recovery_lag}"
+            )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything the assignor needs: cluster topics, declared groups, members."""
+
+    topics: Mapping[str, int]
+    members: tuple[MemberState, ...]
+    copartition: tuple[tuple[str, ...], ...] = ()
+    changelog_topics: frozenset[str] = frozenset()
+    config: AssignorConfig = field(default_factory=AssignorConfig)
+
+
+@dataclass(frozen=True)
+class MemberAssignment:
+    """What one member is told to own after the rebalance."""
+
+    active: TopicPartitions
+    standby: TopicPartitions
+
+
+@dataclass(frozen=True)
+class AssignmentStats:
+    tasks: int
+    moved: int
+    #: None where the minimum cannot be computed exactly (unequal subscriptions).
+    min_possible_moves: int | None
+    standby_tasks: int = 0
+    extra: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AssignmentResult:
+    assignments: Mapping[str, MemberAssignment]
+    unassigned: TopicPartitions
+    warnings: tuple[str, ...]
+    followup_rebalance: bool
+    stats: AssignmentStats

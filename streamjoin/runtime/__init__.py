@@ -1,0 +1,1 @@
+"""The imperative shell: Kafka clients, topic administration and worker services."""

@@ -1,0 +1,119 @@
+"""Topic administration: create declared topics, verify existing ones (thin shell over aiokafka).
+
+aiokafka's ``create_topics`` does not raise on per-topic errors, so every
+response's ``topic_errors`` is checked here and turned into a named error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import for_code
+
+_NO_ERROR = 0
+_TOPIC_ALREADY_EXISTS = 36
+_UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+class TopicAdminError(RuntimeError):
+    """A topic could not be created or verified."""
+
+
+class TopicPartitionCountMismatch(TopicAdminError):
+    """An existing topic has a different partition count than declared."""
+
+    def __init__(self, topic: str, declared: int, actual: int) -> None:
+        super().__init__(
+            f"topic {topic!r} exists with {actual} partitions but is declared with {declared}. "
+            f"Co-partitioned joins need the declared count: recreate the topic, add partitions "
+            f"with kafka-topics --alter (keys will move), or declare partitions={actual}."
+        )
+        self.topic = topic
+        self.declared = declared
+        self.actual = actual
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic the application needs: name, partition count, replication and configs."""
+
+    name: str
+    partitions: int
+    replication_factor: int = 1
+    config: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("topic name must not be empty")
+        if self.partitions < 1:
+            raise ValueError(f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}")
+
+
+async def describe_partition_counts(
+    admin: AIOKafkaAdminClient, topics: Iterable[str]
+) -> dict[str, int]:
+    """Partition count of each existing topic among ``topics`` (missing ones are absent)."""
+    wanted = sorted(set(topics))
+    if not wanted:
+        return {}
+    counts: dict[str, int] = {}
+    for entry in await admin.describe_topics(wanted):
+        code = entry["error_code"]
+        if code == _UNKNOWN_TOPIC_OR_PARTITION:
+            continue
+        if code != _NO_ERROR:
+            raise TopicAdminError(
+                f"describing topic {entry['topic']!r} failed: {for_code(code).__name__}"
+            )
+        counts[entry["topic"]] = len(entry["partitions"])
+    return counts
+
+
+async def ensure_topics(
+    bootstrap_servers: str, specs: Iterable[TopicSpec], **client_kwargs: object
+) -> list[str]:
+    """Create the missing topics among ``specs``; verify the partition count of existing ones.
+
+    Returns the names of the topics it created.
+    """
+    specs = list(specs)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
+    await admin.start()
+    try:
+        existing = await describe_partition_counts(admin, (s.name for s in specs))
+        for spec in specs:
+            if spec.name in existing and existing[spec.name] != spec.partitions:
+                raise TopicPartitionCountMismatch(spec.name, spec.partitions, existing[spec.name])
+        missing = [s for s in specs if s.name not in existing]
+        if not missing:
+            return []
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    s.name,
+                    s.partitions,
+                    s.replication_factor,
+                    topic_configs=dict(s.config),
+                )
+                for s in missing
+            ]
+        )
+        failures = []
+        for entry in response.topic_errors:
+            name, code = entry[0], entry[1]
+            message = entry[2] if len(entry) > 2 else None
+            if code in (_NO_ERROR, _TOPIC_ALREADY_EXISTS):
+                continue
+            failures.append(f"{name}: {for_code(code).__name__} {message or ''}".strip())
+        if failures:
+            raise TopicAdminError("creating topics failed: " + "; ".join(failures))
+        # A concurrent creator may have won the race with another partition count.
+        raced = await describe_partition_counts(admin, (s.name for s in missing))
+        for spec in missing:
+            if spec.name in raced and raced[spec.name] != spec.partitions:
+                raise TopicPartitionCountMismatch(spec.name, spec.partitions, raced[spec.name])
+        return [s.name for s in missing]
+    finally:
+        await admin.close()

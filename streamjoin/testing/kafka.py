@@ -1,0 +1,618 @@
+"""A real, single-node Apache Kafka (KRaft) broker provisioned by the project itself.
+
+No Docker engine exists on our machines, so the broker's jars are resolved from
+Maven Central once (with ``mvn dependency:copy-dependencies`` on a generated
+``pom.xml``) into a per-user cache, and the broker runs as a plain ``java``
+process on loopback with free ports in a temporary directory.
+
+The pure parts (config rendering, cache layout, port choice, Java version
+parsing) are plain functions so they can be unit-tested; :class:`LocalKafka` is
+the thin shell that runs processes. Use it as a context manager in scripts and
+benchmarks, through the pytest plugin (:mod:`streamjoin.testing.pytest_plugin`),
+or from the ``streamjoin dev-broker`` command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+#: Apache Kafka release the project tests against (KRaft only since 4.0).
+KAFKA_VERSION = "4.3.0"
+SCALA_VERSION = "2.13"
+#: log4j2's SLF4J 1.x binding, so the broker's SLF4J logs reach our log file.
+LOG4J_VERSION = "2.24.3"
+#: Kafka 4.x brokers need Java 17 or newer.
+MIN_JAVA_MAJOR = 17
+LOOPBACK = "127.0.0.1"
+
+_COMPLETE_MARKER = ".complete"
+
+Progress = Callable[[str], None]
+
+
+class KafkaProvisioningError(RuntimeError):
+    """The local broker could not be provisioned or started; the message says what to do."""
+
+
+class JavaNotFoundError(KafkaProvisioningError):
+    """No usable ``java`` (17+) on this machine."""
+
+
+class MavenNotFoundError(KafkaProvisioningError):
+    """No ``mvn`` to resolve the broker's jars with."""
+
+
+class KafkaResolutionError(KafkaProvisioningError):
+    """Resolving the broker's jars from Maven Central failed."""
+
+
+class BrokerStartError(KafkaProvisioningError):
+    """The broker process exited or did not answer metadata requests in time."""
+
+
+def _quiet(_: str) -> None:
+    """Default progress sink: say nothing."""
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Per-user cache root: ``$STREAMJOIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/streamjoin``,
+    else ``~/.cache/streamjoin``."""
+    env = os.environ if env is None else env
+    if env.get("STREAMJOIN_CACHE_DIR"):
+        return Path(env["STREAMJOIN_CACHE_DIR"]).expanduser()
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / "streamjoin"
+    return Path.home() / ".cache" / "streamjoin"
+
+
+def kafka_libs_dir(cache_dir: Path, version: str = KAFKA_VERSION) -> Path:
+    """Where the jars of one Kafka version live inside the cache."""
+    return cache_dir / "kafka" / f"{SCALA_VERSION}-{version}" / "libs"
+
+
+def render_pom(version: str = KAFKA_VERSION) -> str:
+    """A throwaway POM whose runtime dependencies are exactly the broker's classpath."""
+    return f"""<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>io.streamjoin.dev</groupId>
+  <artifactId>local-kafka</artifactId>
+  <version>{version}</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_{SCALA_VERSION}</artifactId>
+      <version>{version}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j-impl</artifactId>
+      <version>{LOG4J_VERSION}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def parse_java_major(version_output: str) -> int:
+    """The major version from ``java -version`` output (``1.8.0_x`` -> 8, ``17.0.2`` -> 17)."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if match is None:
+        raise JavaNotFoundError(
+            f"could not read the Java version from `java -version`: {version_output.strip()!r}"
+        )
+    major = int(match.group(1))
+    if major == 1 and match.group(2) is not None:
+        return int(match.group(2))
+    return major
+
+
+def free_port(host: str = LOOPBACK, exclude: frozenset[int] = frozenset()) -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks; retried if excluded)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in exclude:
+            return port
+    raise KafkaProvisioningError(f"no free TCP port found on {host}")
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID in URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """What makes one local broker: its ports, data directory and config overrides."""
+
+    broker_port: int
+    controller_port: int
+    log_dir: Path
+    host: str = LOOPBACK
+    node_id: int = 1
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.broker_port}"
+
+
+#: Defaults for a fast single-node development broker.
+DEV_BROKER_DEFAULTS: Mapping[str, str] = {
+    "group.initial.rebalance.delay.ms": "0",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "5",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "5",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "default.replication.factor": "1",
+    "min.insync.replicas": "1",
+    "num.partitions": "1",
+    # Declared topics are created explicitly; a typo must not silently create a
+    # one-partition topic that breaks co-partitioning.
+    "auto.create.topics.enable": "false",
+    "log.retention.hours": "-1",
+}
+
+
+def render_server_properties(settings: BrokerSettings) -> str:
+    """``server.properties`` for a combined broker+controller KRaft node on loopback."""
+    host = settings.host
+    props: dict[str, str] = {
+        "process.roles": "broker,controller",
+        "node.id": str(settings.node_id),
+        "controller.quorum.voters": f"{settings.node_id}@{host}:{settings.controller_port}",
+        "listeners": (
+            f"PLAINTEXT://{host}:{settings.broker_port},CONTROLLER://{host}:{settings.controller_port}"
+        ),
+        "advertised.listeners": f"PLAINTEXT://{host}:{settings.broker_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(settings.log_dir),
+    }
+    props.update(DEV_BROKER_DEFAULTS)
+    props.update(settings.overrides)
+    lines = ["# generated by streamjoin.testing.kafka"]
+    lines.extend(f"{key}={value}" for key, value in props.items())
+    return "\n".join(lines) + "\n"
+
+
+def render_log4j2_config(log_file: Path) -> str:
+    """log4j2 properties sending the broker's logs to one file, INFO for startup facts only."""
+    return f"""status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = info
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = info
+"""
+
+
+def java_command(
+    java: str,
+    classpath: list[Path],
+    main_class: str,
+    args: list[str],
+    *,
+    heap: str = "768m",
+    log4j_config: Path | None = None,
+) -> list[str]:
+    """The ``java`` argv for one of Kafka's main classes."""
+    cmd = [java, f"-Xmx{heap}", "-Djava.awt.headless=true", "-XX:+UseG1GC"]
+    if log4j_config is not None:
+        cmd.append(f"-Dlog4j2.configurationFile={log4j_config}")
+    cmd += ["-cp", os.pathsep.join(str(p) for p in classpath), main_class, *args]
+    return cmd
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def find_java(env: Mapping[str, str] | None = None) -> str:
+    """Path of a Java 17+ ``java``: ``$JAVA_HOME/bin/java`` first, then ``$PATH``."""
+    env = os.environ if env is None else env
+    candidates: list[str] = []
+    if env.get("JAVA_HOME"):
+        candidates.append(str(Path(env["JAVA_HOME"]) / "bin" / "java"))
+    on_path = shutil.which("java", path=env.get("PATH"))
+    if on_path:
+        candidates.append(on_path)
+    for java in candidates:
+        if not os.access(java, os.X_OK):
+            continue
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        major = parse_java_major(out.stderr + out.stdout)
+        if major >= MIN_JAVA_MAJOR:
+            return java
+        raise JavaNotFoundError(
+            f"{java} is Java {major}; Apache Kafka {KAFKA_VERSION} needs Java "
+            f"{MIN_JAVA_MAJOR} or newer. Install one (Debian/Ubuntu: "
+            f"`apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+        )
+    raise JavaNotFoundError(
+        "Java was not found (no JAVA_HOME, no `java` on PATH). The local Kafka broker needs "
+        f"Java {MIN_JAVA_MAJOR}+: install it (Debian/Ubuntu: "
+        "`apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+    )
+
+
+def find_maven(env: Mapping[str, str] | None = None) -> str:
+    """Path of ``mvn``, used once to resolve the broker's jars."""
+    env = os.environ if env is None else env
+    mvn = shutil.which("mvn", path=env.get("PATH"))
+    if mvn is None:
+        raise MavenNotFoundError(
+            "Apache Maven (`mvn`) was not found; it resolves the Kafka broker's jars from "
+            "Maven Central once. Install it (Debian/Ubuntu: `apt-get install maven`)."
+        )
+    return mvn
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Serialize resolution between processes (e.g. the demo and the tests at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cached_classpath(libs: Path) -> list[Path] | None:
+    """The cached jars, or None when the cache is missing or incomplete."""
+    if not (libs / _COMPLETE_MARKER).exists():
+        return None
+    jars = sorted(libs.glob("*.jar"))
+    return jars or None
+
+
+def resolve_kafka(
+    version: str = KAFKA_VERSION,
+    cache_dir: Path | None = None,
+    progress: Progress = _quiet,
+) -> list[Path]:
+    """The broker's classpath, resolved from Maven Central into the cache on first use.
+
+    Later calls return the cached jars without touching the network.
+    """
+    cache_dir = default_cache_dir() if cache_dir is None else cache_dir
+    libs = kafka_libs_dir(cache_dir, version)
+    cached = cached_classpath(libs)
+    if cached is not None:
+        return cached
+    with _file_lock(libs.parent / ".lock"):
+        cached = cached_classpath(libs)  # another process may have finished meanwhile
+        if cached is not None:
+            return cached
+        mvn = find_maven()
+        progress(
+            f"Resolving Apache Kafka {version} and its dependencies from Maven Central "
+            f"into {libs} (once; later runs reuse it)..."
+        )
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="streamjoin-pom-") as work:
+            pom = Path(work) / "pom.xml"
+            pom.write_text(render_pom(version))
+            staging = libs.parent / "libs.partial"
+            shutil.rmtree(staging, ignore_errors=True)
+            cmd = [
+                mvn,
+                "-B",
+                "-q",
+                "-f",
+                str(pom),
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={staging}",
+            ]
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+                raise KafkaResolutionError(
+                    f"resolving org.apache.kafka:kafka_{SCALA_VERSION}:{version} from Maven "
+                    f"Central failed (exit {result.returncode}). Check network access to Maven "
+                    f"Central and that the version exists. Maven said:\n{tail}"
+                )
+            if not any(staging.glob(f"kafka_{SCALA_VERSION}-*.jar")):
+                raise KafkaResolutionError(
+                    f"Maven finished but {staging} holds no kafka_{SCALA_VERSION} jar"
+                )
+            (staging / _COMPLETE_MARKER).write_text(version + "\n")
+            shutil.rmtree(libs, ignore_errors=True)
+            staging.rename(libs)
+        jars = sorted(libs.glob("*.jar"))
+        progress(f"Resolved {len(jars)} jars in {time.monotonic() - started:.1f}s.")
+        return jars
+
+
+# --------------------------------------------------------------------------- readiness
+
+
+async def _probe_ready(bootstrap_servers: str, timeout: float) -> bool:
+    """Metadata answers, and the group coordinator is up (which creates ``__consumer_offsets``,
+    so the first consumer group of a test does not race its creation)."""
+    from aiokafka import AIOKafkaClient
+    from aiokafka.client import CoordinationType
+    from aiokafka.errors import KafkaError
+
+    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=5000)
+    deadline = time.monotonic() + timeout
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout)
+        if not client.cluster.brokers():
+            return False
+        while True:
+            try:
+                await client.coordinator_lookup(CoordinationType.GROUP, "streamjoin-readiness")
+                return True
+            except KafkaError:
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(0.2)
+    finally:
+        await client.close()
+
+
+def broker_answers_metadata(bootstrap_servers: str, timeout: float = 10.0) -> bool:
+    """True when the broker answers metadata requests and its group coordinator is available.
+
+    Runs in its own thread and event loop so it works from sync code and from
+    inside a running event loop alike.
+    """
+    outcome: list[bool] = []
+
+    def probe() -> None:
+        try:
+            outcome.append(asyncio.run(_probe_ready(bootstrap_servers, timeout)))
+        except Exception:
+            outcome.append(False)
+
+    thread = threading.Thread(target=probe, name="kafka-readiness-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 10)
+    return bool(outcome and outcome[0])
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Ask Linux to SIGKILL the broker if the Python process that started it dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------- the broker
+
+
+class LocalKafka:
+    """One single-node KRaft broker on loopback, started and stopped by us.
+
+    ``with LocalKafka() as kafka: kafka.bootstrap_servers`` in scripts;
+    ``async with LocalKafka() as kafka:`` in asyncio code (start/stop run in a
+    thread so the loop keeps running).
+    """
+
+    def __init__(
+        self,
+        *,
+        version: str = KAFKA_VERSION,
+        cache_dir: Path | None = None,
+        data_dir: Path | None = None,
+        broker_port: int | None = None,
+        overrides: Mapping[str, str] | None = None,
+        startup_timeout: float = 90.0,
+        shutdown_timeout: float = 20.0,
+        heap: str = "768m",
+        progress: Progress = _quiet,
+    ) -> None:
+        self.version = version
+        self.cache_dir = default_cache_dir() if cache_dir is None else cache_dir
+        self._requested_data_dir = data_dir
+        self._requested_port = broker_port
+        self._overrides = dict(overrides or {})
+        self.startup_timeout = startup_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.heap = heap
+        self._progress = progress
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        self.settings: BrokerSettings | None = None
+        self.workdir: Path | None = None
+
+    # -- public
+
+    @property
+    def bootstrap_servers(self) -> str:
+        if self.settings is None or self._proc is None:
+            raise KafkaProvisioningError("the local broker is not running; call start() first")
+        return self.settings.bootstrap_servers
+
+    @property
+    def log_file(self) -> Path | None:
+        return None if self.workdir is None else self.workdir / "broker.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> LocalKafka:
+        """Resolve jars, format storage, launch the broker and wait until it answers metadata."""
+        if self._proc is not None:
+            raise KafkaProvisioningError("the local broker is already started")
+        java = find_java()
+        classpath = resolve_kafka(self.version, self.cache_dir, self._progress)
+        if self._requested_data_dir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="streamjoin-kafka-")
+            self.workdir = Path(self._tmpdir.name)
+        else:
+            self.workdir = self._requested_data_dir
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        broker_port = self._requested_port or free_port()
+        controller_port = free_port(exclude=frozenset({broker_port}))
+        self.settings = BrokerSettings(
+            broker_port=broker_port,
+            controller_port=controller_port,
+            log_dir=self.workdir / "data",
+            overrides=self._overrides,
+        )
+        props = self.workdir / "server.properties"
+        props.write_text(render_server_properties(self.settings))
+        log4j = self.workdir / "log4j2.properties"
+        log4j.write_text(render_log4j2_config(self.workdir / "broker.log"))
+        self._format_storage(java, classpath, props, log4j)
+        self._progress(f"Starting Apache Kafka {self.version} on {self.settings.bootstrap_servers}")
+        started = time.monotonic()
+        with (self.workdir / "stdout.log").open("wb") as stdout:
+            self._proc = subprocess.Popen(
+                java_command(
+                    java,
+                    classpath,
+                    "kafka.Kafka",
+                    [str(props)],
+                    heap=self.heap,
+                    log4j_config=log4j,
+                ),
+                stdout=stdout,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        self._progress(
+            f"Kafka ready at {self.bootstrap_servers} in {time.monotonic() - started:.1f}s"
+        )
+        return self
+
+    def stop(self) -> None:
+        """Controlled shutdown (SIGTERM); SIGKILL if it hangs past ``shutdown_timeout``."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(self.shutdown_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> LocalKafka:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+    # -- internals
+
+    def _format_storage(self, java: str, classpath: list[Path], props: Path, log4j: Path) -> None:
+        cmd = java_command(
+            java,
+            classpath,
+            "kafka.tools.StorageTool",
+            ["format", "--ignore-formatted", "-t", new_cluster_id(), "-c", str(props)],
+            heap="256m",
+            log4j_config=log4j,
+        )
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise BrokerStartError(
+                f"formatting KRaft storage failed (exit {result.returncode}):\n"
+                f"{(result.stdout + result.stderr).strip()[-2000:]}"
+            )
+
+    def _log_tail(self, lines: int = 30) -> str:
+        chunks: list[str] = []
+        for name in ("stdout.log", "broker.log"):
+            path = None if self.workdir is None else self.workdir / name
+            if path is not None and path.exists():
+                text = path.read_text(errors="replace").strip().splitlines()[-lines:]
+                if text:
+                    chunks.append(f"--- {name}\n" + "\n".join(text))
+        return "\n".join(chunks) or "(no broker output)"
+
+    def _wait_ready(self, started: float) -> None:
+        if self._proc is None or self.settings is None:
+            raise KafkaProvisioningError("broker process was not started")
+        deadline = started + self.startup_timeout
+        host, port = self.settings.host, self.settings.broker_port
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                raise BrokerStartError(
+                    f"the Kafka broker exited with code {code} during startup:\n{self._log_tail()}"
+                )
+            if _port_open(host, port) and broker_answers_metadata(self.settings.bootstrap_servers):
+                return
+            time.sleep(0.25)
+        raise BrokerStartError(
+            f"the Kafka broker did not answer metadata requests on {host}:{port} within "
+            f"{self.startup_timeout:.0f}s:\n{self._log_tail()}"
+        )

@@ -1,0 +1,76 @@
+"""pytest fixtures for streamjoin users and for our own suite (registered as a pytest11 plugin).
+
+- ``kafka_broker``: a session-scoped real Apache Kafka broker on loopback
+  (:class:`~streamjoin.testing.kafka.LocalKafka`), or an already running
+  loopback broker named by ``STREAMJOIN_KAFKA_BOOTSTRAP`` (e.g. one started with
+  ``streamjoin dev-broker``) to skip the JVM start while iterating.
+- ``kafka_bootstrap``: its ``host:port``.
+- ``unique_topic``: a factory of topic names unique to the test, so tests on a
+  shared broker never see each other's records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from streamjoin.testing.kafka import KafkaProvisioningError, LocalKafka
+
+EXTERNAL_BOOTSTRAP_ENV = "STREAMJOIN_KAFKA_BOOTSTRAP"
+_LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
+
+
+def check_loopback_bootstrap(bootstrap: str) -> str:
+    """Refuse anything but loopback addresses: tests must never reach another machine."""
+    for server in bootstrap.split(","):
+        host = server.strip().rsplit(":", 1)[0]
+        if not host.startswith(_LOOPBACK_HOSTS):
+            raise KafkaProvisioningError(
+                f"{EXTERNAL_BOOTSTRAP_ENV}={bootstrap!r}: test brokers must be on loopback "
+                f"(127.0.0.0/8, localhost or [::1]); {host!r} is not"
+            )
+    return bootstrap
+
+
+class _ExternalBroker:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap_servers = check_loopback_bootstrap(bootstrap)
+
+
+def topic_name_for(test_name: str, prefix: str, counter: int) -> str:
+    """A legal, unique Kafka topic name derived from the test's name."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", test_name).strip("-")[:80]
+    return f"{prefix}-{slug}-{counter}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[LocalKafka | _ExternalBroker]:
+    """A real Kafka broker for the whole test session."""
+    external = os.environ.get(EXTERNAL_BOOTSTRAP_ENV)
+    if external:
+        yield _ExternalBroker(external)
+        return
+    with LocalKafka(progress=lambda line: print(f"[streamjoin] {line}", flush=True)) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: LocalKafka | _ExternalBroker) -> str:
+    """``host:port`` of the session's broker."""
+    return kafka_broker.bootstrap_servers
+
+
+@pytest.fixture
+def unique_topic(request: pytest.FixtureRequest) -> Callable[..., str]:
+    """``unique_topic("clicks")`` -> a topic name no other test uses."""
+    counter = itertools.count()
+
+    def make(prefix: str = "t") -> str:
+        return topic_name_for(request.node.name, prefix, next(counter))
+
+    return make

@@ -1,0 +1,202 @@
+"""Unit tests for the local-broker provisioning logic (no JVM started here)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from streamjoin.testing import kafka
+from streamjoin.testing.kafka import (
+    BrokerSettings,
+    JavaNotFoundError,
+    KafkaResolutionError,
+    LocalKafka,
+    MavenNotFoundError,
+)
+from streamjoin.testing.pytest_plugin import check_loopback_bootstrap, topic_name_for
+
+
+def _props(text: str) -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")]
+    return {k: v for k, v in pairs}
+
+
+def test_server_properties_single_node_kraft_on_loopback(tmp_path: Path) -> None:
+    settings = BrokerSettings(broker_port=19092, controller_port=19093, log_dir=tmp_path / "d")
+    props = _props(kafka.render_server_properties(settings))
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["log.dirs"] == str(tmp_path / "d")
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["offsets.topic.replication.factor"] == "1"
+    assert props["transaction.state.log.replication.factor"] == "1"
+    assert props["transaction.state.log.min.isr"] == "1"
+    assert props["auto.create.topics.enable"] == "false"
+    assert settings.bootstrap_servers == "127.0.0.1:19092"
+
+
+def test_server_properties_overrides_win(tmp_path: Path) -> None:
+    settings = BrokerSettings(
+        broker_port=1,
+        controller_port=2,
+        log_dir=tmp_path,
+        overrides={"auto.create.topics.enable": "true", "message.max.bytes": "2000000"},
+    )
+    props = _props(kafka.render_server_properties(settings))
+    assert props["auto.create.topics.enable"] == "true"
+    assert props["message.max.bytes"] == "2000000"
+
+
+def test_pom_names_the_broker_artifact_and_version() -> None:
+    pom = kafka.render_pom("4.3.0")
+    assert "<artifactId>kafka_2.13</artifactId>" in pom
+    assert "<version>4.3.0</version>" in pom
+    assert "log4j-slf4j-impl" in pom
+
+
+@pytest.mark.parametrize(
+    ("output", "major"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('java version "1.8.0_381"', 8),
+        ('openjdk version "21" 2023-09-19', 21),
+    ],
+)
+def test_parse_java_major(output: str, major: int) -> None:
+    assert kafka.parse_java_major(output) == major
+
+
+def test_parse_java_major_rejects_garbage() -> None:
+    with pytest.raises(JavaNotFoundError, match="could not read the Java version"):
+        kafka.parse_java_major("command not found")
+
+
+def test_free_port_is_bindable_and_honours_exclusions() -> None:
+    first = kafka.free_port()
+    second = kafka.free_port(exclude=frozenset({first}))
+    assert second != first
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", second))
+
+
+def test_cluster_id_is_22_char_urlsafe() -> None:
+    ids = {kafka.new_cluster_id() for _ in range(50)}
+    assert len(ids) == 50
+    for cid in ids:
+        assert len(cid) == 22
+        assert set(cid) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def test_cache_dir_precedence(tmp_path: Path) -> None:
+    assert kafka.default_cache_dir({"STREAMJOIN_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert kafka.default_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "streamjoin"
+    libs = kafka.kafka_libs_dir(tmp_path, "4.3.0")
+    assert libs == tmp_path / "kafka" / "2.13-4.3.0" / "libs"
+
+
+def test_missing_java_names_what_to_install(tmp_path: Path) -> None:
+    with pytest.raises(JavaNotFoundError, match="apt-get install openjdk-17-jre-headless"):
+        kafka.find_java({"PATH": str(tmp_path)})
+
+
+def _fake_executable(path: Path, script: str) -> Path:
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_too_old_java_is_rejected(tmp_path: Path) -> None:
+    _fake_executable(tmp_path / "java", "echo 'java version \"1.8.0_1\"' >&2\n")
+    with pytest.raises(JavaNotFoundError, match="is Java 8"):
+        kafka.find_java({"PATH": str(tmp_path)})
+
+
+def test_java_home_takes_precedence(tmp_path: Path) -> None:
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    java = _fake_executable(home / "bin" / "java", "echo 'openjdk version \"21.0.1\"' >&2\n")
+    assert kafka.find_java({"JAVA_HOME": str(home), "PATH": ""}) == str(java)
+
+
+def test_missing_maven_names_what_to_install(tmp_path: Path) -> None:
+    with pytest.raises(MavenNotFoundError, match="apt-get install maven"):
+        kafka.find_maven({"PATH": str(tmp_path)})
+
+
+def test_cached_jars_are_reused_without_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    libs = kafka.kafka_libs_dir(tmp_path, "9.9.9")
+    libs.mkdir(parents=True)
+    (libs / "kafka_2.13-9.9.9.jar").write_bytes(b"")
+    (libs / ".complete").write_text("9.9.9\n")
+
+    def no_maven(*_: object, **__: object) -> str:
+        raise AssertionError("maven must not run when the cache is complete")
+
+    monkeypatch.setattr(kafka, "find_maven", no_maven)
+    assert kafka.resolve_kafka("9.9.9", tmp_path) == [libs / "kafka_2.13-9.9.9.jar"]
+
+
+def test_incomplete_cache_is_not_trusted(tmp_path: Path) -> None:
+    libs = kafka.kafka_libs_dir(tmp_path, "9.9.9")
+    libs.mkdir(parents=True)
+    (libs / "kafka_2.13-9.9.9.jar").write_bytes(b"")
+    assert kafka.cached_classpath(libs) is None
+
+
+def test_failed_resolution_reports_maven_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mvn = _fake_executable(tmp_path / "mvn", "echo 'Could not resolve dependencies' ; exit 1\n")
+    monkeypatch.setattr(kafka, "find_maven", lambda *a, **k: str(mvn))
+    with pytest.raises(KafkaResolutionError, match="Could not resolve dependencies"):
+        kafka.resolve_kafka("0.0.0-nope", tmp_path / "cache")
+    assert not (kafka.kafka_libs_dir(tmp_path / "cache", "0.0.0-nope") / ".complete").exists()
+
+
+def test_start_without_java_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    broker = LocalKafka(cache_dir=tmp_path)
+    with pytest.raises(JavaNotFoundError, match="Java was not found"):
+        broker.start()
+    assert not broker.running
+
+
+def test_bootstrap_servers_before_start_is_an_error() -> None:
+    with pytest.raises(kafka.KafkaProvisioningError, match="not running"):
+        _ = LocalKafka().bootstrap_servers
+
+
+def test_java_command_shape(tmp_path: Path) -> None:
+    cmd = kafka.java_command(
+        "/usr/bin/java", [tmp_path / "a.jar", tmp_path / "b.jar"], "kafka.Kafka", ["x.properties"]
+    )
+    assert cmd[0] == "/usr/bin/java"
+    cp = cmd[cmd.index("-cp") + 1]
+    assert cp == os.pathsep.join([str(tmp_path / "a.jar"), str(tmp_path / "b.jar")])
+    assert cmd[-2:] == ["kafka.Kafka", "x.properties"]
+
+
+@pytest.mark.parametrize("bootstrap", ["127.0.0.1:9092", "localhost:1,127.0.0.2:2", "[::1]:9092"])
+def test_loopback_bootstrap_accepted(bootstrap: str) -> None:
+    assert check_loopback_bootstrap(bootstrap) == bootstrap
+
+
+@pytest.mark.parametrize("bootstrap", ["10.0.0.5:9092", "kafka.example.com:9092"])
+def test_non_loopback_bootstrap_refused(bootstrap: str) -> None:
+    with pytest.raises(kafka.KafkaProvisioningError, match="loopback"):
+        check_loopback_bootstrap(bootstrap)
+
+
+def test_topic_names_are_legal_and_unique() -> None:
+    names = {topic_name_for("test_x[param/1 2]", "clicks", i) for i in range(3)}
+    assert len(names) == 3
+    for name in names:
+        assert name.startswith("clicks-test_x-param-1-2-")
+        assert all(c.isalnum() or c in "._-" for c in name)
