@@ -70,7 +70,9 @@ async def test_ensure_topics_is_idempotent_and_rejects_mismatched_counts(
     topic = unique_topic("clicks")
     assert await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 3)]) == [topic]
     assert await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 3)]) == []
-    with pytest.raises(TopicPartitionCountMismatch, match=r"exists with 3 partitions.*declared with 6"):
+    with pytest.raises(
+        TopicPartitionCountMismatch, match=r"exists with 3 partitions.*declared with 6"
+    ):
         await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 6)])
 
 

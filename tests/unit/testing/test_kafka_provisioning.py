@@ -129,7 +129,9 @@ def test_missing_maven_names_what_to_install(tmp_path: Path) -> None:
         kafka.find_maven({"PATH": str(tmp_path)})
 
 
-def test_cached_jars_are_reused_without_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_jars_are_reused_without_maven(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     libs = kafka.kafka_libs_dir(tmp_path, "9.9.9")
     libs.mkdir(parents=True)
     (libs / "kafka_2.13-9.9.9.jar").write_bytes(b"")
