@@ -1,5 +1,34 @@
-"""streamjoin: correct, fast, stateful joins over Kafka for asyncio Python."""
+"""streamjoin: correct, fast, stateful joins over Kafka for asyncio Python.
+
+``streamjoin.App`` is imported lazily so that the pure modules (assignor,
+codecs, partitioner) can be used without loading the Kafka runtime.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from streamjoin.app import App
+    from streamjoin.events import Event
+    from streamjoin.runtime.streams import Stream
+
+__all__ = ["App", "Event", "Stream", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "App":
+        from streamjoin.app import App
+
+        return App
+    if name == "Event":
+        from streamjoin.events import Event
+
+        return Event
+    if name == "Stream":
+        from streamjoin.runtime.streams import Stream
+
+        return Stream
+    raise AttributeError(f"module 'streamjoin' has no attribute {name!r}")

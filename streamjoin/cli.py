@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from streamjoin import __version__
+from streamjoin.cli_app import agents, assignment, worker
 from streamjoin.testing.kafka import KAFKA_VERSION, KafkaProvisioningError, LocalKafka
 
 
@@ -60,6 +61,11 @@ def dev_broker(port: int | None, kafka_version: str, data_dir: Path | None) -> N
     finally:
         click.echo("Stopping the broker...", err=True)
         broker.stop()
+
+
+cli.add_command(worker)
+cli.add_command(agents)
+cli.add_command(assignment)
 
 
 def main() -> None:

@@ -117,3 +117,15 @@ async def ensure_topics(
         return [s.name for s in missing]
     finally:
         await admin.close()
+
+
+async def fetch_partition_counts(
+    bootstrap_servers: str, topics: Iterable[str], **client_kwargs: object
+) -> dict[str, int]:
+    """Partition counts of existing topics, with a short-lived admin client."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
+    await admin.start()
+    try:
+        return await describe_partition_counts(admin, topics)
+    finally:
+        await admin.close()

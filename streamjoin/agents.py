@@ -1,0 +1,67 @@
+"""Agent declarations: an ``async def f(stream)`` bound to a source topic and an error policy."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from streamjoin.codecs import DecodeError
+from streamjoin.events import Event, RawRecord
+from streamjoin.topics import Topic
+
+if TYPE_CHECKING:
+    from streamjoin.runtime.streams import Stream
+
+#: What happens to an event whose processing raised, or a record that cannot be decoded:
+#: ``stop`` logs it and stops the worker without committing past it (the default),
+#: ``skip`` logs it and goes on, ``dead_letter`` sends the raw record to a dead-letter
+#: topic (with the error in its headers) and goes on.
+OnError = Literal["stop", "skip", "dead_letter"]
+ON_ERROR_CHOICES: tuple[OnError, ...] = ("stop", "skip", "dead_letter")
+
+AgentFunction = Callable[["Stream"], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class Agent:
+    """A stream processor: ``fun`` iterates over the events of ``topic``.
+
+    ``concurrency`` actors each own a disjoint set of partitions
+    (``partition % concurrency``), so events of one partition stay in order.
+    """
+
+    name: str
+    fun: AgentFunction
+    topic: Topic
+    concurrency: int = 1
+    on_error: OnError = "stop"
+    dead_letter: Topic | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"agent {self.name!r}: concurrency must be >= 1")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise ValueError(
+                f"agent {self.name!r}: on_error must be one of {ON_ERROR_CHOICES}, "
+                f"got {self.on_error!r}"
+            )
+        if self.on_error == "dead_letter" and self.dead_letter is None:
+            raise ValueError(
+                f"agent {self.name!r}: on_error='dead_letter' needs a dead-letter topic"
+            )
+
+    def decode(self, raw: RawRecord) -> Event:
+        """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes."""
+        try:
+            key = self.topic.key_codec.loads(raw.key) if raw.key is not None else None
+            value = self.topic.value_codec.loads(raw.value) if raw.value is not None else None
+        except DecodeError as exc:
+            raise DecodeError(f"{raw.topic}[{raw.partition}]@{raw.offset}: {exc}") from exc
+        return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
+
+    def actor_for(self, partition: int) -> int:
+        return partition % self.concurrency
+
+    async def __call__(self, stream: Stream) -> None:
+        await self.fun(stream)

@@ -1,0 +1,342 @@
+"""The App: what the user declares (topics, agents, co-partition groups) and the composition root.
+
+Nothing runs at import or declaration time. ``await app.start()`` (or
+``async with app:``) creates missing topics, checks partition counts, then
+starts the producer, the agents and the consumer (in that order);
+``await app.stop()`` stops them in reverse, committing what was processed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+from streamjoin.agents import Agent, AgentFunction, OnError
+from streamjoin.codecs import Codec, resolve_codec
+from streamjoin.runtime.admin import ensure_topics, fetch_partition_counts
+from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.topics import Sender, Topic
+
+log = logging.getLogger("streamjoin.app")
+
+F = TypeVar("F", bound=AgentFunction)
+
+_BROKER_SCHEME = re.compile(r"^(kafka|tcp)://", re.IGNORECASE)
+PROCESSING_GUARANTEES = ("at_least_once",)
+
+
+class ConfigurationError(ValueError):
+    """The app's declarations or settings are inconsistent; the message says how to fix them."""
+
+
+class CopartitioningError(ConfigurationError):
+    """Topics declared co-partitioned have different partition counts."""
+
+
+def parse_broker_url(broker: str) -> str:
+    """``kafka://h1:9092,h2:9092`` (scheme optional, per host or once) -> ``h1:9092,h2:9092``."""
+    servers = []
+    for part in broker.split(","):
+        part = _BROKER_SCHEME.sub("", part.strip()).rstrip("/")
+        if not part:
+            continue
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigurationError(
+                f"broker {broker!r}: expected host:port entries like 'kafka://127.0.0.1:9092', "
+                f"got {part!r}"
+            )
+        servers.append(part)
+    if not servers:
+        raise ConfigurationError(f"broker {broker!r} names no host:port")
+    return ",".join(servers)
+
+
+class App:
+    """A streamjoin application: one consumer group named after ``id``.
+
+    Settings:
+        broker: ``kafka://host:port[,host:port...]``.
+        key_serializer / value_serializer: default codecs for topics (names such as
+            ``"raw"``, ``"json"``, ``"str"``, a registered codec, or a dataclass type).
+        commit_interval: seconds between offset commits.
+        processing_guarantee: ``"at_least_once"`` (exactly-once is not built yet).
+        standby_replicas: warm standby copies of each stateful task on other workers.
+        state_dir: where local state lives (default ``./<id>-data``).
+        group_instance_id: static membership id: a restarted worker with the same id
+            within the session timeout keeps its partitions without a rebalance.
+        topic_partitions: partition count for declared topics that do not say.
+        client_options: passed to every aiokafka client (SASL/SSL: ``security_protocol``,
+            ``ssl_context``, ``sasl_mechanism``, ``sasl_plain_username``, ...).
+        consumer_options / producer_options: passed to the consumer / producer only.
+        capacity, tags, host: what this worker reports to the assignor (processing
+            slots, placement tags such as ``{"zone": "a"}``, address for routing).
+    """
+
+    def __init__(
+        self,
+        id: str,
+        *,
+        broker: str = "kafka://127.0.0.1:9092",
+        key_serializer: str | Codec | type | None = "raw",
+        value_serializer: str | Codec | type | None = "json",
+        commit_interval: float = 1.0,
+        processing_guarantee: str = "at_least_once",
+        standby_replicas: int = 0,
+        state_dir: str | os.PathLike[str] | None = None,
+        group_instance_id: str | None = None,
+        topic_partitions: int = 8,
+        topic_replication_factor: int = 1,
+        client_options: Mapping[str, Any] | None = None,
+        consumer_options: Mapping[str, Any] | None = None,
+        producer_options: Mapping[str, Any] | None = None,
+        capacity: int = 1,
+        tags: Mapping[str, str] | None = None,
+        host: str | None = None,
+    ) -> None:
+        if not id or not re.fullmatch(r"[A-Za-z0-9._-]+", id):
+            raise ConfigurationError(
+                f"app id {id!r} must be non-empty and use only letters, digits, '.', '_', '-' "
+                "(it names the consumer group and internal topics)"
+            )
+        if processing_guarantee not in PROCESSING_GUARANTEES:
+            raise ConfigurationError(
+                f"processing_guarantee {processing_guarantee!r} is not supported; "
+                f"choose one of {PROCESSING_GUARANTEES}"
+            )
+        if commit_interval <= 0:
+            raise ConfigurationError(f"commit_interval must be > 0, got {commit_interval}")
+        if standby_replicas < 0:
+            raise ConfigurationError(f"standby_replicas must be >= 0, got {standby_replicas}")
+        if capacity < 1:
+            raise ConfigurationError(f"capacity must be >= 1, got {capacity}")
+        self.id = id
+        self.broker = parse_broker_url(broker)
+        self.key_codec = resolve_codec(key_serializer, default="raw")
+        self.value_codec = resolve_codec(value_serializer, default="json")
+        self.commit_interval = commit_interval
+        self.processing_guarantee = processing_guarantee
+        self.standby_replicas = standby_replicas
+        self.state_dir = Path(state_dir) if state_dir is not None else Path(f"{id}-data")
+        self.group_instance_id = group_instance_id
+        self.topic_partitions = topic_partitions
+        self.topic_replication_factor = topic_replication_factor
+        self.client_options = dict(client_options or {})
+        self.consumer_options = dict(consumer_options or {})
+        self.producer_options = dict(producer_options or {})
+        self.capacity = capacity
+        self.tags = dict(tags or {})
+        self.host = host
+        self.topics: dict[str, Topic] = {}
+        self.agents: dict[str, Agent] = {}
+        self.copartition_groups: list[tuple[str, ...]] = []
+        self._runner: _Running | None = None
+        self._last_runner: _Running | None = None
+
+    def __repr__(self) -> str:  # no client options: they may hold credentials
+        return f"App(id={self.id!r}, broker={self.broker!r})"
+
+    # ------------------------------------------------------------------ declarations
+
+    def topic(
+        self,
+        name: str,
+        *,
+        key_serializer: str | Codec | type | None = None,
+        value_serializer: str | Codec | type | None = None,
+        partitions: int | None = None,
+        replication_factor: int | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> Topic:
+        """Declare a topic (created at start when missing). Declaring it twice returns the same
+        object if the declarations agree, and is an error if they conflict."""
+        if partitions is not None and partitions < 1:
+            raise ConfigurationError(f"topic {name!r}: partitions must be >= 1, got {partitions}")
+        key_codec = self.key_codec if key_serializer is None else resolve_codec(key_serializer)
+        value_codec = (
+            self.value_codec if value_serializer is None else resolve_codec(value_serializer)
+        )
+        existing = self.topics.get(name)
+        if existing is not None:
+            if partitions is not None and existing.partitions not in (None, partitions):
+                raise ConfigurationError(
+                    f"topic {name!r} declared twice with {existing.partitions} and "
+                    f"{partitions} partitions"
+                )
+            if partitions is not None:
+                existing.partitions = partitions
+            return existing
+        topic = Topic(
+            name,
+            key_codec,
+            value_codec,
+            partitions=partitions,
+            replication_factor=replication_factor or self.topic_replication_factor,
+            config=dict(config or {}),
+        )
+        self.topics[name] = topic
+        return topic
+
+    def agent(
+        self,
+        topic: Topic | str,
+        *,
+        name: str | None = None,
+        concurrency: int = 1,
+        on_error: OnError = "stop",
+        dead_letter: Topic | str | None = None,
+    ) -> Callable[[F], F]:
+        """Decorate ``async def f(stream)`` to process ``topic``.
+
+        ``on_error``: ``"stop"`` (default), ``"skip"``, or ``"dead_letter"`` (records
+        go to ``dead_letter``, default ``<app id>-<agent>-dead-letters``).
+        """
+        source = self.topic(topic) if isinstance(topic, str) else topic
+
+        def register(fun: F) -> F:
+            agent_name = name or f"{fun.__module__}.{fun.__qualname__}"
+            if agent_name in self.agents:
+                raise ConfigurationError(f"agent {agent_name!r} is declared twice")
+            dlq: Topic | None = None
+            if on_error == "dead_letter" or dead_letter is not None:
+                dlq_name = dead_letter if dead_letter is not None else None
+                if isinstance(dlq_name, Topic):
+                    dlq = dlq_name
+                else:
+                    short = agent_name.rsplit(".", 1)[-1]
+                    dlq = self.topic(
+                        dlq_name or f"{self.id}-{short}-dead-letters",
+                        key_serializer="raw",
+                        value_serializer="raw",
+                    )
+            self.agents[agent_name] = Agent(
+                agent_name, fun, source, concurrency, on_error, dead_letter=dlq
+            )
+            return fun
+
+        return register
+
+    def copartition(self, *topics: Topic | str) -> tuple[str, ...]:
+        """Declare topics whose partition p must be processed by the same worker."""
+        names = tuple(sorted({t if isinstance(t, str) else t.name for t in topics}))
+        if len(names) < 2:
+            raise ConfigurationError("copartition() needs at least two distinct topics")
+        for n in names:
+            if n not in self.topics:
+                self.topic(n)
+        self.copartition_groups.append(names)
+        return names
+
+    # ------------------------------------------------------------------ running
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    async def prepare_topics(self) -> dict[str, int]:
+        """Create missing declared topics and verify partition counts; returns the counts."""
+        specs = [t.spec(self.topic_partitions) for t in self.topics.values()]
+        created = await ensure_topics(self.broker, specs, **self.client_options)
+        if created:
+            log.info("created topics: %s", ", ".join(sorted(created)))
+        counts = await fetch_partition_counts(self.broker, list(self.topics), **self.client_options)
+        self.check_copartitioning(counts)
+        return counts
+
+    def check_copartitioning(self, counts: Mapping[str, int]) -> None:
+        for group in self.copartition_groups:
+            by_count: dict[int, list[str]] = {}
+            for name in group:
+                by_count.setdefault(counts[name], []).append(name)
+            if len(by_count) > 1:
+                detail = "; ".join(
+                    f"{n} partitions: {', '.join(names)}" for n, names in sorted(by_count.items())
+                )
+                raise CopartitioningError(
+                    f"topics declared co-partitioned have different partition counts ({detail}). "
+                    "Partition p of each must hold the same keys: recreate them with one count, "
+                    "or repartition one side into a topic with the right count."
+                )
+
+    def source_topics(self) -> set[str]:
+        return {a.topic.name for a in self.agents.values()}
+
+    async def start(self) -> None:
+        """Create topics, start the producer, the agents and the consumer."""
+        if self._runner is not None:
+            raise RuntimeError(f"{self!r} is already running")
+        from streamjoin.runtime.worker import KafkaRunner
+
+        runner = KafkaRunner(self)
+        await runner.start()
+        self._runner = runner
+
+    async def stop(self) -> None:
+        """Finish in-flight events, commit, leave the group (unless static), stop clients."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            self._last_runner = runner
+            await runner.stop()
+
+    async def wait(self) -> None:
+        """Until the app stops; re-raises the error that made it stop, if any."""
+        runner = self._runner or self._last_runner
+        if runner is not None:
+            await runner.wait_stopped()
+
+    @property
+    def assignment(self) -> set[tuple[str, int]]:
+        """Partitions this worker owns right now (active)."""
+        return set() if self._runner is None else self._runner.assignment
+
+    async def __aenter__(self) -> App:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # used by runners -------------------------------------------------------------
+
+    def attach_sender(self, sender: Sender | None) -> None:
+        for topic in self.topics.values():
+            topic.sender = sender
+
+    def build_runtime(
+        self, sender: Sender, on_crash: Callable[[BaseException], None], queue_size: int
+    ) -> AgentRuntime:
+        return AgentRuntime(self.agents.values(), sender, on_crash=on_crash, queue_size=queue_size)
+
+    @property
+    def client_id(self) -> str:
+        return f"{self.id}-{self.group_instance_id or socket.gethostname()}-{os.getpid()}"
+
+
+class _Running(Protocol):
+    """What a started app holds (implemented by the Kafka runner)."""
+
+    @property
+    def assignment(self) -> set[tuple[str, int]]: ...
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def wait_stopped(self) -> None: ...
+
+
+__all__ = [
+    "App",
+    "ConfigurationError",
+    "CopartitioningError",
+    "parse_broker_url",
+]

@@ -1,0 +1,145 @@
+"""CLI commands that operate on a user's App (``-A module:app``): worker, agents, assignment."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from streamjoin.app import App, ConfigurationError, parse_broker_url
+from streamjoin.loader import AppNotFound, load_app
+
+app_option = click.option(
+    "-A",
+    "--app",
+    "app_spec",
+    required=True,
+    metavar="MODULE:APP",
+    help="The App to use, e.g. myproj.app:app (the current directory is importable).",
+)
+broker_option = click.option(
+    "-b", "--broker", default=None, help="Override the app's broker, e.g. kafka://127.0.0.1:9092."
+)
+
+
+def _load(app_spec: str, broker: str | None) -> App:
+    try:
+        app = load_app(app_spec)
+        if broker:
+            app.broker = parse_broker_url(broker)
+    except (AppNotFound, ConfigurationError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return app
+
+
+@click.command("worker")
+@app_option
+@broker_option
+@click.option(
+    "-l",
+    "--loglevel",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where local state lives (default: the app's state_dir).",
+)
+@click.option(
+    "--instance-id",
+    default=None,
+    help="Static group membership id: restart with the same id to keep the partitions.",
+)
+def worker(
+    app_spec: str,
+    broker: str | None,
+    loglevel: str,
+    state_dir: Path | None,
+    instance_id: str | None,
+) -> None:
+    """Run the app's agents as a worker until SIGINT/SIGTERM.
+
+    Exit codes: 0 after a clean stop, 1 after a fatal processing error, 2 when
+    the app cannot start (configuration, topics).
+    """
+    from streamjoin.runtime.run import run_worker
+
+    app = _load(app_spec, broker)
+    if state_dir is not None:
+        app.state_dir = state_dir
+    if instance_id is not None:
+        app.group_instance_id = instance_id
+    raise SystemExit(run_worker(app, loglevel))
+
+
+@click.command("agents")
+@app_option
+def agents(app_spec: str) -> None:
+    """List the app's agents with their source topics and error policies."""
+    app = _load(app_spec, None)
+    if not app.agents:
+        click.echo(f"app {app.id!r} declares no agents")
+        return
+    rows = [("AGENT", "TOPIC", "CONCURRENCY", "ON ERROR")]
+    for agent in app.agents.values():
+        policy: str = agent.on_error
+        if agent.dead_letter is not None:
+            policy += f" -> {agent.dead_letter.name}"
+        rows.append((agent.name, agent.topic.name, str(agent.concurrency), policy))
+    click.echo(_table(rows))
+
+
+@click.command("assignment")
+@app_option
+@broker_option
+def assignment(app_spec: str, broker: str | None) -> None:
+    """Show the app's consumer group: members and their active and standby partitions."""
+    from streamjoin.runtime.group_info import describe_group
+
+    app = _load(app_spec, broker)
+    try:
+        info = asyncio.run(describe_group(app.broker, app.id, **app.client_options))
+    except Exception as exc:
+        raise click.ClickException(f"could not describe group {app.id!r}: {exc}") from exc
+    click.echo(f"group {info.group_id!r}: state {info.state}, {len(info.members)} members")
+    rows = [("MEMBER", "INSTANCE", "HOST", "GENERATION", "ACTIVE", "STANDBY")]
+    for m in info.members:
+        rows.append(
+            (
+                m.member_id,
+                m.instance_id or "-",
+                m.client_host,
+                str(m.generation),
+                _format_tps(m.active),
+                _format_tps(m.standby),
+            )
+        )
+    click.echo(_table(rows))
+
+
+def _format_tps(tps: dict[str, list[int]]) -> str:
+    return " ".join(f"{t}{_ranges(ps)}" for t, ps in sorted(tps.items())) or "-"
+
+
+def _ranges(partitions: list[int]) -> str:
+    """[0,1,2,5] -> "[0-2,5]"."""
+    spans: list[list[int]] = []
+    for p in sorted(partitions):
+        if spans and spans[-1][1] == p - 1:
+            spans[-1][1] = p
+        else:
+            spans.append([p, p])
+    return "[" + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) + "]"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )

@@ -1,0 +1,79 @@
+"""Describe a running app's consumer group: members, epochs, active and standby partitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocol
+from aiokafka.errors import for_code
+
+from streamjoin.assignor.protocol import UserdataError, decode_assignment, decode_subscription
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    member_id: str
+    instance_id: str | None
+    client_host: str
+    generation: int
+    active: dict[str, list[int]] = field(default_factory=dict)
+    standby: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    group_id: str
+    state: str
+    protocol: str
+    members: tuple[MemberInfo, ...]
+
+
+async def describe_group(
+    bootstrap_servers: str, group_id: str, **client_kwargs: object
+) -> GroupInfo:
+    """What the group coordinator knows about ``group_id``, with our userdata decoded."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
+    await admin.start()
+    try:
+        responses = await admin.describe_consumer_groups([group_id])
+    finally:
+        await admin.close()
+    group = responses[0].to_object()["groups"][0]
+    if group["error_code"] != 0:
+        raise RuntimeError(
+            f"describing group {group_id!r}: {for_code(group['error_code']).__name__}"
+        )
+    members = []
+    for m in group["members"]:
+        instance_id = None
+        generation = -1
+        standby: dict[str, list[int]] = {}
+        active: dict[str, list[int]] = {}
+        if m["member_metadata"]:
+            try:
+                meta = ConsumerProtocol.METADATA.decode(m["member_metadata"])
+                instance_id = decode_subscription(meta.user_data).group_instance_id
+            except (UserdataError, ValueError):
+                pass
+        if m["member_assignment"]:
+            assignment = ConsumerProtocol.ASSIGNMENT.decode(m["member_assignment"])
+            active = {t: sorted(ps) for t, ps in assignment.assignment}
+            try:
+                userdata = decode_assignment(assignment.user_data)
+                generation = userdata.generation
+                standby = {t: list(ps) for t, ps in userdata.standby.items()}
+            except (UserdataError, ValueError):
+                pass
+        members.append(
+            MemberInfo(
+                member_id=m["member_id"],
+                instance_id=instance_id,
+                client_host=m["client_host"].lstrip("/"),
+                generation=generation,
+                active=active,
+                standby=standby,
+            )
+        )
+    members.sort(key=lambda x: x.instance_id or x.member_id)
+    return GroupInfo(group_id, group["state"], group["protocol"], tuple(members))

@@ -1,0 +1,97 @@
+"""At-least-once offset bookkeeping (pure: no asyncio, no Kafka).
+
+Each record fetched from a partition is registered with the number of agents
+that will see it; every agent acknowledges it once the event was processed and
+the records it sent were acknowledged by the broker. The committable position
+of a partition is the offset of its oldest record not yet fully acknowledged
+(or one past the newest when all are), so a commit never moves past an event
+whose processing or sends are unfinished, even when acknowledgements arrive
+out of order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+TopicPartition = tuple[str, int]
+
+
+class OffsetTrackingError(RuntimeError):
+    """An acknowledgement that does not match a registered record."""
+
+
+@dataclass
+class _PartitionLedger:
+    #: [offset, remaining acks] in fetch order
+    pending: deque[list[int]] = field(default_factory=deque)
+    index: dict[int, list[int]] = field(default_factory=dict)
+    #: next offset to commit once everything before it is acknowledged
+    position: int | None = None
+    committed: int | None = None
+
+
+class OffsetTracker:
+    """Committable positions per partition from out-of-order acknowledgements."""
+
+    def __init__(self) -> None:
+        self._ledgers: dict[TopicPartition, _PartitionLedger] = {}
+
+    def register(self, tp: TopicPartition, offset: int, consumers: int) -> None:
+        """Record that ``offset`` of ``tp`` was handed to ``consumers`` agents."""
+        ledger = self._ledgers.setdefault(tp, _PartitionLedger())
+        last = ledger.pending[-1][0] if ledger.pending else ledger.position
+        if last is not None and offset < last:
+            raise OffsetTrackingError(
+                f"{tp[0]}[{tp[1]}]: offset {offset} registered after {last}; "
+                "offsets of a partition must be registered in order"
+            )
+        if consumers <= 0:
+            # Nobody processes it: it is done as soon as everything before it is.
+            entry = [offset, 0]
+        else:
+            entry = [offset, consumers]
+            ledger.index[offset] = entry
+        ledger.pending.append(entry)
+        self._advance(ledger)
+
+    def ack(self, tp: TopicPartition, offset: int) -> None:
+        """One agent finished ``offset`` of ``tp`` (processing and its sends)."""
+        ledger = self._ledgers.get(tp)
+        entry = None if ledger is None else ledger.index.get(offset)
+        if ledger is None or entry is None:
+            raise OffsetTrackingError(f"{tp[0]}[{tp[1]}]@{offset} acknowledged but not pending")
+        entry[1] -= 1
+        if entry[1] == 0:
+            del ledger.index[offset]
+            self._advance(ledger)
+
+    @staticmethod
+    def _advance(ledger: _PartitionLedger) -> None:
+        while ledger.pending and ledger.pending[0][1] == 0:
+            ledger.position = ledger.pending.popleft()[0] + 1
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """Positions that advanced since the last :meth:`mark_committed`."""
+        return {
+            tp: ledger.position
+            for tp, ledger in self._ledgers.items()
+            if ledger.position is not None and ledger.position != ledger.committed
+        }
+
+    def mark_committed(self, positions: dict[TopicPartition, int]) -> None:
+        for tp, position in positions.items():
+            ledger = self._ledgers.get(tp)
+            if ledger is not None:
+                ledger.committed = position
+
+    def in_flight(self, tp: TopicPartition) -> int:
+        """Records of ``tp`` registered but not yet fully acknowledged."""
+        ledger = self._ledgers.get(tp)
+        return 0 if ledger is None else len(ledger.pending)
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        """Drop partitions that were revoked: their pending records will be refetched."""
+        for tp in tps:
+            self._ledgers.pop(tp, None)

@@ -1,0 +1,67 @@
+"""Run an App as a worker process until SIGINT/SIGTERM or a fatal error (the CLI's engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from streamjoin.app import App, ConfigurationError
+from streamjoin.runtime.admin import TopicAdminError
+
+log = logging.getLogger("streamjoin.worker")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # aiokafka logs expected rebalance chatter at INFO/ERROR; keep it at WARNING.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+        logging.getLogger("mode").setLevel(logging.WARNING)
+
+
+async def serve(app: App) -> int:
+    """Start ``app``, run until a signal or a fatal error, stop it cleanly; the exit code."""
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_requested.set)
+    try:
+        try:
+            await app.start()
+        except (ConfigurationError, TopicAdminError) as exc:
+            log.error("cannot start app %s: %s", app.id, exc)
+            return EXIT_CONFIG
+        print(f"worker for app {app.id!r} running; Ctrl-C to stop", file=sys.stderr, flush=True)
+        waiter = asyncio.create_task(app.wait())
+        stopper = asyncio.create_task(stop_requested.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if stopper.done():
+            log.info("stop requested; finishing in-flight events and committing")
+            await app.stop()
+        stopper.cancel()
+        try:
+            await waiter
+        except Exception as exc:
+            log.error("worker stopped after a fatal error: %s", exc)
+            return EXIT_FAILURE
+        return EXIT_OK
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if app.running:
+            await app.stop()
+
+
+def run_worker(app: App, loglevel: str = "info") -> int:
+    configure_logging(loglevel)
+    return asyncio.run(serve(app))

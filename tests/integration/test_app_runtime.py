@@ -1,0 +1,309 @@
+"""The App runtime on the real broker: in-process embedding and worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+import streamjoin
+from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.group_info import GroupInfo, describe_group
+from streamjoin.runtime.streams import Stream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send(topic, value.encode(), key=key.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def read_all(
+    bootstrap: str, topic: str, expected: int, timeout: float = 60.0
+) -> list[tuple[str, str, dict[str, bytes]]]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    out: list[tuple[str, str, dict[str, bytes]]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(
+                    (r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records
+                )
+        # a little longer, to catch duplicates arriving late
+        for records in (await consumer.getmany(timeout_ms=500)).values():
+            out.extend((r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        return [
+            (await consumer.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)
+        ]
+    finally:
+        await consumer.stop()
+
+
+async def test_embedded_app_processes_every_record_exactly_once(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    source_name, sink_name = unique_topic("in"), unique_topic("out")
+    app = streamjoin.App(
+        unique_topic("app"), broker=f"kafka://{kafka_bootstrap}", commit_interval=0.2
+    )
+    source = app.topic(source_name, key_serializer="str", value_serializer="str", partitions=4)
+    sink = app.topic(sink_name, key_serializer="str", value_serializer="str", partitions=2)
+
+    @app.agent(source)
+    async def double(stream: Stream) -> None:
+        async for key, value in stream.items():
+            await sink.send(key=key, value=value * 2)
+
+    records = [(f"key-{i % 13}", f"v{i}") for i in range(200)]
+    async with app:
+        await produce(kafka_bootstrap, source_name, records)
+        out = await read_all(kafka_bootstrap, sink_name, len(records))
+        assert sorted(v for _, v, _ in out) == sorted(v * 2 for _, v in records)
+        await asyncio.sleep(0.5)  # a commit interval
+    committed = await committed_offsets(kafka_bootstrap, app.id, source_name, 4)
+    assert sum(committed) == len(records)
+
+
+async def test_existing_topic_with_wrong_partition_count_is_a_startup_error(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    name = unique_topic("in")
+    await ensure_topics(kafka_bootstrap, [TopicSpec(name, 3)])
+    app = streamjoin.App(unique_topic("app"), broker=f"kafka://{kafka_bootstrap}")
+    topic = app.topic(name, partitions=5)
+
+    @app.agent(topic)
+    async def noop(stream: Stream) -> None:
+        async for _ in stream:
+            pass
+
+    from streamjoin.runtime.admin import TopicPartitionCountMismatch
+
+    with pytest.raises(TopicPartitionCountMismatch, match="exists with 3 partitions"):
+        await app.start()
+    assert not app.running
+
+
+async def test_copartitioned_topics_with_different_counts_fail_at_startup(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    from streamjoin.app import CopartitioningError
+
+    app = streamjoin.App(unique_topic("app"), broker=f"kafka://{kafka_bootstrap}")
+    a = app.topic(unique_topic("a"), partitions=4)
+    b = app.topic(unique_topic("b"), partitions=6)
+    app.copartition(a, b)
+    with pytest.raises(CopartitioningError, match=r"4 partitions.*6 partitions"):
+        await app.start()
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+class Workers:
+    """Worker processes of tests/integration/apps/forwarder.py."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, instance_id: str) -> None:
+        log = (self.log_dir / f"{instance_id}.log").open("ab")
+        self.procs[instance_id] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamjoin.cli",
+                "worker",
+                "-A",
+                "tests.integration.apps.forwarder:app",
+                "--instance-id",
+                instance_id,
+                "--loglevel",
+                "info",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop(self, instance_id: str, sig: int = signal.SIGTERM) -> int:
+        proc = self.procs.pop(instance_id)
+        proc.send_signal(sig)
+        return proc.wait(60)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+            for p in sorted(self.log_dir.glob("*.log"))
+        )
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def workers(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> Iterator[Workers]:
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("fwd"),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_SOURCE": unique_topic("src"),
+        "SJT_SINK": unique_topic("sink"),
+        "SJT_PARTITIONS": "6",
+        "PYTHONUNBUFFERED": "1",
+    }
+    group = Workers(env, tmp_path)
+    yield group
+    group.close()
+
+
+async def wait_for_group(
+    bootstrap: str,
+    group: str,
+    predicate: Callable[[GroupInfo], bool],
+    workers: Workers,
+    timeout: float = 60.0,
+) -> GroupInfo:
+    deadline = time.monotonic() + timeout
+    info: GroupInfo | None = None
+    while time.monotonic() < deadline:
+        try:
+            info = await describe_group(bootstrap, group)
+        except Exception:
+            info = None
+        if info is not None and info.state == "Stable" and predicate(info):
+            return info
+        await asyncio.sleep(0.5)
+    raise AssertionError(
+        f"group {group} never reached the expected state: {info}\n{workers.logs()}"
+    )
+
+
+def sizes(info: GroupInfo, topic: str) -> list[int]:
+    return sorted(len(m.active.get(topic, [])) for m in info.members)
+
+
+def active_by_instance(info: GroupInfo, topic: str) -> dict[str, set[int]]:
+    return {m.instance_id or m.member_id: set(m.active.get(topic, [])) for m in info.members}
+
+
+async def test_three_workers_share_partitions_and_only_the_stopped_ones_move(
+    kafka_bootstrap: str, workers: Workers
+) -> None:
+    group, source = workers.env["SJT_APP_ID"], workers.env["SJT_SOURCE"]
+    for name in ("w1", "w2", "w3"):
+        workers.start(name)
+    info = await wait_for_group(
+        kafka_bootstrap,
+        group,
+        lambda i: (
+            len(i.members) == 3 and all(len(m.active.get(source, [])) == 2 for m in i.members)
+        ),
+        workers,
+    )
+    before = active_by_instance(info, source)
+    assert set().union(*before.values()) == set(range(6))
+
+    await produce(kafka_bootstrap, source, [(f"k{i}", f"v{i}") for i in range(60)])
+    out = await read_all(kafka_bootstrap, workers.env["SJT_SINK"], 60)
+    assert len({v for _, v, _ in out}) == 60
+
+    assert workers.stop("w3") == 0  # clean SIGTERM shutdown exits 0
+    info = await wait_for_group(
+        kafka_bootstrap,
+        group,
+        lambda i: (
+            len(i.members) == 2 and sum(len(m.active.get(source, [])) for m in i.members) == 6
+        ),
+        workers,
+        timeout=90,
+    )
+    after = active_by_instance(info, source)
+    for name in ("w1", "w2"):
+        # sticky: the survivors keep everything they had and split w3's partitions
+        assert before[name] <= after[name], (before, after)
+        assert len(after[name]) == 3
+    assert after["w1"] | after["w2"] == set(range(6))
+
+
+async def test_restarted_worker_with_same_instance_id_gets_its_partitions_back(
+    kafka_bootstrap: str, workers: Workers
+) -> None:
+    group, source = workers.env["SJT_APP_ID"], workers.env["SJT_SOURCE"]
+    for name in ("w1", "w2"):
+        workers.start(name)
+    info = await wait_for_group(
+        kafka_bootstrap,
+        group,
+        lambda i: (
+            len(i.members) == 2 and all(len(m.active.get(source, [])) == 3 for m in i.members)
+        ),
+        workers,
+    )
+    before = active_by_instance(info, source)
+    workers.stop("w2", signal.SIGKILL)
+    workers.start("w2")
+    info = await wait_for_group(
+        kafka_bootstrap,
+        group,
+        lambda i: (
+            len(i.members) == 2 and all(len(m.active.get(source, [])) == 3 for m in i.members)
+        ),
+        workers,
+    )
+    assert active_by_instance(info, source) == before
+
+
+async def test_poison_record_goes_to_dead_letter_and_processing_continues(
+    kafka_bootstrap: str, workers: Workers
+) -> None:
+    group, source, sink = (
+        workers.env["SJT_APP_ID"],
+        workers.env["SJT_SOURCE"],
+        workers.env["SJT_SINK"],
+    )
+    workers.start("w1")
+    await wait_for_group(
+        kafka_bootstrap, group, lambda i: len(i.members) == 1 and bool(i.members[0].active), workers
+    )
+    await produce(kafka_bootstrap, source, [("a", "one"), ("a", "poison"), ("a", "two")])
+    out = await read_all(kafka_bootstrap, sink, 2)
+    assert [v.split(":")[-1] for _, v, _ in out] == ["one", "two"]
+    dead = await read_all(kafka_bootstrap, f"{group}-forward-dead-letters", 1)
+    assert [(k, v) for k, v, _ in dead] == [("a", "poison")]
+    assert b"poison record" in dead[0][2]["streamjoin-error"]

@@ -1,0 +1,309 @@
+"""Agents through the in-memory test driver: ordering, sends, error policies, offsets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from streamjoin import App
+from streamjoin.events import RawRecord
+from streamjoin.partitioner import partition_for_key
+from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
+from streamjoin.testing.driver import TestDriver
+
+
+def make_app(**kwargs: Any) -> App:
+    return App("unit-app", topic_partitions=4, **kwargs)
+
+
+async def test_agent_transforms_events_in_partition_order() -> None:
+    app = make_app()
+    source = app.topic("words", key_serializer="str", value_serializer="json")
+    sink = app.topic("upper", key_serializer="str", value_serializer="json")
+    seen: list[tuple[int, int]] = []
+
+    @app.agent(source)
+    async def shout(stream: Stream) -> None:
+        async for event in stream:
+            seen.append((event.partition, event.offset))
+            await sink.send(key=event.key, value=event.value.upper())
+
+    async with TestDriver(app) as driver:
+        for i in range(20):
+            await driver.put("words", key=f"k{i % 5}", value=f"w{i}")
+        await driver.drain()
+        out = driver.records("upper")
+        assert sorted(e.value for e in out) == sorted(f"W{i}" for i in range(20))
+        # every key keeps its partition (murmur2) and per-partition order is kept
+        for e in out:
+            assert e.partition == partition_for_key(e.key.encode(), 4)
+        for p in range(4):
+            offsets = [o for part, o in seen if part == p]
+            assert offsets == sorted(offsets)
+        committed = driver.committable()
+        assert sum(committed.values()) == 20
+
+
+async def test_items_yields_key_value_pairs() -> None:
+    app = make_app()
+    topic = app.topic("t", key_serializer="str")
+    got: list[tuple[str, Any]] = []
+
+    @app.agent(topic)
+    async def collect(stream: Stream) -> None:
+        async for key, value in stream.items():
+            got.append((key, value))
+
+    async with TestDriver(app) as driver:
+        await driver.put("t", key="a", value={"n": 1})
+        await driver.drain()
+    assert got == [("a", {"n": 1})]
+
+
+async def test_concurrency_splits_partitions_and_keeps_order() -> None:
+    app = make_app()
+    topic = app.topic("t", partitions=4)
+    by_actor: dict[int, list[tuple[int, int]]] = {}
+
+    @app.agent(topic, concurrency=2)
+    async def work(stream: Stream) -> None:
+        async for event in stream:
+            await asyncio.sleep(0)
+            actor = id(asyncio.current_task())
+            by_actor.setdefault(actor, []).append((event.partition, event.value))
+
+    async with TestDriver(app) as driver:
+        for i in range(40):
+            await driver.put("t", value=i, partition=i % 4)
+        await driver.drain()
+    assert len(by_actor) == 2
+    for events in by_actor.values():
+        parities = {p % 2 for p, _ in events}
+        assert len(parities) == 1  # an actor owns partitions of one residue
+        for p in {p for p, _ in events}:
+            values = [v for part, v in events if part == p]
+            assert values == sorted(values)
+
+
+async def test_chained_agents() -> None:
+    app = make_app()
+    a = app.topic("a")
+    b = app.topic("b")
+    c = app.topic("c")
+
+    @app.agent(a)
+    async def first(stream: Stream) -> None:
+        async for event in stream:
+            await b.send(value=event.value + 1)
+
+    @app.agent(b)
+    async def second(stream: Stream) -> None:
+        async for event in stream:
+            await c.send(value=event.value * 10)
+
+    async with TestDriver(app) as driver:
+        await driver.put("a", value=1)
+        await driver.drain()
+        await driver.drain()
+        assert [e.value for e in driver.records("c")] == [20]
+
+
+async def test_stop_policy_fails_and_does_not_commit_past_the_event() -> None:
+    app = make_app()
+    topic = app.topic("t", partitions=1)
+
+    @app.agent(topic)
+    async def fragile(stream: Stream) -> None:
+        async for event in stream:
+            if event.value == "boom":
+                raise ValueError("cannot handle boom")
+
+    async with TestDriver(app) as driver:
+        await driver.put("t", value="ok")
+        await driver.put("t", value="boom")
+        await driver.put("t", value="after")
+        with pytest.raises(AgentFailed, match=r"t\[0\]@1.*cannot handle boom"):
+            await driver.drain()
+        assert driver.committable() == {("t", 0): 1}
+
+
+async def test_skip_policy_goes_on() -> None:
+    app = make_app()
+    topic = app.topic("t", partitions=1)
+    done: list[str] = []
+
+    @app.agent(topic, on_error="skip")
+    async def tolerant(stream: Stream) -> None:
+        async for event in stream:
+            if event.value == "boom":
+                raise ValueError("boom")
+            done.append(event.value)
+
+    async with TestDriver(app) as driver:
+        for v in ("a", "boom", "b"):
+            await driver.put("t", value=v)
+        await driver.drain()
+        assert done == ["a", "b"]
+        assert driver.committable() == {("t", 0): 3}
+
+
+async def test_dead_letter_policy_keeps_the_raw_record_and_the_error() -> None:
+    app = make_app()
+    topic = app.topic("t", partitions=1)
+
+    @app.agent(topic, on_error="dead_letter", name="checker")
+    async def checker(stream: Stream) -> None:
+        async for event in stream:
+            if event.value < 0:
+                raise ValueError(f"negative amount {event.value}")
+
+    assert app.agents["checker"].dead_letter is not None
+    dlq = app.agents["checker"].dead_letter.name
+    assert dlq == "unit-app-checker-dead-letters"
+    async with TestDriver(app) as driver:
+        for v in (1, -5, 2):
+            await driver.put("t", value=v)
+        await driver.drain()
+        dead = driver.raw_records(dlq)
+        assert [r.value for r in dead] == [b"-5"]
+        headers = dict(dead[0].headers)
+        assert headers["streamjoin-source"] == b"t[0]@1"
+        assert b"negative amount -5" in headers["streamjoin-error"]
+        assert driver.committable() == {("t", 0): 3}
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip", "dead_letter"])
+async def test_undecodable_records_follow_the_policy(policy: str) -> None:
+    app = make_app()
+    topic = app.topic("t", partitions=1, value_serializer="json")
+    good: list[Any] = []
+
+    @app.agent(topic, on_error=policy, name="decoder")  # type: ignore[arg-type]
+    async def decoder(stream: Stream) -> None:
+        async for event in stream:
+            good.append(event.value)
+
+    async with TestDriver(app) as driver:
+        await driver.put("t", value={"ok": 1})
+        await driver.put_raw("t", None, b"\xff not json")
+        await driver.put("t", value={"ok": 2})
+        if policy == "stop":
+            with pytest.raises(AgentFailed, match=r"could not decode t\[0\]@1"):
+                await driver.drain()
+            assert good == [{"ok": 1}]
+            assert driver.committable() == {("t", 0): 1}
+            return
+        await driver.drain()
+        assert good == [{"ok": 1}, {"ok": 2}]
+        assert driver.committable() == {("t", 0): 3}
+        if policy == "dead_letter":
+            assert [r.value for r in driver.raw_records("unit-app-decoder-dead-letters")] == [
+                b"\xff not json"
+            ]
+
+
+async def test_agent_that_returns_is_an_error() -> None:
+    app = make_app()
+    topic = app.topic("t", partitions=1)
+
+    @app.agent(topic)
+    async def quitter(stream: Stream) -> None:
+        async for _ in stream:
+            return
+
+    async with TestDriver(app) as driver:
+        await driver.put("t", value=1)
+        with pytest.raises(AgentFailed, match="returned"):
+            await driver.drain()
+
+
+class _ManualSender:
+    """Sends whose acknowledgements the test releases by hand."""
+
+    def __init__(self) -> None:
+        self.futures: list[asyncio.Future[Any]] = []
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+    async def partition_count(self, topic: str) -> int:
+        return 1
+
+
+async def test_offsets_wait_for_send_acknowledgements() -> None:
+    app = make_app()
+    source = app.topic("in", partitions=1)
+    sink = app.topic("out", partitions=1)
+
+    @app.agent(source)
+    async def forward(stream: Stream) -> None:
+        async for event in stream:
+            await sink.send(value=event.value)
+
+    sender = _ManualSender()
+    crashes: list[BaseException] = []
+    runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
+    app.attach_sender(sender)
+    runtime.start()
+    try:
+        for offset in range(3):
+            await runtime.dispatch(RawRecord("in", 0, offset, 0, None, b"1"), runtime.epoch)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert len(sender.futures) == 3
+        assert runtime.tracker.committable() == {}
+        sender.futures[1].set_result(None)  # out of order: still nothing committable
+        await asyncio.sleep(0)
+        assert runtime.tracker.committable() == {}
+        sender.futures[0].set_result(None)
+        await asyncio.sleep(0)
+        assert runtime.tracker.committable() == {("in", 0): 2}
+        sender.futures[2].set_exception(RuntimeError("broker said no"))
+        await asyncio.sleep(0)
+        assert crashes and "was not acknowledged" in str(crashes[0])
+        assert runtime.tracker.committable() == {("in", 0): 2}
+    finally:
+        await runtime.stop(timeout=1)
+        app.attach_sender(None)
+
+
+async def test_revoke_drops_buffered_records() -> None:
+    app = make_app()
+    topic = app.topic("t", partitions=1)
+    seen: list[int] = []
+    gate = asyncio.Event()
+
+    @app.agent(topic)
+    async def slow(stream: Stream) -> None:
+        async for event in stream:
+            await gate.wait()
+            seen.append(event.offset)
+
+    sender = _ManualSender()
+    runtime = AgentRuntime(app.agents.values(), sender, on_crash=lambda e: None)
+    runtime.start()
+    try:
+        for offset in range(5):
+            await runtime.dispatch(RawRecord("t", 0, offset, 0, None, b"0"), runtime.epoch)
+        await asyncio.sleep(0)
+        runtime.begin_revoke()
+        gate.set()
+        assert await runtime.wait_idle(1.0)
+        runtime.forget([("t", 0)])
+        assert seen == [0]  # the in-flight event finished; buffered ones were dropped
+    finally:
+        await runtime.stop(timeout=1)

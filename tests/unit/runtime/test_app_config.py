@@ -1,0 +1,163 @@
+"""App declarations, settings validation, the app loader and the app CLI commands."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import streamjoin
+from streamjoin.app import ConfigurationError, CopartitioningError, parse_broker_url
+from streamjoin.cli import cli
+from streamjoin.loader import AppNotFound, load_app
+from streamjoin.runtime.streams import Stream
+from streamjoin.topics import TransportNotReady
+
+
+@pytest.mark.parametrize(
+    ("url", "servers"),
+    [
+        ("kafka://127.0.0.1:9092", "127.0.0.1:9092"),
+        ("kafka://a:1,b:2", "a:1,b:2"),
+        ("kafka://a:1,kafka://b:2", "a:1,b:2"),
+        ("localhost:9092", "localhost:9092"),
+    ],
+)
+def test_broker_urls(url: str, servers: str) -> None:
+    assert parse_broker_url(url) == servers
+
+
+@pytest.mark.parametrize("url", ["", "kafka://", "kafka://host", "kafka://host:port"])
+def test_bad_broker_urls_are_named(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="broker"):
+        parse_broker_url(url)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"id": "has space"}, "app id"),
+        ({"id": "x", "processing_guarantee": "exactly_once"}, "not supported"),
+        ({"id": "x", "commit_interval": 0}, "commit_interval"),
+        ({"id": "x", "standby_replicas": -1}, "standby_replicas"),
+    ],
+)
+def test_bad_settings_are_rejected(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        streamjoin.App(**kwargs)  # type: ignore[arg-type]
+
+
+def test_repr_hides_client_options() -> None:
+    app = streamjoin.App("x", client_options={"sasl_plain_password": "hunter2"})
+    assert "hunter2" not in repr(app)
+
+
+def test_topic_declarations_are_shared_and_conflicts_rejected() -> None:
+    app = streamjoin.App("x")
+    a = app.topic("a", partitions=4)
+    assert app.topic("a") is a
+    assert app.topic("a", partitions=4) is a
+    with pytest.raises(ConfigurationError, match="declared twice with 4 and 6"):
+        app.topic("a", partitions=6)
+    with pytest.raises(ConfigurationError, match="partitions must be >= 1"):
+        app.topic("b", partitions=0)
+
+
+def test_unknown_codec_is_a_clear_error() -> None:
+    app = streamjoin.App("x")
+    with pytest.raises(ValueError, match="avro"):
+        app.topic("a", value_serializer="avro")
+
+
+def test_copartition_check_names_the_counts() -> None:
+    app = streamjoin.App("x")
+    app.copartition("clicks", "impressions")
+    app.check_copartitioning({"clicks": 10, "impressions": 10})
+    with pytest.raises(CopartitioningError, match="10 partitions: clicks; 12 partitions: impressions"):
+        app.check_copartitioning({"clicks": 10, "impressions": 12})
+    with pytest.raises(ConfigurationError, match="at least two"):
+        app.copartition("clicks")
+
+
+def test_agent_options_are_validated() -> None:
+    app = streamjoin.App("x")
+
+    async def f(stream: Stream) -> None:
+        async for _ in stream:
+            pass
+
+    with pytest.raises(ValueError, match="concurrency"):
+        app.agent("t", concurrency=0)(f)
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        app.agent("t", on_error="retry")(f)  # type: ignore[arg-type]
+    app.agent("t", name="one")(f)
+    with pytest.raises(ConfigurationError, match="declared twice"):
+        app.agent("t", name="one")(f)
+
+
+async def test_send_before_start_is_a_clear_error() -> None:
+    app = streamjoin.App("x")
+    topic = app.topic("t")
+    with pytest.raises(TransportNotReady, match="not running"):
+        await topic.send(value=1)
+
+
+APP_MODULE = textwrap.dedent(
+    """
+    import streamjoin
+
+    app = streamjoin.App("cli-test")
+    orders = app.topic("orders", partitions=3)
+    not_an_app = 42
+
+    @app.agent(orders, on_error="dead_letter", name="totals")
+    async def totals(stream):
+        async for _ in stream:
+            pass
+    """
+)
+
+
+@pytest.fixture
+def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "sj_cli_app.py").write_text(APP_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "sj_cli_app"
+    sys.modules.pop("sj_cli_app", None)
+
+
+def test_load_app(app_module: str) -> None:
+    app = load_app(f"{app_module}:app")
+    assert app.id == "cli-test"
+    assert load_app(app_module) is app  # attribute defaults to "app"
+    with pytest.raises(AppNotFound, match="was not found"):
+        load_app("no_such_module_xyz:app")
+    with pytest.raises(AppNotFound, match="has no attribute 'nope'"):
+        load_app(f"{app_module}:nope")
+    with pytest.raises(AppNotFound, match="is a int, not a streamjoin.App"):
+        load_app(f"{app_module}:not_an_app")
+
+
+def test_agents_command_lists_agents(app_module: str) -> None:
+    result = CliRunner().invoke(cli, ["agents", "-A", f"{app_module}:app"])
+    assert result.exit_code == 0, result.output
+    assert "totals" in result.output
+    assert "orders" in result.output
+    assert "dead_letter -> cli-test-totals-dead-letters" in result.output
+
+
+def test_worker_command_reports_a_bad_app_spec(app_module: str) -> None:
+    result = CliRunner().invoke(cli, ["worker", "-A", f"{app_module}:nope"])
+    assert result.exit_code != 0
+    assert "has no attribute 'nope'" in result.output
+
+
+def test_worker_help_documents_exit_codes() -> None:
+    result = CliRunner().invoke(cli, ["worker", "--help"])
+    assert result.exit_code == 0
+    assert "--instance-id" in result.output
+    assert "Exit codes" in result.output

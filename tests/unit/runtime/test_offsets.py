@@ -1,0 +1,105 @@
+"""The at-least-once offset ledger."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamjoin.runtime.offsets import OffsetTracker, OffsetTrackingError
+
+TP = ("orders", 0)
+
+
+def test_nothing_is_committable_before_acks() -> None:
+    tracker = OffsetTracker()
+    tracker.register(TP, 10, 1)
+    tracker.register(TP, 11, 1)
+    assert tracker.committable() == {}
+    assert tracker.in_flight(TP) == 2
+
+
+def test_in_order_acks_advance_the_position() -> None:
+    tracker = OffsetTracker()
+    for offset in (5, 6, 7):
+        tracker.register(TP, offset, 1)
+    tracker.ack(TP, 5)
+    assert tracker.committable() == {TP: 6}
+    tracker.ack(TP, 6)
+    tracker.ack(TP, 7)
+    assert tracker.committable() == {TP: 8}
+
+
+def test_out_of_order_ack_waits_for_the_gap() -> None:
+    tracker = OffsetTracker()
+    for offset in (0, 1, 2):
+        tracker.register(TP, offset, 1)
+    tracker.ack(TP, 2)
+    tracker.ack(TP, 1)
+    assert tracker.committable() == {}
+    tracker.ack(TP, 0)
+    assert tracker.committable() == {TP: 3}
+
+
+def test_a_record_read_by_two_agents_needs_both_acks() -> None:
+    tracker = OffsetTracker()
+    tracker.register(TP, 0, 2)
+    tracker.ack(TP, 0)
+    assert tracker.committable() == {}
+    tracker.ack(TP, 0)
+    assert tracker.committable() == {TP: 1}
+
+
+def test_records_nobody_reads_pass_through() -> None:
+    tracker = OffsetTracker()
+    tracker.register(TP, 0, 0)
+    assert tracker.committable() == {TP: 1}
+
+
+def test_mark_committed_hides_unchanged_positions() -> None:
+    tracker = OffsetTracker()
+    tracker.register(TP, 0, 1)
+    tracker.ack(TP, 0)
+    tracker.mark_committed(tracker.committable())
+    assert tracker.committable() == {}
+    tracker.register(TP, 1, 1)
+    tracker.ack(TP, 1)
+    assert tracker.committable() == {TP: 2}
+
+
+def test_errors_name_the_record() -> None:
+    tracker = OffsetTracker()
+    with pytest.raises(OffsetTrackingError, match=r"orders\[0\]@3 acknowledged but not pending"):
+        tracker.ack(TP, 3)
+    tracker.register(TP, 5, 1)
+    with pytest.raises(OffsetTrackingError, match="registered in order"):
+        tracker.register(TP, 4, 1)
+
+
+def test_forget_drops_revoked_partitions() -> None:
+    tracker = OffsetTracker()
+    tracker.register(TP, 0, 1)
+    tracker.forget([TP])
+    assert tracker.in_flight(TP) == 0
+    assert tracker.committable() == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=30), st.randoms())
+def test_position_never_passes_an_unacked_record(consumers: list[int], rnd: object) -> None:
+    """Whatever the ack order, the committable position is the first not fully acked offset."""
+    import random
+
+    assert isinstance(rnd, random.Random)
+    tracker = OffsetTracker()
+    acks = []
+    for offset, n in enumerate(consumers):
+        tracker.register(TP, offset, n)
+        acks.extend([offset] * n)
+    rnd.shuffle(acks)
+    remaining = {o: n for o, n in enumerate(consumers)}
+    for offset in acks:
+        tracker.ack(TP, offset)
+        remaining[offset] -= 1
+        first_open = next((o for o in sorted(remaining) if remaining[o] > 0), len(consumers))
+        assert tracker.committable().get(TP, 0) == first_open
