@@ -1,0 +1,584 @@
+"""Key/value serializers for topics (pure: no I/O).
+
+A codec turns a Python object into the bytes of a Kafka record and back. Topics
+pick one by name (``"raw"``, ``"str"``, ``"json"``, or anything registered with
+:func:`register_codec`), by instance, or by dataclass type, through
+:func:`resolve_codec`.
+
+``None`` is never encoded as bytes: it is Kafka's null key or null value (a
+tombstone), so the built-in codecs pass it through unchanged both ways.
+
+Every decoding failure of a built-in codec is a :class:`DecodeError`, whatever
+the bytes, so the runtime can apply the agent's ``on_error`` policy to a poison
+record instead of crashing on an arbitrary exception type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import types
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "JSON",
+    "RAW",
+    "STR",
+    "Codec",
+    "CodecError",
+    "DataclassJson",
+    "DecodeError",
+    "EncodeError",
+    "JsonCodec",
+    "RawCodec",
+    "StrCodec",
+    "register_codec",
+    "registered_codec_names",
+    "resolve_codec",
+]
+
+_Bytes = bytes | bytearray | memoryview
+
+#: How much of an undecodable payload error messages show.
+_PREVIEW_BYTES = 32
+
+
+class CodecError(ValueError):
+    """A value could not be converted to or from record bytes."""
+
+
+class EncodeError(CodecError):
+    """An object could not be serialized (wrong type, not JSON-able, bad text...)."""
+
+
+class DecodeError(CodecError):
+    """Record bytes could not be deserialized (garbage, wrong schema, bad text...)."""
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """Serializer for record keys or values.
+
+    The runtime never calls ``loads`` with ``None`` (null keys and tombstones
+    skip the codec), but ``dumps`` may return ``None`` to produce one.
+    ``loads`` must raise :class:`DecodeError` on bad input.
+    """
+
+    name: str
+
+    def dumps(self, obj: Any) -> bytes | None:
+        """Serialize ``obj``; ``None`` means a null key or value."""
+        ...
+
+    def loads(self, data: bytes) -> Any:
+        """Deserialize ``data``, raising :class:`DecodeError` when it is invalid."""
+        ...
+
+
+def _preview(data: _Bytes) -> str:
+    head = bytes(data[:_PREVIEW_BYTES])
+    return f"payload starts {head!r}{'...' if len(data) > _PREVIEW_BYTES else ''}"
+
+
+def _decode_error(codec: str, data: _Bytes, cause: str, target: str | None = None) -> DecodeError:
+    into = f" into {target}" if target else ""
+    return DecodeError(
+        f"{codec} codec could not decode {len(data)} bytes{into}: {cause}; {_preview(data)}"
+    )
+
+
+def _encode_error(codec: str, obj: object, cause: str) -> EncodeError:
+    return EncodeError(f"{codec} codec could not encode {type(obj).__qualname__}: {cause}")
+
+
+def _utf8(codec: str, text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # lone surrogates
+        raise _encode_error(codec, text, str(exc)) from exc
+
+
+def _check_bytes(codec: str, data: object) -> _Bytes:
+    # Programming errors (a str handed to loads) are TypeErrors, not bad records.
+    if not isinstance(data, _Bytes):
+        raise TypeError(f"{codec} codec loads() expects bytes, got {type(data).__qualname__}")
+    return data
+
+
+class RawCodec:
+    """Bytes as they are; ``str`` is accepted on the way out as UTF-8."""
+
+    name = "raw"
+
+    def dumps(self, obj: Any) -> bytes | None:
+        """Pass bytes through, encode ``str`` as UTF-8, keep ``None`` (null)."""
+        if obj is None or type(obj) is bytes:
+            return obj
+        if isinstance(obj, _Bytes):
+            return bytes(obj)
+        if isinstance(obj, str):
+            return _utf8(self.name, obj)
+        raise _encode_error(self.name, obj, "expected bytes, str or None")
+
+    def loads(self, data: _Bytes | None) -> bytes | None:
+        """The record bytes unchanged."""
+        if data is None:
+            return None
+        return bytes(_check_bytes(self.name, data))
+
+    def __repr__(self) -> str:
+        return "RAW"
+
+
+class StrCodec:
+    """UTF-8 text; handy for keys such as user ids."""
+
+    name = "str"
+
+    def dumps(self, obj: Any) -> bytes | None:
+        """Encode ``str`` as UTF-8; other types are refused so ids are never ``repr``-ed."""
+        if obj is None:
+            return None
+        if isinstance(obj, str):
+            return _utf8(self.name, obj)
+        raise _encode_error(self.name, obj, "expected str or None")
+
+    def loads(self, data: _Bytes | None) -> str | None:
+        """Decode strict UTF-8."""
+        if data is None:
+            return None
+        try:
+            return str(_check_bytes(self.name, data), "utf-8")
+        except UnicodeDecodeError as exc:
+            raise _decode_error(self.name, data, str(exc), "str") from exc
+
+    def __repr__(self) -> str:
+        return "STR"
+
+
+def _json_default(obj: Any) -> Any:
+    """Common non-JSON types, as other languages' JSON libraries write them."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, dt.datetime | dt.date | dt.time):
+        return obj.isoformat()
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, uuid.UUID | Decimal):
+        return str(obj)
+    if isinstance(obj, set | frozenset):
+        return list(obj)
+    raise TypeError(f"Object of type {type(obj).__qualname__} is not JSON serializable")
+
+
+def _json_dumps(codec: str, obj: Any) -> bytes:
+    try:
+        text = json.dumps(
+            obj,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            # NaN/Infinity are not JSON; other consumers would reject the record.
+            allow_nan=False,
+            default=_json_default,
+        )
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise _encode_error(codec, obj, str(exc)) from exc
+    return _utf8(codec, text)
+
+
+def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
+    try:
+        # Decode first: json.loads(bytes) would silently accept UTF-16/32 too.
+        return json.loads(str(_check_bytes(codec, data), "utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise _decode_error(codec, data, str(exc), target) from exc
+
+
+class JsonCodec:
+    """Compact UTF-8 JSON.
+
+    Encodes dataclasses, datetimes (ISO-8601), enums, UUIDs, decimals and sets
+    as JSON; decoding gives plain JSON types (dict, list, str, int, float...).
+    """
+
+    name = "json"
+
+    def dumps(self, obj: Any) -> bytes | None:
+        """``None`` is a null record, not ``b"null"``."""
+        if obj is None:
+            return None
+        return _json_dumps(self.name, obj)
+
+    def loads(self, data: _Bytes | None) -> Any:
+        """Parse strict UTF-8 JSON."""
+        if data is None:
+            return None
+        return _json_loads(self.name, data, None)
+
+    def __repr__(self) -> str:
+        return "JSON"
+
+
+# -- dataclass-aware JSON ------------------------------------------------------------------
+
+
+class _FieldError(Exception):
+    """Where in the payload a value did not fit the dataclass schema."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.message = message
+
+
+_Decoder = Callable[[Any, str], Any]
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+class _SchemaCompiler:
+    """Turns type hints into decoders once, so decoding does no introspection."""
+
+    def __init__(self) -> None:
+        # One entry per dataclass; filled lazily so recursive dataclasses terminate.
+        self._dataclasses: dict[type, _Decoder] = {}
+
+    def compile(self, tp: Any) -> _Decoder:
+        if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+            return _passthrough
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            return self._dataclass(tp)
+        origin = typing.get_origin(tp)
+        args = typing.get_args(tp)
+        if origin is typing.Union or origin is types.UnionType:
+            optional = type(None) in args
+            arms = [self.compile(a) for a in args if a is not type(None)]
+            return self._union(arms, optional)
+        if origin is typing.Literal:
+            return _literal(args)
+        if origin in (list, set, frozenset) or (origin is tuple and args[-1:] == (...,)):
+            return _sequence(origin, self.compile(args[0]) if args else _passthrough)
+        if origin is tuple:
+            return _fixed_tuple([self.compile(a) for a in args])
+        if origin is dict or origin is Mapping:
+            key = args[0] if args else str
+            return _mapping(key, self.compile(args[1]) if args else _passthrough)
+        if origin is not None:  # other generics (Sequence[int], ...): check nothing
+            return _passthrough
+        if tp in (list, set, frozenset, tuple):
+            return _sequence(tp, _passthrough)
+        if tp is dict:
+            return _mapping(str, _passthrough)
+        if isinstance(tp, type):
+            return _scalar(tp)
+        return _passthrough
+
+    def _union(self, arms: list[_Decoder], optional: bool) -> _Decoder:
+        if len(arms) == 1:  # Optional[X]: None or X, so X's own error is the clearest
+            (only,) = arms
+            return lambda value, path: None if value is None else only(value, path)
+
+        def decode(value: Any, path: str) -> Any:
+            if value is None and optional:
+                return None
+            errors = []
+            for arm in arms:
+                try:
+                    return arm(value, path)
+                except _FieldError as exc:
+                    errors.append(exc.message)
+            raise _FieldError(path, "no type of the union fits: " + "; ".join(errors))
+
+        return decode
+
+    def _dataclass(self, cls: type) -> _Decoder:
+        if cls in self._dataclasses:
+            return self._dataclasses[cls]
+        plan: dict[str, _Decoder] = {}
+        self._dataclasses[cls] = lambda value, path: decode(value, path)
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception as exc:  # NameError etc. from unresolvable annotations
+            raise TypeError(
+                f"cannot read the type hints of dataclass {cls.__qualname__}: {exc}"
+            ) from exc
+        fields = dataclasses.fields(cls)
+        init_fields = [f for f in fields if f.init]
+        # asdict() also writes init=False fields; they are recomputed, so accept and drop them.
+        derived = {f.name for f in fields if not f.init}
+        required = {
+            f.name
+            for f in init_fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        for f in init_fields:
+            plan[f.name] = self.compile(hints.get(f.name, Any))
+        name = cls.__qualname__
+
+        def decode(value: Any, path: str) -> Any:
+            of = "" if path == name else f" of {name}"
+            if not isinstance(value, dict):
+                raise _FieldError(path, f"expected an object{of}, got {_json_type(value)}")
+            unknown = [k for k in value if k not in plan and k not in derived]
+            if unknown:
+                raise _FieldError(path, f"unknown field(s){of}: {_names(unknown)}")
+            missing = [k for k in sorted(required) if k not in value]
+            if missing:
+                raise _FieldError(path, f"missing required field(s){of}: {_names(missing)}")
+            kwargs = {k: plan[k](v, f"{path}.{k}") for k, v in value.items() if k in plan}
+            try:
+                return cls(**kwargs)
+            except Exception as exc:  # __post_init__ validation is user code
+                raise _FieldError(
+                    path, f"{name}(...) raised {type(exc).__qualname__}: {exc}"
+                ) from exc
+
+        self._dataclasses[cls] = decode
+        return decode
+
+
+def _names(keys: list[str]) -> str:
+    return ", ".join(repr(k) for k in keys)
+
+
+def _passthrough(value: Any, path: str) -> Any:
+    return value
+
+
+def _literal(allowed: tuple[Any, ...]) -> _Decoder:
+    def decode(value: Any, path: str) -> Any:
+        for option in allowed:
+            if value == option and type(value) is type(option):
+                return option
+        raise _FieldError(path, f"expected one of {list(allowed)!r}, got {value!r}")
+
+    return decode
+
+
+def _sequence(container: Any, item: _Decoder) -> _Decoder:
+    def decode(value: Any, path: str) -> Any:
+        if not isinstance(value, list):
+            raise _FieldError(path, f"expected an array, got {_json_type(value)}")
+        return container(item(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+    return decode
+
+
+def _fixed_tuple(items: list[_Decoder]) -> _Decoder:
+    def decode(value: Any, path: str) -> Any:
+        if not isinstance(value, list) or len(value) != len(items):
+            raise _FieldError(path, f"expected an array of {len(items)} items, got {value!r:.60}")
+        return tuple(
+            d(v, f"{path}[{i}]") for i, (d, v) in enumerate(zip(items, value, strict=True))
+        )
+
+    return decode
+
+
+def _mapping(key_type: Any, item: _Decoder) -> _Decoder:
+    # JSON object keys are strings; int keys (written by json.dumps as "1") are restored.
+    key_decoder = _int_key if key_type is int else _passthrough
+
+    def decode(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            raise _FieldError(path, f"expected an object, got {_json_type(value)}")
+        return {key_decoder(k, path): item(v, f"{path}[{k!r}]") for k, v in value.items()}
+
+    return decode
+
+
+def _int_key(key: str, path: str) -> int:
+    try:
+        return int(key)
+    except ValueError as exc:
+        raise _FieldError(path, f"expected an integer key, got {key!r}") from exc
+
+
+def _scalar(tp: type) -> _Decoder:
+    """Check JSON scalars and rebuild the types JSON cannot carry (datetime, Enum, ...)."""
+    name = tp.__qualname__
+    if tp is bool:
+        return _exact(bool, "boolean")
+    if tp is int:
+
+        def decode_int(value: Any, path: str) -> Any:
+            if type(value) is not int:
+                raise _FieldError(path, f"expected an integer, got {value!r:.60}")
+            return value
+
+        return decode_int
+    if tp is float:
+
+        def decode_float(value: Any, path: str) -> Any:
+            if type(value) not in (int, float):
+                raise _FieldError(path, f"expected a number, got {value!r:.60}")
+            return float(value)
+
+        return decode_float
+    if tp is str:
+        return _exact(str, "string")
+    if tp is type(None):
+
+        def decode_none(value: Any, path: str) -> Any:
+            if value is not None:
+                raise _FieldError(path, f"expected null, got {value!r:.60}")
+            return None
+
+        return decode_none
+    if issubclass(tp, enum.Enum):
+
+        def decode_enum(value: Any, path: str) -> Any:
+            try:
+                return tp(value)
+            except (ValueError, TypeError) as exc:
+                raise _FieldError(path, f"{value!r:.60} is not a valid {name}") from exc
+
+        return decode_enum
+    parse: Callable[[str], Any] | None = None
+    if tp is dt.datetime:
+        parse = dt.datetime.fromisoformat
+    elif tp is dt.date:
+        parse = dt.date.fromisoformat
+    elif tp is dt.time:
+        parse = dt.time.fromisoformat
+    elif tp is uuid.UUID:
+        parse = uuid.UUID
+    elif tp is Decimal:
+        parse = Decimal
+    if parse is not None:
+        parser = parse
+
+        def decode_parsed(value: Any, path: str) -> Any:
+            if not isinstance(value, str):
+                raise _FieldError(path, f"expected a {name} string, got {_json_type(value)}")
+            try:
+                return parser(value)
+            except (ValueError, ArithmeticError) as exc:
+                raise _FieldError(path, f"invalid {name} {value!r:.60}: {exc}") from exc
+
+        return decode_parsed
+    return _passthrough  # an arbitrary class: hand over what JSON gave us
+
+
+def _exact(tp: type, json_name: str) -> _Decoder:
+    def decode(value: Any, path: str) -> Any:
+        if type(value) is not tp:
+            raise _FieldError(path, f"expected a {json_name}, got {value!r:.60}")
+        return value
+
+    return decode
+
+
+class DataclassJson:
+    """JSON for one dataclass type, rebuilding nested dataclasses on the way in.
+
+    The schema comes from the dataclass's type hints and is compiled once, here:
+    nested dataclasses, ``list[...]``/``tuple[...]``/``dict[str, ...]``,
+    ``Optional``/unions, ``Literal``, enums and ISO-8601 ``datetime``/``date``
+    fields are rebuilt, scalars are type-checked. Unknown and missing fields
+    are decode errors, so a schema change shows up at the first bad record.
+    """
+
+    def __init__(self, cls: type) -> None:
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            raise TypeError(f"DataclassJson needs a dataclass type, got {cls!r}")
+        self.cls = cls
+        self.name = f"json[{cls.__qualname__}]"
+        self._decode = _SchemaCompiler().compile(cls)
+
+    def dumps(self, obj: Any) -> bytes | None:
+        """Encode an instance of the dataclass (or a plain dict of its fields)."""
+        if obj is None:
+            return None
+        if isinstance(obj, self.cls):
+            return _json_dumps(self.name, dataclasses.asdict(obj))
+        if isinstance(obj, dict):
+            return _json_dumps(self.name, obj)
+        raise _encode_error(self.name, obj, f"expected {self.cls.__qualname__}, a dict or None")
+
+    def loads(self, data: _Bytes | None) -> Any:
+        """Decode into an instance of the dataclass."""
+        if data is None:
+            return None
+        target = self.cls.__qualname__
+        payload = _json_loads(self.name, data, target)
+        try:
+            return self._decode(payload, target)
+        except _FieldError as exc:
+            raise _decode_error(self.name, data, str(exc), target) from exc
+        except RecursionError as exc:
+            raise _decode_error(self.name, data, "nested too deeply", target) from exc
+
+    def __repr__(self) -> str:
+        return f"DataclassJson({self.cls.__qualname__})"
+
+
+# -- registry ------------------------------------------------------------------------------
+
+RAW = RawCodec()
+STR = StrCodec()
+JSON = JsonCodec()
+
+_REGISTRY: dict[str, Codec] = {c.name: c for c in (RAW, STR, JSON)}
+
+
+def register_codec(codec: Codec, *, replace: bool = False) -> None:
+    """Make ``codec`` available by its name to :func:`resolve_codec` (and ``app.topic``)."""
+    if not isinstance(codec, Codec) or isinstance(codec, type):
+        raise TypeError(f"expected a codec instance with name, dumps and loads, got {codec!r}")
+    if not isinstance(codec.name, str) or not codec.name:
+        raise TypeError(f"codec name must be a non-empty str, got {codec.name!r}")
+    if codec.name in _REGISTRY and not replace:
+        raise ValueError(
+            f"a codec named {codec.name!r} is already registered ({_REGISTRY[codec.name]!r}); "
+            "pass replace=True to override it"
+        )
+    _REGISTRY[codec.name] = codec
+
+
+def registered_codec_names() -> list[str]:
+    """Names :func:`resolve_codec` accepts, sorted."""
+    return sorted(_REGISTRY)
+
+
+def resolve_codec(spec: str | Codec | type | None, *, default: str = "raw") -> Codec:
+    """The codec meant by a topic's ``key_serializer``/``value_serializer`` setting.
+
+    Accepts a registered name, a codec instance, a dataclass type (JSON into that
+    type), ``bytes``/``str`` (the raw/str codecs), or ``None`` for ``default``.
+    """
+    if spec is None:
+        spec = default
+    if isinstance(spec, str):
+        try:
+            return _REGISTRY[spec]
+        except KeyError:
+            raise ValueError(
+                f"unknown codec {spec!r}; registered codecs: {', '.join(registered_codec_names())}"
+            ) from None
+    if isinstance(spec, type):
+        if dataclasses.is_dataclass(spec):
+            return DataclassJson(spec)
+        if spec is bytes:
+            return RAW
+        if spec is str:
+            return STR
+        raise TypeError(
+            f"cannot make a codec from class {spec.__qualname__}: expected a dataclass, "
+            "bytes, str, a codec name or a codec instance"
+        )
+    if isinstance(spec, Codec):
+        return spec
+    raise TypeError(
+        "expected a codec name, a codec instance or a dataclass type, "
+        f"got {type(spec).__qualname__}"
+    )
