@@ -182,6 +182,9 @@ def _json_dumps(codec: str, obj: Any) -> bytes:
         text = json.dumps(
             obj,
             separators=(",", ":"),
+            # Canonical bytes: the same mapping always encodes (and so partitions) the same,
+            # which matters when JSON is used for keys.
+            sort_keys=True,
             ensure_ascii=False,
             # NaN/Infinity are not JSON; other consumers would reject the record.
             allow_nan=False,

@@ -77,8 +77,12 @@ class AssignorConfig:
     #: KIP-441 style: keep a task on a caught-up member beyond its share while a
     #: warm-up replica catches up on the balanced target. Off by default.
     high_availability: bool = False
+    #: KIP-441 style: at most this many warm-up replicas at once (high-availability mode only).
+    max_warmup_replicas: int = 2
 
     def __post_init__(self) -> None:
+        if self.max_warmup_replicas < 0:
+            raise ValueError(f"max_warmup_replicas must be >= 0, got {self.max_warmup_replicas}")
         if self.standby_replicas < 0:
             raise ValueError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
         if self.acceptable_recovery_lag < 0:
@@ -100,10 +104,15 @@ class Scenario:
 
 @dataclass(frozen=True)
 class MemberAssignment:
-    """What one member is told to own after the rebalance."""
+    """What one member is told to own after the rebalance.
+
+    ``warmup`` (high-availability mode only) lists changelog partitions to restore
+    so the member can take over the task's active in a follow-up rebalance.
+    """
 
     active: TopicPartitions
     standby: TopicPartitions
+    warmup: TopicPartitions = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -639,3 +639,10 @@ def test_register_codec_rejects_non_codecs(candidate: Any, message: str) -> None
 
 def test_isolated_registry_fixture_does_not_leak() -> None:
     assert "upper" not in registered_codec_names()
+
+
+def test_json_bytes_do_not_depend_on_insertion_order() -> None:
+    """Keys encoded as JSON must partition the same whatever order the dict was built in."""
+    from streamjoin.codecs import JSON
+
+    assert JSON.dumps({"b": 1, "a": 2}) == JSON.dumps({"a": 2, "b": 1}) == b'{"a":2,"b":1}'
