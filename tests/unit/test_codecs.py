@@ -383,7 +383,7 @@ def test_dataclass_json_init_false_fields_are_written_and_recomputed() -> None:
 
 def test_dataclass_json_accepts_plain_dicts_and_none() -> None:
     codec = DataclassJson(Line)
-    assert codec.dumps({"sku": "a", "qty": 1, "price": 2.0}) == b'{"sku":"a","qty":1,"price":2.0}'
+    assert codec.dumps({"sku": "a", "qty": 1, "price": 2.0}) == b'{"price":2.0,"qty":1,"sku":"a"}'
     assert codec.dumps(None) is None
     assert codec.loads(None) is None
 
