@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -21,6 +21,7 @@ from streamjoin.agents import Agent, AgentFunction, OnError
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.runtime.admin import ensure_topics, fetch_partition_counts
 from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.tables import Table
 from streamjoin.topics import Sender, Topic
 
 log = logging.getLogger("streamjoin.app")
@@ -135,6 +136,7 @@ class App:
         self.host = host
         self.topics: dict[str, Topic] = {}
         self.agents: dict[str, Agent] = {}
+        self.tables: dict[str, Table] = {}
         self.copartition_groups: list[tuple[str, ...]] = []
         self._runner: _Running | None = None
         self._last_runner: _Running | None = None
@@ -222,6 +224,72 @@ class App:
 
         return register
 
+    def table(
+        self,
+        name: str,
+        *,
+        default: Callable[[], Any] | None = None,
+        key_serializer: str | Codec | type | None = None,
+        value_serializer: str | Codec | type | None = None,
+        partitions: int | None = None,
+        copartitioned_with: Topic | str | Sequence[Topic | str] = (),
+        changelog_config: Mapping[str, str] | None = None,
+    ) -> Table:
+        """Declare a table backed by the compacted changelog ``<app id>-<name>-changelog``.
+
+        ``copartitioned_with`` names the topics whose agents write the table: partition p of
+        each goes to the same worker as partition p of the table. ``default`` is called for
+        missing keys (e.g. ``int`` for counters).
+        """
+        if name in self.tables:
+            raise ConfigurationError(f"table {name!r} is declared twice")
+        writers = (
+            [copartitioned_with]
+            if isinstance(copartitioned_with, Topic | str)
+            else list(copartitioned_with)
+        )
+        writer_topics = [self.topic(w) if isinstance(w, str) else w for w in writers]
+        counts = {t.partitions for t in writer_topics if t.partitions is not None}
+        if partitions is not None:
+            counts.add(partitions)
+        if len(counts) > 1:
+            raise CopartitioningError(
+                f"table {name!r}: partition counts differ: "
+                + ", ".join(f"{t.name}={t.partitions}" for t in writer_topics)
+                + (f", table={partitions}" if partitions is not None else "")
+            )
+        count = counts.pop() if counts else self.topic_partitions
+        for t in writer_topics:
+            t.partitions = count
+        config = {"cleanup.policy": "compact", **(changelog_config or {})}
+        changelog = self.topic(
+            f"{self.id}-{name}-changelog",
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=count,
+            config=config,
+        )
+        key_codec = self.key_codec if key_serializer is None else resolve_codec(key_serializer)
+        value_codec = (
+            self.value_codec if value_serializer is None else resolve_codec(value_serializer)
+        )
+        table = Table(
+            name,
+            key_codec,
+            value_codec,
+            changelog,
+            default=default,
+            writers=frozenset(t.name for t in writer_topics),
+        )
+        self.tables[name] = table
+        if writer_topics:
+            self.copartition(changelog, *writer_topics)
+        return table
+
+    @property
+    def changelog_topics(self) -> frozenset[str]:
+        return frozenset(t.changelog.name for t in self.tables.values())
+
     def copartition(self, *topics: Topic | str) -> tuple[str, ...]:
         """Declare topics whose partition p must be processed by the same worker."""
         names = tuple(sorted({t if isinstance(t, str) else t.name for t in topics}))
@@ -230,8 +298,22 @@ class App:
         for n in names:
             if n not in self.topics:
                 self.topic(n)
-        self.copartition_groups.append(names)
-        return names
+        # Overlapping declarations merge into one group: p of all of them goes together.
+        merged = set(names)
+        others = list(self.copartition_groups)
+        changed = True
+        while changed:
+            changed = False
+            kept = []
+            for group in others:
+                if merged & set(group):
+                    merged |= set(group)
+                    changed = True
+                else:
+                    kept.append(group)
+            others = kept
+        self.copartition_groups = [*others, tuple(sorted(merged))]
+        return tuple(sorted(merged))
 
     # ------------------------------------------------------------------ running
 

@@ -93,9 +93,11 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self._load_membership()
 
     @classmethod
-    def for_app(cls, app: App) -> StreamjoinAssignor:
+    def for_app(cls, app: App, lag_provider: LagProvider | None = None) -> StreamjoinAssignor:
         return cls(
+            lag_provider=lag_provider,
             copartition=app.copartition_groups,
+            changelog_topics=app.changelog_topics,
             config=AssignorConfig(standby_replicas=app.standby_replicas),
             capacity=app.capacity,
             tags=app.tags,
@@ -121,8 +123,11 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             host=self._host,
             group_instance_id=self._instance_id,
         )
+        # Changelog topics are listed so the leader sees this member as eligible for the
+        # groups they belong to; they never appear in the Kafka-level active assignment.
+        subscription = sorted(set(topics) | self._changelog_topics)
         return ConsumerProtocolMemberMetadata(
-            CONSUMER_PROTOCOL_VERSION, sorted(topics), encode_subscription(userdata)
+            CONSUMER_PROTOCOL_VERSION, subscription, encode_subscription(userdata)
         )
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
@@ -197,7 +202,9 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             active = member.active if member is not None else {}
             out[kafka_id] = ConsumerProtocolMemberAssignment(
                 CONSUMER_PROTOCOL_VERSION,
-                sorted((t, list(ps)) for t, ps in active.items()),
+                sorted(
+                    (t, list(ps)) for t, ps in active.items() if t not in self._changelog_topics
+                ),
                 encode_assignment(assignment_userdata_for(result, member_id, generation)),
             )
         return out

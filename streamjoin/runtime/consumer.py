@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -57,6 +57,9 @@ class KafkaConsumerService(Service):
         consumer_options: Mapping[str, Any],
         revoke_timeout: float = 10.0,
         on_assignment: Callable[[set[tuple[str, int]]], None] | None = None,
+        on_revoke: Callable[[], None] | None = None,
+        before_commit: Callable[[], Awaitable[object]] | None = None,
+        blocked: Callable[[str, int], bool] | None = None,
     ) -> None:
         super().__init__()
         self._runtime = runtime
@@ -64,6 +67,9 @@ class KafkaConsumerService(Service):
         self._commit_interval = commit_interval
         self._revoke_timeout = revoke_timeout
         self._on_assignment = on_assignment
+        self._on_revoke = on_revoke
+        self._before_commit = before_commit
+        self._blocked = blocked
         self._options: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
             "group_id": group_id,
@@ -119,6 +125,11 @@ class KafkaConsumerService(Service):
             # refetched from the committed offsets by whoever owns the partition next.
             epoch = self._runtime.epoch
             for tp, records in batches.items():
+                if records and self._blocked is not None and self._blocked(tp.topic, tp.partition):
+                    # Its tables are still restoring: read these records again later.
+                    consumer.seek(tp, records[0].offset)
+                    consumer.pause(tp)
+                    continue
                 for r in records:
                     raw = RawRecord(
                         r.topic,
@@ -132,7 +143,6 @@ class KafkaConsumerService(Service):
                     await self._runtime.dispatch(raw, epoch)
                     if self._runtime.epoch != epoch:
                         break  # revoked meanwhile: the rest is refetched by its owner
-                del tp
 
     @Service.task
     async def _commit_loop(self) -> None:
@@ -149,6 +159,9 @@ class KafkaConsumerService(Service):
             positions = self._runtime.tracker.committable()
             owned = self.assigned
             positions = {tp: pos for tp, pos in positions.items() if tp in owned}
+            if self._before_commit is not None:
+                # State and changelog first, then the source offsets (at-least-once).
+                await self._before_commit()
             if not positions:
                 return
             try:
@@ -176,6 +189,8 @@ class KafkaConsumerService(Service):
         await self.commit()
         self._runtime.forget((tp.topic, tp.partition) for tp in revoked)
         self._assigned = set()
+        if self._on_revoke is not None:
+            self._on_revoke()
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         self._assigned = set(assigned)
@@ -186,3 +201,13 @@ class KafkaConsumerService(Service):
         )
         if self._on_assignment is not None:
             self._on_assignment(self.assigned)
+        if self._blocked is not None and self._consumer is not None:
+            waiting = [tp for tp in assigned if self._blocked(tp.topic, tp.partition)]
+            if waiting:
+                self._consumer.pause(*waiting)
+
+    def resume(self, topic: str, partition: int) -> None:
+        """Start fetching a partition again (its tables finished restoring)."""
+        tp = TopicPartition(topic, partition)
+        if self._consumer is not None and tp in self._assigned:
+            self._consumer.resume(tp)

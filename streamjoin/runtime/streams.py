@@ -38,6 +38,15 @@ class _InFlight:
     sends: list[asyncio.Future[Any]] = field(default_factory=list)
 
 
+def current_record() -> RawRecord | None:
+    """The record whose event the calling agent is processing (None outside agents)."""
+    stream = current_stream.get()
+    if stream is None:
+        return None
+    current = stream._runner.current
+    return None if current is None else current.raw
+
+
 class Stream:
     """``async for event in stream`` yields :class:`Event`; ``stream.items()`` (key, value)."""
 

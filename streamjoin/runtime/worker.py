@@ -18,6 +18,7 @@ from mode import Service
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.state import StateService, TableStores
 from streamjoin.runtime.streams import AgentRuntime
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class KafkaRunner(Service):
         self.runtime: AgentRuntime | None = None
         self.consumer: KafkaConsumerService | None = None
         self.assignor: StreamjoinAssignor | None = None
+        self.stores: TableStores | None = None
+        self.state_service: StateService | None = None
         self.failure: BaseException | None = None
         self._done = asyncio.Event()
         self._stopping = False
@@ -56,10 +59,22 @@ class KafkaRunner(Service):
         )
         await self.sender.start()
         app.attach_sender(self.sender)
+        if app.tables:
+            self.stores = TableStores(app.tables, app.state_dir)
+            self.state_service = StateService(
+                self.stores,
+                bootstrap_servers=app.broker,
+                client_options=app.client_options,
+                on_ready=self._table_ready,
+            )
+            await self.state_service.start()
         self.runtime = app.build_runtime(self.sender, self._on_crash, self.queue_size)
         self.runtime.start()
         if self.runtime.topics:
-            self.assignor = StreamjoinAssignor.for_app(app)
+            self.assignor = StreamjoinAssignor.for_app(
+                app,
+                lag_provider=self.state_service.lags if self.state_service is not None else None,
+            )
             self.consumer = KafkaConsumerService(
                 app.broker,
                 group_id=app.id,
@@ -71,7 +86,10 @@ class KafkaRunner(Service):
                 group_instance_id=app.group_instance_id,
                 client_options=app.client_options,
                 consumer_options=app.consumer_options,
-                on_assignment=self.assignor.record_active,
+                on_assignment=self._assigned,
+                on_revoke=self.state_service.revoke_all if self.state_service is not None else None,
+                before_commit=self._flush_tables if self.stores is not None else None,
+                blocked=self._blocked if self.stores is not None else None,
             )
             await self.consumer.start()
         log.info(
@@ -91,11 +109,44 @@ class KafkaRunner(Service):
                 await self.consumer.stop()
             elif self.runtime is not None:
                 await self.runtime.stop()
+            if self.state_service is not None:
+                await self.state_service.stop()
             if self.sender is not None:
                 await self.sender.stop()
         finally:
             self.app.attach_sender(None)
             self._done.set()
+
+    # -- tables
+
+    async def _flush_tables(self) -> None:
+        if self.stores is not None and self.sender is not None:
+            await self.stores.flush(self.sender)
+
+    def _blocked(self, topic: str, partition: int) -> bool:
+        """True while a table co-partitioned with ``topic`` is restoring ``partition``."""
+        return any(
+            topic in t.writers and partition not in t.ready for t in self.app.tables.values()
+        )
+
+    def _assigned(self, assigned: set[tuple[str, int]]) -> None:
+        if self.assignor is not None:
+            self.assignor.record_active(assigned)
+        if self.state_service is None or self.assignor is None:
+            return
+        active: dict[str, set[int]] = {}
+        standby: dict[str, set[int]] = {}
+        for table in self.app.tables.values():
+            active[table.name] = {p for t, p in assigned if t in table.writers}
+            standby[table.name] = set(self.assignor.standby.get(table.changelog.name, ()))
+        self.state_service.set_assignment(active, standby)
+
+    def _table_ready(self, table: str, partition: int) -> None:
+        if self.consumer is None:
+            return
+        for topic in self.app.tables[table].writers:
+            if not self._blocked(topic, partition):
+                self.consumer.resume(topic, partition)
 
     def _on_crash(self, exc: BaseException) -> None:
         if self.failure is None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
+from streamjoin.runtime.state import TableStores
 from streamjoin.runtime.streams import AgentRuntime
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class TestDriver:
         self.default_partitions = default_partitions or app.topic_partitions
         self._logs: dict[str, dict[int, list[RawRecord]]] = {}
         self.runtime: AgentRuntime | None = None
+        self.stores: TableStores | None = None
         self.failure: BaseException | None = None
 
     # -- Sender protocol
@@ -125,10 +127,16 @@ class TestDriver:
                 await asyncio.sleep(0)  # let acknowledgement callbacks run
                 if self.failure is not None:
                     raise self.failure
+                await self.flush()
                 return
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"agents still busy after {timeout}s")
             await asyncio.sleep(0.001)
+
+    async def flush(self) -> None:
+        """What a worker does before committing: table writes to changelogs and stores."""
+        if self.stores is not None:
+            await self.stores.flush(self)
 
     def raw_records(self, topic: str) -> list[RawRecord]:
         """Everything written to ``topic``, by partition then offset."""
@@ -162,6 +170,12 @@ class TestDriver:
 
     async def __aenter__(self) -> TestDriver:
         self.app.attach_sender(self)
+        # Every table partition is local, in memory, and ready at once.
+        self.stores = TableStores(self.app.tables, state_dir=None)
+        for table in self.app.tables.values():
+            for partition in range(table.partitions):
+                self.stores.open(table, partition)
+                table.ready.add(partition)
         self.runtime = self.app.build_runtime(self, self._on_crash, queue_size=0)
         self.runtime.start()
         return self
@@ -174,4 +188,6 @@ class TestDriver:
     ) -> None:
         if self.runtime is not None:
             await self.runtime.stop(timeout=5.0)
+        if self.stores is not None:
+            self.stores.close_all()
         self.app.attach_sender(None)

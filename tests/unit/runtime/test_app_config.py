@@ -76,7 +76,9 @@ def test_copartition_check_names_the_counts() -> None:
     app = streamjoin.App("x")
     app.copartition("clicks", "impressions")
     app.check_copartitioning({"clicks": 10, "impressions": 10})
-    with pytest.raises(CopartitioningError, match="10 partitions: clicks; 12 partitions: impressions"):
+    with pytest.raises(
+        CopartitioningError, match=r"10 partitions: clicks; 12 partitions: impressions"
+    ):
         app.check_copartitioning({"clicks": 10, "impressions": 12})
     with pytest.raises(ConfigurationError, match="at least two"):
         app.copartition("clicks")
@@ -138,7 +140,7 @@ def test_load_app(app_module: str) -> None:
         load_app("no_such_module_xyz:app")
     with pytest.raises(AppNotFound, match="has no attribute 'nope'"):
         load_app(f"{app_module}:nope")
-    with pytest.raises(AppNotFound, match="is a int, not a streamjoin.App"):
+    with pytest.raises(AppNotFound, match=r"is a int, not a streamjoin\.App"):
         load_app(f"{app_module}:not_an_app")
 
 

@@ -1,0 +1,409 @@
+"""Table state at run time: local stores, flushing, restoration and standby replicas.
+
+* :class:`TableStores` opens one store per table partition (RocksDB under
+  ``<state_dir>/tables/<table>/<partition>``, or in memory for the test driver)
+  and flushes buffered table writes in the at-least-once order: changelog
+  records first (awaiting their acknowledgements), then the store together with
+  the changelog offset, and only then may the caller commit source offsets.
+* :class:`StateService` (a mode service with its own group-less consumer)
+  restores active partitions from their changelog in the background after an
+  assignment, keeps standby partitions following their changelog, and keeps a
+  cache of every local store's lag for the assignor's subscription userdata.
+  Only the partitions still restoring wait: the consumer pauses their source
+  partitions and resumes each one when its tables are ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from mode import Service
+
+from streamjoin.state.base import StoreCorrupted, StorePartition
+from streamjoin.state.memory import MemoryStorePartition
+from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
+from streamjoin.state.rocksdb import open_or_rebuild
+from streamjoin.tables import Table
+from streamjoin.topics import Sender
+
+log = logging.getLogger("streamjoin.state")
+
+TaskKey = tuple[str, int]  # (table name, partition)
+
+
+class TableStores:
+    """The stores of every table partition this worker holds, and flushing into them."""
+
+    def __init__(self, tables: Mapping[str, Table], state_dir: Path | None) -> None:
+        self.tables = dict(tables)
+        self.state_dir = state_dir
+        self._by_changelog = {t.changelog.name: t for t in self.tables.values()}
+
+    def table_for_changelog(self, topic: str) -> Table:
+        return self._by_changelog[topic]
+
+    def path(self, table: str, partition: int) -> Path:
+        if self.state_dir is None:
+            raise RuntimeError("in-memory stores have no path")
+        return self.state_dir / "tables" / table / str(partition)
+
+    def open(self, table: Table, partition: int) -> StorePartition:
+        store = table.stores.get(partition)
+        if store is not None:
+            return store
+        if self.state_dir is None:
+            store = MemoryStorePartition()
+        else:
+
+            def corrupt(exc: StoreCorrupted) -> None:
+                log.warning(
+                    "store %s[%d] is unusable and is rebuilt: %s", table.name, partition, exc
+                )
+
+            store = open_or_rebuild(
+                self.path(table.name, partition), table.name, partition, corrupt
+            )
+        table.stores[partition] = store
+        return store
+
+    def close(self, table: Table, partition: int) -> None:
+        table.drop_partition(partition)
+        store = table.stores.pop(partition, None)
+        if store is not None:
+            store.close()
+
+    def wipe(self, table: Table, partition: int) -> StorePartition:
+        """Delete a store's data (it will be rebuilt from the changelog) and reopen it empty."""
+        self.close(table, partition)
+        if self.state_dir is not None:
+            shutil.rmtree(self.path(table.name, partition), ignore_errors=True)
+        return self.open(table, partition)
+
+    def close_all(self) -> None:
+        for table in self.tables.values():
+            for partition in list(table.stores):
+                self.close(table, partition)
+
+    def on_disk(self) -> list[TaskKey]:
+        """Table partitions with a store directory under the state dir (any owner, any age)."""
+        if self.state_dir is None:
+            return []
+        found: list[TaskKey] = []
+        for name, table in sorted(self.tables.items()):
+            root = self.state_dir / "tables" / name
+            if not root.is_dir():
+                continue
+            for child in root.iterdir():
+                if child.is_dir() and child.name.isdigit() and int(child.name) < table.partitions:
+                    found.append((name, int(child.name)))
+        return sorted(found)
+
+    def stored_offset(self, table: Table, partition: int) -> int | None:
+        """The changelog offset stored with a partition's store, opening it briefly if needed."""
+        store = table.stores.get(partition)
+        if store is not None:
+            return store.changelog_offset()
+        store = self.open(table, partition)
+        try:
+            return store.changelog_offset()
+        finally:
+            table.stores.pop(partition, None)
+            store.close()
+
+    async def flush(self, sender: Sender) -> int:
+        """Changelog first (acknowledged), then stores with their offsets; returns records sent."""
+        sends: list[tuple[Table, int, asyncio.Future[Any]]] = []
+        for table in self.tables.values():
+            for partition, writes in table.take_pending().items():
+                for key, value in writes.items():
+                    future = await sender.send(
+                        table.changelog.name,
+                        key,
+                        value,
+                        partition=partition,
+                        headers=(),
+                        timestamp_ms=None,
+                    )
+                    sends.append((table, partition, future))
+        if not sends:
+            return 0
+        results = await asyncio.gather(*(f for _, _, f in sends))
+        offsets: dict[str, dict[int, int]] = {}
+        for (table, partition, _), meta in zip(sends, results, strict=True):
+            per_table = offsets.setdefault(table.name, {})
+            per_table[partition] = max(per_table.get(partition, -1), int(meta.offset))
+        for table in self.tables.values():
+            table.finish_flush(offsets.get(table.name, {}))
+        return len(sends)
+
+
+@dataclass
+class _Restore:
+    """Progress of one partition being restored (active) or followed (standby)."""
+
+    table: Table
+    partition: int
+    standby: bool
+    end: int
+    started: float
+    #: records expected (upper bound: compaction may have removed some)
+    total: int = 0
+    applied: int = 0
+
+
+class StateService(Service):
+    """Restores active table partitions and follows standby ones, in the background."""
+
+    def __init__(
+        self,
+        stores: TableStores,
+        *,
+        bootstrap_servers: str,
+        client_options: Mapping[str, Any],
+        on_ready: Callable[[str, int], None],
+        progress_interval: float = 2.0,
+        lag_refresh_interval: float = 5.0,
+        batch_records: int = 10_000,
+    ) -> None:
+        super().__init__()
+        self.stores = stores
+        self._bootstrap = bootstrap_servers
+        self._client_options = dict(client_options)
+        self._on_ready = on_ready
+        self._progress_interval = progress_interval
+        self._lag_refresh_interval = lag_refresh_interval
+        self._batch_records = batch_records
+        self._consumer: AIOKafkaConsumer | None = None
+        self._wanted_active: dict[str, set[int]] = {}
+        self._wanted_standby: dict[str, set[int]] = {}
+        self._changed = asyncio.Event()
+        self._restores: dict[TaskKey, _Restore] = {}
+        self._lags: dict[str, dict[int, int]] = {}
+        self.restored_records = 0
+
+    # ------------------------------------------------------------------ public
+
+    def lags(self) -> dict[str, dict[int, int]]:
+        """Per changelog topic and partition, how far each local store is behind."""
+        return {t: dict(ps) for t, ps in self._lags.items()}
+
+    def set_assignment(
+        self, active: Mapping[str, set[int]], standby: Mapping[str, set[int]]
+    ) -> None:
+        """Called on assignment (must be quick: the rebalance callback is waiting)."""
+        self._wanted_active = {t: set(ps) for t, ps in active.items()}
+        self._wanted_standby = {t: set(ps) for t, ps in standby.items()}
+        for table in self.stores.tables.values():
+            table.ready.clear()
+        self._changed.set()
+
+    def revoke_all(self) -> None:
+        for table in self.stores.tables.values():
+            table.ready.clear()
+
+    @property
+    def restoring(self) -> list[TaskKey]:
+        return sorted(k for k, r in self._restores.items() if not r.standby)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def on_start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self._batch_records,
+            fetch_max_bytes=64 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+            **self._client_options,
+        )
+        await self._consumer.start()
+        await self._refresh_lags()
+
+    async def on_stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        self.stores.close_all()
+
+    # ------------------------------------------------------------------ background work
+
+    @Service.task
+    async def _run(self) -> None:
+        last_lag_refresh = time.monotonic()
+        last_progress = time.monotonic()
+        while not self.should_stop:
+            if self._changed.is_set():
+                self._changed.clear()
+                await self._reconcile()
+            if self._restores:
+                await self._apply_batch()
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=1.0)
+            now = time.monotonic()
+            if now - last_progress >= self._progress_interval and self.restoring:
+                self._log_progress()
+                last_progress = now
+            if now - last_lag_refresh >= self._lag_refresh_interval:
+                await self._refresh_lags()
+                last_lag_refresh = now
+
+    def _changelog_tps(self, keys: Iterable[TaskKey]) -> list[TopicPartition]:
+        return [TopicPartition(self.stores.tables[t].changelog.name, p) for t, p in keys]
+
+    async def _reconcile(self) -> None:
+        """Open/close stores for the new assignment and plan what to read from the changelogs."""
+        consumer = self._require()
+        active = {(t, p) for t, ps in self._wanted_active.items() for p in ps}
+        standby = {(t, p) for t, ps in self._wanted_standby.items() for p in ps} - active
+        for table in self.stores.tables.values():
+            for partition in list(table.stores):
+                if (table.name, partition) not in active | standby:
+                    self.stores.close(table, partition)
+        wanted = sorted(active | standby)
+        self._restores = {}
+        if not wanted:
+            consumer.assign([])
+            return
+        tps = self._changelog_tps(wanted)
+        ends = await consumer.end_offsets(tps)
+        starts = await consumer.beginning_offsets(tps)
+        assignment: list[TopicPartition] = []
+        seeks: dict[TopicPartition, int] = {}
+        for (name, partition), tp in zip(wanted, tps, strict=True):
+            table = self.stores.tables[name]
+            store = self.stores.open(table, partition)
+            plan = plan_restore(store.changelog_offset(), starts[tp], ends[tp])
+            if plan.action is RestoreAction.REBUILD:
+                log.warning(
+                    "store %s[%d]: %s; wiping and rebuilding it", name, partition, plan.reason
+                )
+                store = self.stores.wipe(table, partition)
+            is_standby = (name, partition) in standby
+            if plan.needs_restore or is_standby:
+                assignment.append(tp)
+                seeks[tp] = plan.start if plan.start is not None else ends[tp]
+                self._restores[(name, partition)] = _Restore(
+                    table, partition, is_standby, ends[tp], time.monotonic(), plan.records
+                )
+                if not is_standby:
+                    log.info(
+                        "restoring %s[%d]: %d changelog records to replay",
+                        name,
+                        partition,
+                        plan.records,
+                    )
+            if not plan.needs_restore and not is_standby:
+                self._mark_ready(table, partition)
+        consumer.assign(assignment)
+        for tp, offset in seeks.items():
+            consumer.seek(tp, offset)
+        for key in list(self._restores):
+            restore = self._restores[key]
+            if not restore.standby and restore.end == seeks.get(
+                TopicPartition(restore.table.changelog.name, restore.partition)
+            ):
+                self._finish(key)
+
+    async def _apply_batch(self) -> None:
+        consumer = self._require()
+        batches = await consumer.getmany(timeout_ms=200, max_records=self._batch_records)
+        for tp, records in batches.items():
+            table = self.stores.table_for_changelog(tp.topic)
+            key = (table.name, tp.partition)
+            restore = self._restores.get(key)
+            store = table.stores.get(tp.partition)
+            if restore is None or store is None or not records:
+                continue
+            writes: dict[bytes, bytes | None] = {}
+            for r in records:
+                if r.key is None:
+                    log.warning(
+                        "changelog %s[%d]@%d has no key; skipped", tp.topic, tp.partition, r.offset
+                    )
+                    continue
+                writes[r.key] = r.value
+            store.write(writes, records[-1].offset)
+            restore.applied += len(records)
+            self.restored_records += len(records)
+        for key, restore in list(self._restores.items()):
+            if restore.standby:
+                continue
+            tp = TopicPartition(restore.table.changelog.name, restore.partition)
+            if await consumer.position(tp) >= restore.end:
+                self._finish(key)
+
+    def _finish(self, key: TaskKey) -> None:
+        restore = self._restores.pop(key)
+        # Pause rather than re-assign: assign() would reset the standbys' positions.
+        self._require().pause(TopicPartition(restore.table.changelog.name, restore.partition))
+        elapsed = max(time.monotonic() - restore.started, 1e-6)
+        if restore.applied:
+            log.info(
+                "restored %s[%d]: %d records in %.2fs (%.0f records/s)",
+                restore.table.name,
+                restore.partition,
+                restore.applied,
+                elapsed,
+                restore.applied / elapsed,
+            )
+        self._mark_ready(restore.table, restore.partition)
+
+    def _mark_ready(self, table: Table, partition: int) -> None:
+        table.ready.add(partition)
+        self._on_ready(table.name, partition)
+
+    def _log_progress(self) -> None:
+        for name, partition in self.restoring:
+            r = self._restores[(name, partition)]
+            elapsed = max(time.monotonic() - r.started, 1e-6)
+            rate = r.applied / elapsed
+            remaining = max(0, r.total - r.applied)
+            eta = f"{remaining / rate:.0f}s" if rate > 0 else "?"
+            log.info(
+                "restoring %s[%d]: %d records so far, %.0f records/s, ETA %s",
+                name,
+                partition,
+                r.applied,
+                rate,
+                eta,
+            )
+
+    async def _refresh_lags(self) -> None:
+        """Recompute every local store's lag against its changelog's end offset."""
+        consumer = self._require()
+        on_disk = self.stores.on_disk()
+        if not on_disk:
+            self._lags = {}
+            return
+        tps = self._changelog_tps(on_disk)
+        try:
+            ends = await consumer.end_offsets(tps)
+        except Exception as exc:  # missing topic, broker hiccup: keep the old cache
+            log.debug("could not refresh store lags: %r", exc)
+            return
+        lags: dict[str, dict[int, int]] = {}
+        for (name, partition), tp in zip(on_disk, tps, strict=True):
+            table = self.stores.tables[name]
+            try:
+                offset = self.stores.stored_offset(table, partition)
+            except StoreCorrupted:
+                continue
+            lags.setdefault(tp.topic, {})[partition] = lag_of(offset, ends[tp])
+        self._lags = lags
+
+    def _require(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise RuntimeError("the state service is not started")
+        return self._consumer

@@ -1,0 +1,186 @@
+"""Tables: dict-like state backed by one local store per partition and a compacted changelog.
+
+A write made while an agent processes an event of partition *p* goes to the
+table's partition *p* (the table is co-partitioned with that event's topic;
+anything else is a :class:`TableAccessError`, never a silent write to the
+wrong partition). Writes are buffered per partition and applied to the store,
+together with the changelog offset, when the worker commits: changelog first,
+then the store, then the source offsets (at-least-once).
+
+This module holds no Kafka or asyncio code; the runtime opens the stores,
+flushes buffers and restores partitions (``streamjoin.runtime.state``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamjoin.codecs import Codec
+from streamjoin.partitioner import partition_for_key
+from streamjoin.runtime.streams import current_record
+from streamjoin.state.base import StorePartition
+from streamjoin.topics import Topic
+
+_MISSING = object()
+
+
+class TableAccessError(RuntimeError):
+    """A table was used where its partition is not owned or not co-partitioned."""
+
+
+@dataclass(eq=False)
+class Table:
+    """A partitioned key/value table; ``table[key]`` inside agents, like a dict."""
+
+    name: str
+    key_codec: Codec
+    value_codec: Codec
+    changelog: Topic
+    default: Callable[[], Any] | None = None
+    #: source topics whose events may write this table (its co-partition group)
+    writers: frozenset[str] = frozenset()
+    stores: dict[int, StorePartition] = field(default_factory=dict, repr=False)
+    #: writes not yet in the store: partition -> key -> value bytes (None = delete)
+    pending: dict[int, dict[bytes, bytes | None]] = field(default_factory=dict, repr=False)
+    #: writes being flushed right now (read through while the flush runs)
+    flushing: dict[int, dict[bytes, bytes | None]] = field(default_factory=dict, repr=False)
+    #: partitions whose store is restored and may be used by agents
+    ready: set[int] = field(default_factory=set, repr=False)
+
+    @property
+    def partitions(self) -> int:
+        if self.changelog.partitions is None:
+            raise TableAccessError(f"table {self.name!r} has no partition count yet")
+        return self.changelog.partitions
+
+    # -------------------------------------------------------------- partition routing
+
+    def _partition(self, key_bytes: bytes | None, *, writing: bool) -> int:
+        record = current_record()
+        if record is not None:
+            if record.topic not in self.writers and record.topic != self.changelog.name:
+                raise TableAccessError(
+                    f"table {self.name!r} used while processing {record.topic!r}, which is not "
+                    f"co-partitioned with it (co-partitioned: {sorted(self.writers) or 'none'}). "
+                    f"Declare app.table({self.name!r}, copartitioned_with=...) or repartition "
+                    "the stream first."
+                )
+            partition = record.partition
+        elif writing:
+            raise TableAccessError(
+                f"table {self.name!r} can only be written from an agent processing an event"
+            )
+        else:
+            if key_bytes is None:
+                raise TableAccessError(f"table {self.name!r}: None keys have no partition")
+            partition = partition_for_key(key_bytes, self.partitions)
+        if partition not in self.ready:
+            raise TableAccessError(
+                f"partition {partition} of table {self.name!r} is not active on this worker"
+                + (" (still restoring)" if partition in self.stores else "")
+            )
+        return partition
+
+    def _encode_key(self, key: Any) -> bytes:
+        data = self.key_codec.dumps(key)
+        if data is None:
+            raise TableAccessError(f"table {self.name!r}: keys must not encode to None")
+        return data
+
+    def _lookup(self, partition: int, key_bytes: bytes) -> bytes | object | None:
+        for layer in (self.pending, self.flushing):
+            writes = layer.get(partition)
+            if writes is not None and key_bytes in writes:
+                return writes[key_bytes]
+        return self.stores[partition].get(key_bytes) if partition in self.stores else None
+
+    # -------------------------------------------------------------- dict API
+
+    def __getitem__(self, key: Any) -> Any:
+        key_bytes = self._encode_key(key)
+        raw = self._lookup(self._partition(key_bytes, writing=False), key_bytes)
+        if raw is None:
+            if self.default is not None:
+                return self.default()
+            raise KeyError(key)
+        return self.value_codec.loads(raw)  # type: ignore[arg-type]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        key_bytes = self._encode_key(key)
+        raw = self._lookup(self._partition(key_bytes, writing=False), key_bytes)
+        return default if raw is None else self.value_codec.loads(raw)  # type: ignore[arg-type]
+
+    def __contains__(self, key: Any) -> bool:
+        key_bytes = self._encode_key(key)
+        return self._lookup(self._partition(key_bytes, writing=False), key_bytes) is not None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        key_bytes = self._encode_key(key)
+        partition = self._partition(key_bytes, writing=True)
+        value_bytes = self.value_codec.dumps(value)
+        self.pending.setdefault(partition, {})[key_bytes] = value_bytes
+
+    def __delitem__(self, key: Any) -> None:
+        key_bytes = self._encode_key(key)
+        partition = self._partition(key_bytes, writing=True)
+        if self._lookup(partition, key_bytes) is None:
+            raise KeyError(key)
+        self.pending.setdefault(partition, {})[key_bytes] = None
+
+    def local_items(self, partition: int | None = None) -> Iterator[tuple[Any, Any]]:
+        """Items of the local active partitions (or one of them), pending writes included.
+
+        Inside an agent, ``partition`` defaults to the current event's partition.
+        """
+        if partition is None:
+            record = current_record()
+            partitions = [record.partition] if record is not None else sorted(self.ready)
+        else:
+            partitions = [partition]
+        for p in partitions:
+            if p not in self.ready:
+                raise TableAccessError(f"partition {p} of table {self.name!r} is not active here")
+            merged: dict[bytes, bytes | None] = dict(self.stores[p].items())
+            for layer in (self.flushing, self.pending):
+                merged.update(layer.get(p, {}))
+            for key_bytes in sorted(merged):
+                value_bytes = merged[key_bytes]
+                if value_bytes is not None:
+                    yield self.key_codec.loads(key_bytes), self.value_codec.loads(value_bytes)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return self.local_items()
+
+    def keys(self) -> Iterator[Any]:
+        return (k for k, _ in self.local_items())
+
+    def values(self) -> Iterator[Any]:
+        return (v for _, v in self.local_items())
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.keys()
+
+    # -------------------------------------------------------------- used by the runtime
+
+    def take_pending(self) -> dict[int, dict[bytes, bytes | None]]:
+        """Move pending writes to ``flushing`` and return them (start of a flush)."""
+        for partition, writes in self.pending.items():
+            self.flushing.setdefault(partition, {}).update(writes)
+        self.pending = {}
+        return self.flushing
+
+    def finish_flush(self, offsets: Mapping[int, int]) -> None:
+        """Apply the flushed writes to the stores, each with its changelog offset."""
+        for partition, writes in self.flushing.items():
+            store = self.stores.get(partition)
+            if store is not None and writes:
+                store.write(writes, offsets.get(partition))
+        self.flushing = {}
+
+    def drop_partition(self, partition: int) -> None:
+        """Forget a partition's unflushed writes (it was revoked before they were flushed)."""
+        self.pending.pop(partition, None)
+        self.flushing.pop(partition, None)
+        self.ready.discard(partition)
