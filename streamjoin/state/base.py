@@ -1,0 +1,123 @@
+"""The local-state contract: what every store backend (RocksDB, memory) must provide.
+
+A :class:`StorePartition` holds one table partition's state as raw bytes. The
+table layer encodes keys and values; stores only order and persist them.
+The one rule that matters for recovery: :meth:`StorePartition.write` applies
+the data *and* the changelog offset it corresponds to atomically, so after a
+crash the stored offset never claims a record whose data is missing (and no
+data exists past the stored offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "InvalidChangelogOffset",
+    "StoreClosed",
+    "StoreCorrupted",
+    "StoreError",
+    "StoreLocked",
+    "StorePartition",
+    "check_changelog_offset",
+]
+
+
+class StoreError(Exception):
+    """Base class of every local-state error."""
+
+
+class StoreCorrupted(StoreError):
+    """The store on disk cannot be trusted; the caller wipes it and rebuilds from the changelog."""
+
+    def __init__(self, path: Path | str, cause: str) -> None:
+        super().__init__(f"local store at {path} is corrupted: {cause}")
+        self.path = Path(path)
+        self.cause = cause
+
+
+class StoreLocked(StoreError):
+    """Another process (or another handle in this one) has the store open.
+
+    Kept apart from :class:`StoreCorrupted` on purpose: a locked store is in
+    use, and wiping it would destroy a live worker's state.
+    """
+
+    def __init__(self, path: Path | str, cause: str) -> None:
+        super().__init__(f"local store at {path} is in use by another handle: {cause}")
+        self.path = Path(path)
+        self.cause = cause
+
+
+class StoreClosed(StoreError):
+    """The store was used after :meth:`StorePartition.close`."""
+
+
+class InvalidChangelogOffset(StoreError):
+    """A write carried a changelog offset older than the one already stored.
+
+    Offsets only move forward for a given store (a rebuilt store starts from
+    None), so a step back means the caller is replaying or mixing partitions.
+    """
+
+
+@runtime_checkable
+class StorePartition(Protocol):
+    """One table partition's local state: sorted raw-bytes keys plus the changelog offset."""
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value stored under ``key``, or None."""
+        ...
+
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` has a value."""
+        ...
+
+    def items(
+        self, start: bytes | None = None, end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Pairs sorted by key (unsigned byte order), ``start`` inclusive, ``end`` exclusive.
+
+        None means unbounded on that side. Exhaust or close the iterator before
+        :meth:`close`; backends may close unfinished ones themselves.
+        """
+        ...
+
+    def write(self, writes: Mapping[bytes, bytes | None], changelog_offset: int | None) -> None:
+        """Apply puts (and deletes, value None) and the offset atomically: all or nothing.
+
+        ``changelog_offset`` is the offset of the last changelog record these
+        writes include; None leaves the stored offset as it is. Raises
+        :class:`InvalidChangelogOffset` if it is older than the stored one.
+        """
+        ...
+
+    def changelog_offset(self) -> int | None:
+        """Offset of the last changelog record applied (None: nothing applied yet)."""
+        ...
+
+    def count(self) -> int:
+        """Number of keys; backends may estimate (see each backend's docs)."""
+        ...
+
+    def size_bytes(self) -> int:
+        """Estimated size of the state (on disk, or in memory for the memory backend)."""
+        ...
+
+    def close(self) -> None:
+        """Release the store; idempotent. Any later use raises :class:`StoreClosed`."""
+        ...
+
+
+def check_changelog_offset(stored: int | None, new: int | None, *, where: str) -> None:
+    """Reject malformed offsets and offsets that move backwards (shared by all backends)."""
+    if new is None:
+        return
+    if isinstance(new, bool) or not isinstance(new, int) or new < 0:
+        raise InvalidChangelogOffset(f"{where}: changelog offset must be an int >= 0, got {new!r}")
+    if stored is not None and new < stored:
+        raise InvalidChangelogOffset(
+            f"{where}: changelog offset {new} is older than the stored offset {stored}"
+        )

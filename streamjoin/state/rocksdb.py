@@ -1,0 +1,416 @@
+"""RocksDB store backend (rocksdict): one database directory per table partition (I/O).
+
+Layout: user keys live in the default column family untouched; metadata
+(format version, table, partition, changelog offset) lives in the
+:data:`~streamjoin.state.keys.METADATA_COLUMN_FAMILY` column family, so it can
+never collide with a user key and never shows up in :meth:`items` or
+:meth:`count`. Every :meth:`write` is one ``WriteBatch`` spanning both column
+families: data and offset reach the WAL, and survive a crash, together.
+
+rocksdict notes (0.3.29): keys/values are raw bytes (``raw_mode``), so nothing
+is pickled; iteration bounds are applied by seeking and comparing keys here,
+never with ``ReadOptions.set_iterate_*_bound``; and any live iterator or
+column-family handle keeps the database (and its LOCK file) open after
+``close()``, so this class tracks and releases them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rocksdict import (
+    ColumnFamily,
+    DBCompressionType,
+    Options,
+    Rdict,
+    RdictIter,
+    WriteBatch,
+    WriteOptions,
+)
+
+from streamjoin.state.base import (
+    StoreClosed,
+    StoreCorrupted,
+    StoreError,
+    StoreLocked,
+    check_changelog_offset,
+)
+from streamjoin.state.keys import (
+    FORMAT_VERSION,
+    META_CHANGELOG_OFFSET,
+    META_FORMAT_VERSION,
+    META_PARTITION,
+    META_TABLE,
+    METADATA_COLUMN_FAMILY,
+)
+
+__all__ = ["RocksDBOptions", "RocksDBStorePartition", "destroy", "open_or_rebuild"]
+
+_MiB = 1024 * 1024
+Compression = Literal["none", "lz4", "snappy", "zstd"]
+
+
+@dataclass(frozen=True)
+class RocksDBOptions:
+    """Tuning for a write-heavy streaming store; the defaults suit most tables.
+
+    The WAL stays on (``use_wal``): without it a process crash loses the
+    memtable, which the changelog could replay, but only by making recovery
+    longer. Correctness does not depend on it: ``atomic_flush`` makes the data
+    and metadata column families flush together, so even with the WAL off the
+    stored offset never gets ahead of the data. Writes are not fsynced
+    (``sync_writes``): a lost OS-level tail is replayed from the changelog.
+    """
+
+    write_buffer_size: int = 64 * _MiB
+    max_write_buffer_number: int = 3
+    target_file_size_base: int = 64 * _MiB
+    max_background_jobs: int = 4
+    parallelism: int = 2
+    compression: Compression = "lz4"
+    use_wal: bool = True
+    sync_writes: bool = False
+    #: LOG (info log) files kept per store; they pile up across restarts otherwise
+    keep_log_files: int = 3
+
+    def __post_init__(self) -> None:
+        for name in (
+            "write_buffer_size",
+            "max_write_buffer_number",
+            "target_file_size_base",
+            "max_background_jobs",
+            "parallelism",
+            "keep_log_files",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"RocksDBOptions.{name} must be a positive int, got {value!r}")
+        if self.compression not in _COMPRESSION:
+            raise ValueError(
+                f"RocksDBOptions.compression must be one of {sorted(_COMPRESSION)}, "
+                f"got {self.compression!r}"
+            )
+
+    def db_options(self) -> Options:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        opts.increase_parallelism(self.parallelism)
+        opts.set_max_background_jobs(self.max_background_jobs)
+        opts.set_write_buffer_size(self.write_buffer_size)
+        opts.set_max_write_buffer_number(self.max_write_buffer_number)
+        opts.set_target_file_size_base(self.target_file_size_base)
+        opts.set_level_compaction_dynamic_level_bytes(True)
+        opts.set_compression_type(_COMPRESSION[self.compression]())
+        opts.set_atomic_flush(True)
+        opts.set_keep_log_file_num(self.keep_log_files)
+        return opts
+
+    def write_options(self) -> WriteOptions:
+        opts = WriteOptions()
+        # At runtime both are properties; rocksdict's stub wrongly declares disable_wal a method.
+        opts.disable_wal = not self.use_wal  # type: ignore[method-assign, assignment]
+        opts.sync = self.sync_writes
+        return opts
+
+
+_COMPRESSION: dict[str, Callable[[], DBCompressionType]] = {
+    "none": DBCompressionType.none,
+    "lz4": DBCompressionType.lz4,
+    "snappy": DBCompressionType.snappy,
+    "zstd": DBCompressionType.zstd,
+}
+
+
+def destroy(path: Path | str) -> None:
+    """Delete a store directory and everything in it. Close the store first."""
+    if Path(path).exists():
+        shutil.rmtree(path)
+
+
+def open_or_rebuild(
+    path: Path | str,
+    table: str,
+    partition: int,
+    on_corrupt: Callable[[StoreCorrupted], None],
+    *,
+    options: RocksDBOptions | None = None,
+) -> RocksDBStorePartition:
+    """Function form of :meth:`RocksDBStorePartition.open_or_rebuild`."""
+    return RocksDBStorePartition.open_or_rebuild(
+        path, table, partition, on_corrupt, options=options
+    )
+
+
+def _open_error(path: Path, exc: Exception) -> StoreError:
+    """Classify a rocksdict open failure: a held LOCK is not corruption, anything else is."""
+    message = str(exc)
+    if "lock" in message.lower() and message.startswith("IO error"):
+        return StoreLocked(path, message)
+    return StoreCorrupted(path, f"RocksDB failed to open it: {message}")
+
+
+def _is_rocksdb_dir(path: Path) -> bool:
+    return (path / "CURRENT").is_file()
+
+
+class RocksDBStorePartition:
+    """One table partition's state in its own RocksDB directory.
+
+    Opening validates the store: it must be readable and its metadata must
+    name this ``table`` and ``partition`` and a known format version, or
+    :class:`StoreCorrupted` is raised (see :meth:`open_or_rebuild`). A held
+    lock raises :class:`StoreLocked` instead, which callers must not wipe.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        table: str,
+        partition: int,
+        options: RocksDBOptions | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.table = table
+        self.partition = partition
+        self.options = options or RocksDBOptions()
+        self._offset: int | None = None
+        self._live_scans: weakref.WeakSet[_Scan] = weakref.WeakSet()
+
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreCorrupted(self.path, "the path exists but is not a directory")
+        existed = _is_rocksdb_dir(self.path)
+        if not existed and self.path.is_dir() and any(self.path.iterdir()):
+            raise StoreCorrupted(self.path, "the directory has files but no RocksDB CURRENT file")
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            db = Rdict(
+                str(self.path),
+                self.options.db_options(),
+                column_families={METADATA_COLUMN_FAMILY: Options(raw_mode=True)},
+            )
+        except Exception as exc:  # rocksdict raises plain Exception for every open failure
+            raise _open_error(self.path, exc) from exc
+        self._db: Rdict | None = db
+        self._meta: Rdict | None = None
+        self._meta_handle: ColumnFamily | None = None
+        try:
+            db.set_write_options(self.options.write_options())
+            self._meta = db.get_column_family(METADATA_COLUMN_FAMILY)
+            self._meta_handle = db.get_column_family_handle(METADATA_COLUMN_FAMILY)
+            if existed:
+                self._offset = self._validate_metadata()
+            else:
+                self._write_initial_metadata()
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        return (
+            f"RocksDBStorePartition(table={self.table!r}, partition={self.partition}, "
+            f"path={str(self.path)!r})"
+        )
+
+    # ---------------------------------------------------------------- open / validate
+
+    def _write_initial_metadata(self) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.put(META_FORMAT_VERSION, str(FORMAT_VERSION).encode(), self._meta_handle)
+        batch.put(META_TABLE, self.table.encode(), self._meta_handle)
+        batch.put(META_PARTITION, str(self.partition).encode(), self._meta_handle)
+        self._open_db().write(batch)
+
+    def _read_meta(self, name: bytes) -> bytes | None:
+        meta = self._meta
+        if meta is None:
+            raise StoreClosed(f"{self!r} is closed")
+        try:
+            value = meta.get(name)
+        except Exception as exc:
+            raise StoreCorrupted(self.path, f"metadata {name!r} is unreadable: {exc}") from exc
+        if value is not None and not isinstance(value, bytes):
+            raise StoreCorrupted(self.path, f"metadata {name!r} is not bytes")
+        return value
+
+    def _read_meta_int(self, name: bytes) -> int | None:
+        raw = self._read_meta(name)
+        if raw is None:
+            return None
+        try:
+            return int(raw.decode("ascii"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise StoreCorrupted(
+                self.path, f"metadata {name!r} is not an integer: {raw!r}"
+            ) from exc
+
+    def _validate_metadata(self) -> int | None:
+        version = self._read_meta_int(META_FORMAT_VERSION)
+        if version is None:
+            raise StoreCorrupted(self.path, "it has no streamjoin metadata (format version)")
+        if version != FORMAT_VERSION:
+            raise StoreCorrupted(
+                self.path,
+                f"unknown format version {version} (this build reads {FORMAT_VERSION})",
+            )
+        table = self._read_meta(META_TABLE)
+        if table != self.table.encode():
+            found = "no table" if table is None else repr(table.decode(errors="replace"))
+            raise StoreCorrupted(self.path, f"it belongs to {found}, not table {self.table!r}")
+        partition = self._read_meta_int(META_PARTITION)
+        if partition != self.partition:
+            raise StoreCorrupted(
+                self.path, f"it belongs to partition {partition}, not {self.partition}"
+            )
+        offset = self._read_meta_int(META_CHANGELOG_OFFSET)
+        if offset is not None and offset < 0:
+            raise StoreCorrupted(self.path, f"stored changelog offset {offset} is negative")
+        return offset
+
+    @classmethod
+    def open_or_rebuild(
+        cls,
+        path: Path | str,
+        table: str,
+        partition: int,
+        on_corrupt: Callable[[StoreCorrupted], None],
+        *,
+        options: RocksDBOptions | None = None,
+    ) -> RocksDBStorePartition:
+        """Open the store; if it is corrupted, report it, wipe it and start empty.
+
+        The fresh store has no changelog offset, so recovery rebuilds it from
+        the start of the changelog. :class:`StoreLocked` propagates: a store in
+        use is never wiped.
+        """
+        try:
+            return cls(path, table=table, partition=partition, options=options)
+        except StoreCorrupted as exc:
+            on_corrupt(exc)
+            destroy(path)
+            return cls(path, table=table, partition=partition, options=options)
+
+    # ---------------------------------------------------------------- reads
+
+    def _open_db(self) -> Rdict:
+        db = self._db
+        if db is None:
+            raise StoreClosed(f"{self!r} is closed")
+        return db
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._open_db().get(key)
+        return value if value is None or isinstance(value, bytes) else bytes(value)
+
+    def contains(self, key: bytes) -> bool:
+        return self._open_db().get(key) is not None
+
+    def items(
+        self, start: bytes | None = None, end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        scan = _Scan(self._open_db().iter(), start, end)
+        self._live_scans.add(scan)
+        return scan
+
+    # ---------------------------------------------------------------- writes
+
+    def write(self, writes: Mapping[bytes, bytes | None], changelog_offset: int | None) -> None:
+        db = self._open_db()
+        check_changelog_offset(self._offset, changelog_offset, where=repr(self))
+        batch = WriteBatch(raw_mode=True)
+        try:
+            for key, value in writes.items():
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+        except (KeyError, ValueError) as exc:  # rocksdict's raw-mode type errors
+            raise TypeError(f"store keys and values are bytes (None deletes): {exc}") from exc
+        if changelog_offset is not None:
+            batch.put(META_CHANGELOG_OFFSET, str(changelog_offset).encode(), self._meta_handle)
+        if batch.is_empty():
+            return
+        try:
+            db.write(batch)
+        except Exception as exc:
+            raise StoreError(f"{self!r}: write of {len(batch)} entries failed: {exc}") from exc
+        if changelog_offset is not None:
+            self._offset = changelog_offset
+
+    # ---------------------------------------------------------------- metadata / stats
+
+    def changelog_offset(self) -> int | None:
+        self._open_db()
+        return self._offset
+
+    def count(self) -> int:
+        """RocksDB's estimate (``rocksdb.estimate-num-keys``): it may count overwritten
+        and deleted keys until compaction; exact counting would read the whole store."""
+        estimate = self._open_db().property_int_value("rocksdb.estimate-num-keys")
+        return estimate or 0
+
+    def size_bytes(self) -> int:
+        """Bytes of all files in the store directory (SSTs, WAL, manifest, logs)."""
+        self._open_db()
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+    def close(self) -> None:
+        """Close unfinished scans and handles first: each one keeps RocksDB's LOCK held."""
+        db, self._db = self._db, None
+        for scan in list(self._live_scans):
+            scan.abort()
+        self._live_scans.clear()
+        self._meta = None
+        self._meta_handle = None
+        if db is not None:
+            db.close()
+
+
+class _Scan(Iterator[tuple[bytes, bytes]]):
+    """A bounded forward scan over the default column family.
+
+    Bounds are checked here (start by seeking, end by comparing) because
+    rocksdict's ``ReadOptions`` bound setters are unreliable. The native
+    iterator is dropped as soon as the scan ends or the store closes, since a
+    live one keeps the database open; a scan cut short by ``close()`` raises
+    :class:`StoreClosed` instead of ending as if the range were exhausted.
+    """
+
+    __slots__ = ("__weakref__", "_aborted", "_end", "_it")
+
+    def __init__(self, it: RdictIter, start: bytes | None, end: bytes | None) -> None:
+        if start is None:
+            it.seek_to_first()
+        else:
+            it.seek(start)
+        self._it: RdictIter | None = it
+        self._end = end
+        self._aborted = False
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        it = self._it
+        if it is None:
+            if self._aborted:
+                raise StoreClosed("the store was closed during a scan")
+            raise StopIteration
+        if not it.valid():
+            self._it = None
+            raise StopIteration
+        key: bytes = it.key()
+        if self._end is not None and key >= self._end:
+            self._it = None
+            raise StopIteration
+        value: bytes = it.value()
+        it.next()
+        return key, value
+
+    def abort(self) -> None:
+        if self._it is not None:
+            self._it = None
+            self._aborted = True
