@@ -28,10 +28,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from mode import Service
 
-from streamjoin.state.base import StoreCorrupted, StorePartition
+from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
-from streamjoin.state.rocksdb import open_or_rebuild
+from streamjoin.state.rocksdb import RocksDBStorePartition, open_or_rebuild
 from streamjoin.tables import Table
 from streamjoin.topics import Sender
 
@@ -108,16 +108,21 @@ class TableStores:
         return sorted(found)
 
     def stored_offset(self, table: Table, partition: int) -> int | None:
-        """The changelog offset stored with a partition's store, opening it briefly if needed."""
+        """The changelog offset stored with a partition's store, opening it briefly if needed.
+
+        Read-only in effect: a corrupt or locked store raises :class:`StoreError` and is left
+        alone (the restore path, not lag reporting, decides to rebuild it).
+        """
         store = table.stores.get(partition)
         if store is not None:
             return store.changelog_offset()
-        store = self.open(table, partition)
+        probe = RocksDBStorePartition(
+            self.path(table.name, partition), table=table.name, partition=partition
+        )
         try:
-            return store.changelog_offset()
+            return probe.changelog_offset()
         finally:
-            table.stores.pop(partition, None)
-            store.close()
+            probe.close()
 
     async def flush(self, sender: Sender) -> int:
         """Changelog first (acknowledged), then stores with their offsets; returns records sent."""
@@ -398,7 +403,8 @@ class StateService(Service):
             table = self.stores.tables[name]
             try:
                 offset = self.stores.stored_offset(table, partition)
-            except StoreCorrupted:
+            except StoreError as exc:
+                log.debug("no lag reported for %s[%d]: %s", name, partition, exc)
                 continue
             lags.setdefault(tp.topic, {})[partition] = lag_of(offset, ends[tp])
         self._lags = lags

@@ -5,66 +5,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 import streamjoin
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.group_info import GroupInfo, describe_group
 from streamjoin.runtime.streams import Stream
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-async def produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for key, value in records:
-            await producer.send(topic, value.encode(), key=key.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
-async def read_all(
-    bootstrap: str, topic: str, expected: int, timeout: float = 60.0
-) -> list[tuple[str, str, dict[str, bytes]]]:
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
-    )
-    await consumer.start()
-    out: list[tuple[str, str, dict[str, bytes]]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < expected and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(
-                    (r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records
-                )
-        # a little longer, to catch duplicates arriving late
-        for records in (await consumer.getmany(timeout_ms=500)).values():
-            out.extend((r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records)
-    finally:
-        await consumer.stop()
-    return out
-
-
-async def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
-    await consumer.start()
-    try:
-        return [
-            (await consumer.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)
-        ]
-    finally:
-        await consumer.stop()
+from tests.integration.support import (
+    Workers,
+    active_by_instance,
+    committed_offsets,
+    produce,
+    read_all,
+    wait_for_group,
+)
 
 
 async def test_embedded_app_processes_every_record_exactly_once(
@@ -125,55 +81,6 @@ async def test_copartitioned_topics_with_different_counts_fail_at_startup(
         await app.start()
 
 
-# ---------------------------------------------------------------- worker processes
-
-
-class Workers:
-    """Worker processes of tests/integration/apps/forwarder.py."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, instance_id: str) -> None:
-        log = (self.log_dir / f"{instance_id}.log").open("ab")
-        self.procs[instance_id] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamjoin.cli",
-                "worker",
-                "-A",
-                "tests.integration.apps.forwarder:app",
-                "--instance-id",
-                instance_id,
-                "--loglevel",
-                "info",
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def stop(self, instance_id: str, sig: int = signal.SIGTERM) -> int:
-        proc = self.procs.pop(instance_id)
-        proc.send_signal(sig)
-        return proc.wait(60)
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-            for p in sorted(self.log_dir.glob("*.log"))
-        )
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def workers(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
@@ -187,39 +94,9 @@ def workers(
         "SJT_PARTITIONS": "6",
         "PYTHONUNBUFFERED": "1",
     }
-    group = Workers(env, tmp_path)
+    group = Workers("tests.integration.apps.forwarder:app", env, tmp_path)
     yield group
     group.close()
-
-
-async def wait_for_group(
-    bootstrap: str,
-    group: str,
-    predicate: Callable[[GroupInfo], bool],
-    workers: Workers,
-    timeout: float = 60.0,
-) -> GroupInfo:
-    deadline = time.monotonic() + timeout
-    info: GroupInfo | None = None
-    while time.monotonic() < deadline:
-        try:
-            info = await describe_group(bootstrap, group)
-        except Exception:
-            info = None
-        if info is not None and info.state == "Stable" and predicate(info):
-            return info
-        await asyncio.sleep(0.5)
-    raise AssertionError(
-        f"group {group} never reached the expected state: {info}\n{workers.logs()}"
-    )
-
-
-def sizes(info: GroupInfo, topic: str) -> list[int]:
-    return sorted(len(m.active.get(topic, [])) for m in info.members)
-
-
-def active_by_instance(info: GroupInfo, topic: str) -> dict[str, set[int]]:
-    return {m.instance_id or m.member_id: set(m.active.get(topic, [])) for m in info.members}
 
 
 async def test_three_workers_share_partitions_and_only_the_stopped_ones_move(

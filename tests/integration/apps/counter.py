@@ -1,0 +1,38 @@
+"""A stateful test app for worker processes: counts events per key in a table.
+
+Every update is also sent to $SJT_SINK as "<key>=<count>", so tests can read
+the counts a worker holds (after a restore, the next event of a key shows the
+restored count + 1).
+"""
+
+from __future__ import annotations
+
+import os
+
+import streamjoin
+from streamjoin.runtime.streams import Stream
+
+app = streamjoin.App(
+    os.environ.get("SJT_APP_ID", "counter"),
+    broker=os.environ.get("SJT_BROKER", "kafka://127.0.0.1:9092"),
+    commit_interval=float(os.environ.get("SJT_COMMIT_INTERVAL", "0.3")),
+    standby_replicas=int(os.environ.get("SJT_STANDBYS", "0")),
+    consumer_options={"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000},
+)
+source = app.topic(
+    os.environ.get("SJT_SOURCE", "events"),
+    key_serializer="str",
+    value_serializer="str",
+    partitions=int(os.environ.get("SJT_PARTITIONS", "4")),
+)
+sink = app.topic(
+    os.environ.get("SJT_SINK", "counts"), key_serializer="str", value_serializer="str", partitions=1
+)
+counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=source)
+
+
+@app.agent(source, name="count")
+async def count(stream: Stream) -> None:
+    async for event in stream:
+        counts[event.key] += 1
+        await sink.send(key=event.key, value=f"{event.key}={counts[event.key]}")

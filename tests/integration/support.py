@@ -1,0 +1,149 @@
+"""Shared helpers for integration tests: produce/read through aiokafka, worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from streamjoin.runtime.group_info import GroupInfo, describe_group
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send(topic, value.encode(), key=key.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def read_all(
+    bootstrap: str, topic: str, expected: int, timeout: float = 60.0
+) -> list[tuple[str, str, dict[str, bytes]]]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    out: list[tuple[str, str, dict[str, bytes]]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(
+                    (r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records
+                )
+        # a little longer, to catch duplicates arriving late
+        for records in (await consumer.getmany(timeout_ms=500)).values():
+            out.extend((r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        return [
+            (await consumer.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)
+        ]
+    finally:
+        await consumer.stop()
+
+
+class Workers:
+    """Worker processes (``streamjoin worker``) of one test app, each with its own state dir."""
+
+    def __init__(self, app_spec: str, env: dict[str, str], log_dir: Path) -> None:
+        self.app_spec = app_spec
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def state_dir(self, name: str) -> Path:
+        return self.log_dir / f"state-{name}"
+
+    def log_of(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start(self, name: str, *, static: bool = True) -> None:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        args = [
+            sys.executable,
+            "-m",
+            "streamjoin.cli",
+            "worker",
+            "-A",
+            self.app_spec,
+            "--state-dir",
+            str(self.state_dir(name)),
+            "--loglevel",
+            "info",
+        ]
+        if static:
+            args += ["--instance-id", name]
+        self.procs[name] = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop(self, instance_id: str, sig: int = signal.SIGTERM) -> int:
+        proc = self.procs.pop(instance_id)
+        proc.send_signal(sig)
+        return proc.wait(60)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+            for p in sorted(self.log_dir.glob("*.log"))
+        )
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+
+
+async def wait_for_group(
+    bootstrap: str,
+    group: str,
+    predicate: Callable[[GroupInfo], bool],
+    workers: Workers,
+    timeout: float = 60.0,
+) -> GroupInfo:
+    deadline = time.monotonic() + timeout
+    info: GroupInfo | None = None
+    while time.monotonic() < deadline:
+        try:
+            info = await describe_group(bootstrap, group)
+        except Exception:
+            info = None
+        if info is not None and info.state == "Stable" and predicate(info):
+            return info
+        await asyncio.sleep(0.5)
+    raise AssertionError(
+        f"group {group} never reached the expected state: {info}\n{workers.logs()}"
+    )
+
+
+def sizes(info: GroupInfo, topic: str) -> list[int]:
+    return sorted(len(m.active.get(topic, [])) for m in info.members)
+
+
+def active_by_instance(info: GroupInfo, topic: str) -> dict[str, set[int]]:
+    return {m.instance_id or m.member_id: set(m.active.get(topic, [])) for m in info.members}
