@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from pathlib import Path
+from typing import TextIO
 
 import click
 
 from streamjoin import __version__
+from streamjoin.assignor.plan import plan_with_explanation
 from streamjoin.cli_app import agents, assignment, worker
 from streamjoin.testing.kafka import KAFKA_VERSION, KafkaProvisioningError, LocalKafka
 
@@ -66,6 +69,36 @@ def dev_broker(port: int | None, kafka_version: str, data_dir: Path | None) -> N
 cli.add_command(worker)
 cli.add_command(agents)
 cli.add_command(assignment)
+
+
+@cli.command("plan")
+@click.argument(
+    "scenario_files", metavar="FILE|-...", nargs=-1, required=True, type=click.File("r")
+)
+@click.option("--explain", is_flag=True, help="Also print who got what, and why (on stderr).")
+@click.option("--indent", type=int, default=2, show_default=True, help="JSON indent (0: one line).")
+def plan_command(scenario_files: tuple[TextIO, ...], explain: bool, indent: int) -> None:
+    """Plan a rebalance: read scenario JSON (a file, or - for stdin), print the result JSON.
+
+    With several files, prints one object keyed by file name. The formats are in
+    docs/assignor.md; examples/plans/ has scenarios to try with --explain.
+    """
+    results: dict[str, object] = {}
+    for scenario_file in scenario_files:
+        try:
+            doc = json.load(scenario_file)
+            result, table = plan_with_explanation(doc)
+        except json.JSONDecodeError as exc:
+            raise click.ClickException(f"{scenario_file.name}: not valid JSON: {exc}") from exc
+        except ValueError as exc:
+            raise click.ClickException(f"{scenario_file.name}: {exc}") from exc
+        results[scenario_file.name] = result
+        if explain:
+            if len(scenario_files) > 1:
+                click.echo(f"== {scenario_file.name} ==", err=True)
+            click.echo(table, err=True)
+    output = results.popitem()[1] if len(results) == 1 else results
+    click.echo(json.dumps(output, indent=indent if indent > 0 else None))
 
 
 def main() -> None:

@@ -1,0 +1,345 @@
+"""Active task placement: balanced first, then sticky, then state-aware (pure).
+
+Two paths, chosen by the subscriptions:
+
+*Equal subscriptions* (every group with tasks has the same eligible members):
+quota arithmetic, as in Kafka's ``UniformHomogeneousAssignmentBuilder``. Member
+i's share is ``T * cap_i / C``; everyone gets the floor, and the ``R`` leftover
++1 quotas go first to members whose previous task count exceeds their floor
+(each such +1 saves exactly one move), then to members holding caught-up state
+for orphaned tasks, then by member id. Phase 1 revokes what is over quota;
+phase 2 fills the pool (orphans + revoked) state-aware, then round-robin. The
+result reaches ``min_possible_moves = sum(max(0, prev_i - quota_i))``, which is
+a lower bound for every floor/ceil assignment, so it is exact.
+
+*Unequal subscriptions*: keep every valid previous owner, place orphans on the
+least loaded eligible member (capacity-weighted), then move tasks while some
+task could go from o to an eligible m with ``(n_o-1)/c_o >= (n_m+1)/c_m``
+(KIP-54's balance, weighted). Every such move lowers ``sum(n_i**2 / c_i)``, so
+the loop ends, and it ends exactly when the balance condition holds. Moves
+prefer tasks that were not previously owned by the donor.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from streamjoin.assignor.conflicts import NO_CLAIM, Claims
+from streamjoin.assignor.grouping import Grouping
+from streamjoin.assignor.lag import CAUGHT_UP, Holder, state_holders
+from streamjoin.assignor.model import AssignorConfig, MemberState
+
+UNASSIGNED = -1
+
+
+@dataclass
+class ActivePlan:
+    """New active owner per group and task (``-1`` where the group has no eligible member)."""
+
+    owners: list[list[int]]
+    #: exact minimum number of moves among balanced assignments, or None (unequal subscriptions)
+    min_possible_moves: int | None
+    #: (group, task) -> member that should warm up its state (high-availability mode)
+    warmups: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: per member, its quota (equal subscriptions only); for explain and stats
+    quotas: dict[int, int] | None = None
+
+
+def assign_actives(
+    grouping: Grouping,
+    members: Sequence[MemberState],
+    claims: Claims,
+    config: AssignorConfig,
+) -> ActivePlan:
+    """Place every assignable task on exactly one eligible member."""
+    live = [
+        g.index for g, e in zip(grouping.groups, grouping.eligible, strict=True) if e and g.tasks
+    ]
+    live_set = set(live)
+    owners = [
+        list(claims.owners[g.index]) if g.index in live_set else [UNASSIGNED] * g.tasks
+        for g in grouping.groups
+    ]
+    eligible_sets = {grouping.eligible[g] for g in live}
+    if len(eligible_sets) <= 1:
+        plan = _assign_equal(grouping, members, claims, config, live, owners)
+    else:
+        plan = _assign_unequal(grouping, members, claims, config, live, owners)
+    if config.high_availability:
+        _hold_for_warmup(grouping, members, claims, config, live, plan)
+    return plan
+
+
+# --------------------------------------------------------------------------- equal subscriptions
+
+
+def _assign_equal(
+    grouping: Grouping,
+    members: Sequence[MemberState],
+    claims: Claims,
+    config: AssignorConfig,
+    live: list[int],
+    owners: list[list[int]],
+) -> ActivePlan:
+    if not live:
+        return ActivePlan(owners=owners, min_possible_moves=0, quotas={})
+    eligible = grouping.eligible[live[0]]
+    groups = grouping.groups
+    total = sum(groups[g].tasks for g in live)
+    cap = {i: members[i].capacity for i in eligible}
+    cap_sum = sum(cap.values())
+
+    prev: Counter[int] = Counter()
+    for g in live:
+        prev.update(owners[g])
+    prev.pop(UNASSIGNED, None)
+
+    # State holders of orphaned tasks: they steer the leftover +1 quotas and phase 2.
+    orphans = {g: [p for p, o in enumerate(owners[g]) if o == UNASSIGNED] for g in live}
+    holders: dict[int, dict[int, list[Holder]]] = {
+        g: state_holders(
+            groups[g], members, eligible, set(orphans[g]), config.acceptable_recovery_lag
+        )
+        for g in live
+    }
+    caught_up_orphans: Counter[int] = Counter()
+    for per_task in holders.values():
+        for hs in per_task.values():
+            caught_up_orphans.update(i for tier, _, i in hs if tier == CAUGHT_UP)
+
+    quota = {i: total * cap[i] // cap_sum for i in eligible}
+    extra = total - sum(quota.values())
+    if extra:
+        fractional = [i for i in eligible if (total * cap[i]) % cap_sum]
+        fractional.sort(key=lambda i: (prev[i] <= quota[i], -caught_up_orphans[i], i))
+        for i in fractional[:extra]:
+            quota[i] += 1
+    min_moves = sum(max(0, prev[i] - quota[i]) for i in eligible)
+
+    # Phase 1: revoke what is over quota, from the groups where the member is most over its
+    # per-group share (keeps each group spread over members).
+    over = {i: prev[i] - quota[i] for i in eligible if prev[i] > quota[i]}
+    if over:
+        _revoke(live, owners, over, cap, cap_sum)
+    room = {i: quota[i] - prev[i] + over.get(i, 0) for i in eligible}
+
+    # Phase 2: fill the pool, caught-up state first (smallest lag), then any state.
+    pool = {g: [p for p, o in enumerate(owners[g]) if o == UNASSIGNED] for g in live}
+    for g in live:
+        revoked = set(pool[g]).difference(orphans[g])
+        if revoked:
+            holders[g].update(
+                state_holders(groups[g], members, eligible, revoked, config.acceptable_recovery_lag)
+            )
+    offers = sorted(
+        (tier, lag, g, p, i) for g in live for p, hs in holders[g].items() for tier, lag, i in hs
+    )
+    for _, _, g, p, i in offers:
+        if room[i] > 0 and owners[g][p] == UNASSIGNED:
+            owners[g][p] = i
+            room[i] -= 1
+
+    # Then round-robin over members with room: consecutive tasks of a group land on
+    # different members, and the biggest rooms fill first.
+    order = sorted((i for i in eligible if room[i] > 0), key=lambda i: (-room[i], i))
+    slots: list[int] = []
+    depth = 0
+    while order:
+        slots.extend(order)
+        depth += 1
+        while order and room[order[-1]] <= depth:
+            order.pop()
+    it = iter(slots)
+    for g in live:
+        own = owners[g]
+        for p in pool[g]:
+            if own[p] == UNASSIGNED:
+                own[p] = next(it)
+    return ActivePlan(owners=owners, min_possible_moves=min_moves, quotas=quota)
+
+
+def _revoke(
+    live: list[int],
+    owners: list[list[int]],
+    over: dict[int, int],
+    cap: dict[int, int],
+    cap_sum: int,
+) -> None:
+    """Take ``over[i]`` tasks away from each over-quota member i (highest partitions first)."""
+    held: dict[int, dict[int, list[int]]] = {i: {} for i in over}
+    for g in live:
+        for p, o in enumerate(owners[g]):
+            if o in held:
+                held[o].setdefault(g, []).append(p)
+    sizes = {g: len(owners[g]) for g in live}
+    for i, count in over.items():
+        per_group = held[i]
+        heap = [(-(len(ps) - sizes[g] * cap[i] / cap_sum), g) for g, ps in per_group.items()]
+        heapq.heapify(heap)
+        for _ in range(count):
+            excess, g = heapq.heappop(heap)
+            p = per_group[g].pop()
+            owners[g][p] = UNASSIGNED
+            if per_group[g]:
+                heapq.heappush(heap, (excess + 1.0, g))
+
+
+# ------------------------------------------------------------------------- unequal subscriptions
+
+
+def _assign_unequal(
+    grouping: Grouping,
+    members: Sequence[MemberState],
+    claims: Claims,
+    config: AssignorConfig,
+    live: list[int],
+    owners: list[list[int]],
+) -> ActivePlan:
+    groups = grouping.groups
+    cap = [m.capacity for m in members]
+    count = [0] * len(members)
+    for g in live:
+        for i, c in Counter(owners[g]).items():
+            if i != UNASSIGNED:
+                count[i] += c
+    # Groups with the fewest eligible members first: they have the least freedom.
+    order = sorted(live, key=lambda g: (len(grouping.eligible[g]), g))
+
+    for g in order:
+        own = owners[g]
+        orphans = [p for p, o in enumerate(own) if o == UNASSIGNED]
+        if not orphans:
+            continue
+        eligible = grouping.eligible[g]
+        holders = state_holders(
+            groups[g], members, eligible, set(orphans), config.acceptable_recovery_lag
+        )
+        heap = [((count[i] + 1) / cap[i], i, count[i]) for i in eligible]
+        heapq.heapify(heap)
+        for p in orphans:
+            while heap[0][2] != count[heap[0][1]]:
+                heapq.heappop(heap)
+            low = heap[0][1]
+            chosen = low
+            for _, _, h in holders.get(p, ()):
+                # a state holder is fine when it would not be movable to the least loaded
+                if count[h] * cap[low] < (count[low] + 1) * cap[h]:
+                    chosen = h
+                    break
+            own[p] = chosen
+            count[chosen] += 1
+            heapq.heappush(heap, ((count[chosen] + 1) / cap[chosen], chosen, count[chosen]))
+
+    moved = True
+    while moved:
+        moved = False
+        for g in order:
+            eligible = grouping.eligible[g]
+            moved |= _balance_group(eligible, owners[g], claims.owners[g], count, cap)
+    return ActivePlan(owners=owners, min_possible_moves=None)
+
+
+def _balance_group(
+    eligible: Sequence[int],
+    own: list[int],
+    prev: list[int],
+    count: list[int],
+    cap: list[int],
+) -> bool:
+    """Move tasks of one group while KIP-54's weighted condition is violated; True if any moved."""
+    tasks: dict[int, list[int]] = {}
+    for p, o in enumerate(own):
+        tasks.setdefault(o, []).append(p)
+    donors = [(-(count[o] - 1) / cap[o], o, count[o]) for o in tasks]
+    takers = [((count[m] + 1) / cap[m], m, count[m]) for m in eligible]
+    heapq.heapify(donors)
+    heapq.heapify(takers)
+    any_moved = False
+    while donors and takers:
+        while donors and donors[0][2] != count[donors[0][1]]:
+            heapq.heappop(donors)
+        while takers[0][2] != count[takers[0][1]]:
+            heapq.heappop(takers)
+        if not donors:
+            break
+        o = donors[0][1]
+        m = takers[0][1]
+        if o == m or (count[o] - 1) * cap[m] < (count[m] + 1) * cap[o]:
+            break
+        mine = tasks[o]
+        pick = _pick_donation(mine, o, m, prev)
+        p = mine.pop(pick)
+        own[p] = m
+        tasks.setdefault(m, []).append(p)
+        count[o] -= 1
+        count[m] += 1
+        any_moved = True
+        heapq.heappop(donors)
+        if mine:
+            heapq.heappush(donors, (-(count[o] - 1) / cap[o], o, count[o]))
+        heapq.heappush(donors, (-(count[m] - 1) / cap[m], m, count[m]))
+        heapq.heappush(takers, ((count[o] + 1) / cap[o], o, count[o]))
+        heapq.heappush(takers, ((count[m] + 1) / cap[m], m, count[m]))
+    return any_moved
+
+
+def _pick_donation(mine: list[int], o: int, m: int, prev: list[int]) -> int:
+    """Index in ``mine`` of the task o gives m: m's own previous task, else not o's, else last."""
+    not_previous = -1
+    for k in range(len(mine) - 1, -1, -1):
+        owner = prev[mine[k]]
+        if owner == m:
+            return k
+        if not_previous < 0 and owner != o:
+            not_previous = k
+    return not_previous if not_previous >= 0 else len(mine) - 1
+
+
+# ------------------------------------------------------------------------ high availability
+
+
+def _hold_for_warmup(
+    grouping: Grouping,
+    members: Sequence[MemberState],
+    claims: Claims,
+    config: AssignorConfig,
+    live: list[int],
+    plan: ActivePlan,
+) -> None:
+    """KIP-441: keep a task on a caught-up member while its balanced target warms up.
+
+    Only for stateful groups, only when the balanced target is not caught up and
+    another member is (the previous owner, else the best caught-up holder), and at
+    most ``max_warmup_replicas`` at once. The caller then asks for a follow-up rebalance.
+    """
+    budget = config.max_warmup_replicas
+    for g in live:
+        group = grouping.groups[g]
+        if not group.changelogs or budget <= 0:
+            continue
+        own = plan.owners[g]
+        prev = claims.owners[g]
+        changed = [p for p in range(group.tasks) if own[p] != prev[p]]
+        if not changed:
+            continue
+        holders = state_holders(
+            group, members, grouping.eligible[g], set(changed), config.acceptable_recovery_lag
+        )
+        for p in changed:
+            if budget <= 0:
+                break
+            target = own[p]
+            hs = holders.get(p, [])
+            if any(i == target and tier == CAUGHT_UP for tier, _, i in hs):
+                continue
+            keeper = prev[p]
+            if keeper == NO_CLAIM:
+                keeper = next((i for tier, _, i in hs if tier == CAUGHT_UP), NO_CLAIM)
+            if keeper == NO_CLAIM:
+                continue
+            own[p] = keeper
+            plan.warmups[(g, p)] = target
+            budget -= 1
