@@ -19,6 +19,8 @@ class MemberInfo:
     generation: int
     active: dict[str, list[int]] = field(default_factory=dict)
     standby: dict[str, list[int]] = field(default_factory=dict)
+    #: what the member reported about its local stores: changelog -> partition -> lag
+    state_lag: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,16 @@ async def describe_group(
     members = []
     for m in group["members"]:
         instance_id = None
+        state_lag: dict[str, dict[int, int]] = {}
         generation = -1
         standby: dict[str, list[int]] = {}
         active: dict[str, list[int]] = {}
         if m["member_metadata"]:
             try:
                 meta = ConsumerProtocol.METADATA.decode(m["member_metadata"])
-                instance_id = decode_subscription(meta.user_data).group_instance_id
+                subscription = decode_subscription(meta.user_data)
+                instance_id = subscription.group_instance_id
+                state_lag = {t: dict(ps) for t, ps in subscription.state_lag.items()}
             except (UserdataError, ValueError):
                 pass
         if m["member_assignment"]:
@@ -73,6 +78,7 @@ async def describe_group(
                 generation=generation,
                 active=active,
                 standby=standby,
+                state_lag=state_lag,
             )
         )
     members.sort(key=lambda x: x.instance_id or x.member_id)

@@ -31,6 +31,8 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) ->
 async def read_all(
     bootstrap: str, topic: str, expected: int, timeout: float = 60.0
 ) -> list[tuple[str, str, dict[str, bytes]]]:
+    """Everything in ``topic``: waits for at least ``expected`` records, then reads on until
+    the topic has nothing more (so duplicates written late are seen too)."""
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
     )
@@ -38,14 +40,14 @@ async def read_all(
     out: list[tuple[str, str, dict[str, bytes]]] = []
     deadline = time.monotonic() + timeout
     try:
-        while len(out) < expected and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
                 out.extend(
                     (r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records
                 )
-        # a little longer, to catch duplicates arriving late
-        for records in (await consumer.getmany(timeout_ms=500)).values():
-            out.extend((r.key.decode(), r.value.decode(), dict(r.headers or ())) for r in records)
+            if len(out) >= expected and not batch:
+                break
     finally:
         await consumer.stop()
     return out

@@ -24,11 +24,14 @@ from tests.integration.support import (
 
 
 async def test_embedded_app_processes_every_record_exactly_once(
-    kafka_bootstrap: str, unique_topic: Callable[..., str]
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     source_name, sink_name = unique_topic("in"), unique_topic("out")
     app = streamjoin.App(
-        unique_topic("app"), broker=f"kafka://{kafka_bootstrap}", commit_interval=0.2
+        unique_topic("app"),
+        broker=f"kafka://{kafka_bootstrap}",
+        commit_interval=0.2,
+        state_dir=tmp_path,
     )
     source = app.topic(source_name, key_serializer="str", value_serializer="str", partitions=4)
     sink = app.topic(sink_name, key_serializer="str", value_serializer="str", partitions=2)

@@ -1,0 +1,205 @@
+"""Tables on the real broker: crash recovery, standby takeover, lag reporting across restarts.
+
+The worker processes run tests/integration/apps/counter.py, which counts events
+per key in a table and sends every new count to a sink topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from streamjoin.partitioner import partition_for_key
+from tests.integration.support import (
+    Workers,
+    committed_offsets,
+    produce,
+    read_all,
+    sizes,
+    wait_for_group,
+)
+
+PARTITIONS = 4
+KEYS = [f"user-{i}" for i in range(12)]
+
+
+@pytest.fixture
+def counters(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> Iterator[Workers]:
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("cnt"),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_SOURCE": unique_topic("events"),
+        "SJT_SINK": unique_topic("counts"),
+        "SJT_PARTITIONS": str(PARTITIONS),
+        "PYTHONUNBUFFERED": "1",
+    }
+    group = Workers("tests.integration.apps.counter:app", env, tmp_path)
+    yield group
+    group.close()
+
+
+def latest_counts(records: list[tuple[str, str, dict[str, bytes]]]) -> dict[str, int]:
+    """The highest count seen per key in the sink."""
+    out: dict[str, int] = {}
+    for key, value, _ in records:
+        out[key] = max(out.get(key, 0), int(value.split("=")[1]))
+    return out
+
+
+async def wait_committed(
+    bootstrap: str, group: str, topic: str, total: int, workers: Workers
+) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if sum(await committed_offsets(bootstrap, group, topic, PARTITIONS)) >= total:
+            return
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"offsets never committed\n{workers.logs()}")
+
+
+def events(n: int, offset: int = 0) -> list[tuple[str, str]]:
+    return [(KEYS[(i * 7) % len(KEYS)], f"e{i}") for i in range(offset, offset + n)]
+
+
+async def test_kill_at_a_quiescent_point_restores_exact_counts(
+    kafka_bootstrap: str, counters: Workers
+) -> None:
+    env = counters.env
+    group, source, sink = env["SJT_APP_ID"], env["SJT_SOURCE"], env["SJT_SINK"]
+    counters.start("w1", static=False)
+    batch = events(300)
+    await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, source) == [4], counters)
+    await produce(kafka_bootstrap, source, batch)
+    assert len(await read_all(kafka_bootstrap, sink, len(batch))) == len(batch)
+    await wait_committed(kafka_bootstrap, group, source, len(batch), counters)
+    await asyncio.sleep(0.5)  # quiescent: everything processed, flushed and committed
+
+    counters.stop("w1", signal.SIGKILL)
+    counters.start("w2", static=False)  # a fresh state dir: everything comes from the changelog
+    await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, source) == [4], counters)
+    await produce(kafka_bootstrap, source, [(k, "one-more") for k in KEYS])
+    out = await read_all(kafka_bootstrap, sink, len(batch) + len(KEYS))
+    true_counts = Counter(k for k, _ in batch)
+    assert latest_counts(out) == {k: true_counts[k] + 1 for k in KEYS}
+    assert "restoring" in counters.log_of("w2")
+
+
+async def test_kill_mid_stream_never_undercounts_and_bounds_overcounts(
+    kafka_bootstrap: str, counters: Workers
+) -> None:
+    env = counters.env
+    group, source, sink = env["SJT_APP_ID"], env["SJT_SOURCE"], env["SJT_SINK"]
+    counters.start("w1", static=False)
+    await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, source) == [4], counters)
+    batch = events(3000)
+    producer = asyncio.create_task(produce(kafka_bootstrap, source, batch))
+    await read_all(kafka_bootstrap, sink, 800, timeout=60)  # well into the stream
+    counters.stop("w1", signal.SIGKILL)
+    await producer
+    committed = await committed_offsets(kafka_bootstrap, group, source, PARTITIONS)
+
+    counters.start("w2", static=False)
+    await wait_committed(kafka_bootstrap, group, source, len(batch), counters)
+    out = await read_all(kafka_bootstrap, sink, len(batch), timeout=120)
+    true_counts = Counter(k for k, _ in batch)
+    final = latest_counts(out)
+    # records past the committed offsets are the only ones that can be processed twice
+    per_partition: dict[int, list[str]] = {}
+    for key, _ in batch:
+        per_partition.setdefault(partition_for_key(key.encode(), PARTITIONS), []).append(key)
+    replayable = Counter(key for p, keys in per_partition.items() for key in keys[committed[p] :])
+    for key in KEYS:
+        assert final[key] >= true_counts[key], (key, final[key], true_counts[key])
+        assert final[key] - true_counts[key] <= replayable[key], (key, committed)
+
+
+async def test_standby_takes_over_without_replaying(
+    kafka_bootstrap: str, counters: Workers
+) -> None:
+    counters.env["SJT_STANDBYS"] = "1"
+    env = counters.env
+    group, source, sink = env["SJT_APP_ID"], env["SJT_SOURCE"], env["SJT_SINK"]
+    changelog = f"{group}-counts-changelog"
+    counters.start("w1", static=False)
+    counters.start("w2", static=False)
+    info = await wait_for_group(
+        kafka_bootstrap, group, lambda i: sizes(i, source) == [2, 2], counters
+    )
+    for member in info.members:
+        # each worker holds the other's partitions as standby
+        assert sorted(member.standby.get(changelog, [])) == sorted(
+            set(range(PARTITIONS)) - set(member.active[source])
+        )
+    batch = events(400)
+    await produce(kafka_bootstrap, source, batch)
+    await read_all(kafka_bootstrap, sink, len(batch))
+    await wait_committed(kafka_bootstrap, group, source, len(batch), counters)
+    await asyncio.sleep(2)  # standbys follow the changelog continuously
+
+    before = counters.log_of("w2")
+    assert counters.stop("w1") == 0
+    await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, source) == [4], counters)
+    await produce(kafka_bootstrap, source, [(k, "one-more") for k in KEYS])
+    out = await read_all(kafka_bootstrap, sink, len(batch) + len(KEYS))
+    true_counts = Counter(k for k, _ in batch)
+    assert latest_counts(out) == {k: true_counts[k] + 1 for k in KEYS}
+    takeover_log = counters.log_of("w2")[len(before) :]
+    replayed = [int(n) for n in re.findall(r"(\d+) changelog records to replay", takeover_log)]
+    assert sum(replayed) <= 5, takeover_log
+
+
+async def test_restarted_worker_reports_its_lag_and_gets_its_partitions_back(
+    kafka_bootstrap: str, counters: Workers
+) -> None:
+    env = counters.env
+    group, source, sink = env["SJT_APP_ID"], env["SJT_SOURCE"], env["SJT_SINK"]
+    changelog = f"{group}-counts-changelog"
+    counters.start("w1", static=False)
+    counters.start("w2", static=False)
+    info = await wait_for_group(
+        kafka_bootstrap, group, lambda i: sizes(i, source) == [2, 2], counters
+    )
+    del info
+    batch = events(200)
+    await produce(kafka_bootstrap, source, batch)
+    await read_all(kafka_bootstrap, sink, len(batch))
+    await wait_committed(kafka_bootstrap, group, source, len(batch), counters)
+    w2_partitions = assigned_partitions(counters.log_of("w2"), source)
+    assert len(w2_partitions) == 2
+
+    assert counters.stop("w2") == 0
+    await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, source) == [4], counters)
+    await produce(kafka_bootstrap, source, events(40, offset=200))
+    await read_all(kafka_bootstrap, sink, len(batch) + 40)
+
+    counters.start("w2", static=False)
+    info = await wait_for_group(
+        kafka_bootstrap,
+        group,
+        lambda i: (
+            sizes(i, source) == [2, 2]
+            and any(set(m.state_lag.get(changelog, {})) == w2_partitions for m in i.members)
+        ),
+        counters,
+    )
+    reporter = next(m for m in info.members if set(m.state_lag.get(changelog, {})) == w2_partitions)
+    assert set(reporter.active[source]) == w2_partitions
+
+
+def assigned_partitions(log: str, topic: str) -> set[int]:
+    """Partitions of ``topic`` in the last 'assigned N partitions' line of a worker log."""
+    lines = [line for line in log.splitlines() if "assigned" in line and "partitions:" in line]
+    if not lines:
+        return set()
+    return {int(p) for p in re.findall(re.escape(topic) + r"\[(\d+)\]", lines[-1])}
