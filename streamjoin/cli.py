@@ -12,7 +12,7 @@ import click
 
 from streamjoin import __version__
 from streamjoin.assignor.plan import plan_with_explanation
-from streamjoin.cli_app import agents, assignment, worker
+from streamjoin.cli_app import agents, assignment, table_group, tables, worker
 from streamjoin.testing.kafka import KAFKA_VERSION, KafkaProvisioningError, LocalKafka
 
 
@@ -69,6 +69,8 @@ def dev_broker(port: int | None, kafka_version: str, data_dir: Path | None) -> N
 cli.add_command(worker)
 cli.add_command(agents)
 cli.add_command(assignment)
+cli.add_command(tables)
+cli.add_command(table_group)
 
 
 @cli.command("plan")

@@ -143,3 +143,92 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The worker's state directory (default: the app's state_dir).",
+)
+
+
+@click.command("tables")
+@app_option
+@state_dir_option
+def tables(app_spec: str, state_dir: Path | None) -> None:
+    """List the app's tables and the partitions stored locally (keys, size, changelog offset)."""
+    from streamjoin.state.inspect import local_partitions
+
+    app = _load(app_spec, None)
+    root = state_dir or app.state_dir
+    if not app.tables:
+        click.echo(f"app {app.id!r} declares no tables")
+        return
+    rows = [("TABLE", "CHANGELOG", "PARTITION", "KEYS~", "SIZE", "OFFSET", "NOTE")]
+    for table in app.tables.values():
+        found = False
+        for lp in local_partitions(root, table):
+            found = True
+            rows.append(
+                (
+                    table.name,
+                    table.changelog.name,
+                    str(lp.partition),
+                    "-" if lp.keys is None else str(lp.keys),
+                    "-" if lp.size_bytes is None else _human_bytes(lp.size_bytes),
+                    "-" if lp.changelog_offset is None else str(lp.changelog_offset),
+                    lp.error or "",
+                )
+            )
+        if not found:
+            rows.append((table.name, table.changelog.name, "-", "-", "-", "-", "no local state"))
+    click.echo(f"state dir: {root}")
+    click.echo(_table(rows))
+
+
+@click.group("table")
+def table_group() -> None:
+    """Read one table's local state."""
+
+
+@table_group.command("get")
+@app_option
+@state_dir_option
+@click.argument("table_name", metavar="TABLE")
+@click.argument("key")
+def table_get(app_spec: str, state_dir: Path | None, table_name: str, key: str) -> None:
+    """Print the value of KEY in TABLE from local state (as JSON).
+
+    KEY is parsed for the table's key codec: taken as is for str/raw keys,
+    as JSON otherwise. Exit code 1 when the key is not stored locally.
+    """
+    import json
+
+    from streamjoin.state.inspect import parse_key, read_value
+
+    app = _load(app_spec, None)
+    if table_name not in app.tables:
+        raise click.ClickException(
+            f"app {app.id!r} has no table {table_name!r} "
+            f"(tables: {', '.join(app.tables) or 'none'})"
+        )
+    table = app.tables[table_name]
+    try:
+        partition, value = read_value(state_dir or app.state_dir, table, parse_key(table, key))
+    except KeyError:
+        click.echo(f"{key!r} is not in the local state of table {table_name!r}", err=True)
+        raise SystemExit(1) from None
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps(value, default=str))
+    click.echo(f"(partition {partition})", err=True)
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"

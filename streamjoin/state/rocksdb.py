@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from rocksdict import (
+    AccessType,
     ColumnFamily,
     DBCompressionType,
     Options,
@@ -175,8 +176,10 @@ class RocksDBStorePartition:
         table: str,
         partition: int,
         options: RocksDBOptions | None = None,
+        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.read_only = read_only
         self.table = table
         self.partition = partition
         self.options = options or RocksDBOptions()
@@ -186,14 +189,18 @@ class RocksDBStorePartition:
         if self.path.exists() and not self.path.is_dir():
             raise StoreCorrupted(self.path, "the path exists but is not a directory")
         existed = _is_rocksdb_dir(self.path)
+        if read_only and not existed:
+            raise StoreError(f"no store at {self.path}")
         if not existed and self.path.is_dir() and any(self.path.iterdir()):
             raise StoreCorrupted(self.path, "the directory has files but no RocksDB CURRENT file")
         self.path.mkdir(parents=True, exist_ok=True)
         try:
+            # Read-only handles take no lock: inspection works while a worker runs.
             db = Rdict(
                 str(self.path),
                 self.options.db_options(),
                 column_families={METADATA_COLUMN_FAMILY: Options(raw_mode=True)},
+                access_type=AccessType.read_only() if read_only else AccessType.read_write(),
             )
         except Exception as exc:  # rocksdict raises plain Exception for every open failure
             raise _open_error(self.path, exc) from exc
@@ -201,7 +208,8 @@ class RocksDBStorePartition:
         self._meta: Rdict | None = None
         self._meta_handle: ColumnFamily | None = None
         try:
-            db.set_write_options(self.options.write_options())
+            if not read_only:
+                db.set_write_options(self.options.write_options())
             self._meta = db.get_column_family(METADATA_COLUMN_FAMILY)
             self._meta_handle = db.get_column_family_handle(METADATA_COLUMN_FAMILY)
             if existed:
@@ -321,6 +329,8 @@ class RocksDBStorePartition:
     # ---------------------------------------------------------------- writes
 
     def write(self, writes: Mapping[bytes, bytes | None], changelog_offset: int | None) -> None:
+        if self.read_only:
+            raise StoreError(f"{self!r} was opened read-only")
         db = self._open_db()
         check_changelog_offset(self._offset, changelog_offset, where=repr(self))
         batch = WriteBatch(raw_mode=True)

@@ -10,6 +10,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ import pytest
 
 from streamjoin.partitioner import partition_for_key
 from tests.integration.support import (
+    ROOT,
     Workers,
     committed_offsets,
     produce,
@@ -85,12 +88,20 @@ async def test_kill_at_a_quiescent_point_restores_exact_counts(
     await wait_committed(kafka_bootstrap, group, source, len(batch), counters)
     await asyncio.sleep(0.5)  # quiescent: everything processed, flushed and committed
 
+    # the inspection commands read the running worker's stores (read-only, no lock)
+    true_counts = Counter(k for k, _ in batch)
+    listing = run_cli(counters, "tables", "--state-dir", str(counters.state_dir("w1")))
+    assert listing.count("counts") >= PARTITIONS, listing
+    got = run_cli(
+        counters, "table get", "--state-dir", str(counters.state_dir("w1")), "counts", "user-3"
+    )
+    assert got.strip() == str(true_counts["user-3"])
+
     counters.stop("w1", signal.SIGKILL)
     counters.start("w2", static=False)  # a fresh state dir: everything comes from the changelog
     await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, source) == [4], counters)
     await produce(kafka_bootstrap, source, [(k, "one-more") for k in KEYS])
     out = await read_all(kafka_bootstrap, sink, len(batch) + len(KEYS))
-    true_counts = Counter(k for k, _ in batch)
     assert latest_counts(out) == {k: true_counts[k] + 1 for k in KEYS}
     assert "restoring" in counters.log_of("w2")
 
@@ -195,6 +206,20 @@ async def test_restarted_worker_reports_its_lag_and_gets_its_partitions_back(
     )
     reporter = next(m for m in info.members if set(m.state_lag.get(changelog, {})) == w2_partitions)
     assert set(reporter.active[source]) == w2_partitions
+
+
+def run_cli(workers: Workers, command: str, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "streamjoin.cli", *command.split(), "-A", workers.app_spec, *args],
+        cwd=ROOT,
+        env=workers.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def assigned_partitions(log: str, topic: str) -> set[int]:
