@@ -21,8 +21,10 @@ from streamjoin.agents import Agent, AgentFunction, OnError
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.runtime.admin import ensure_topics, fetch_partition_counts
 from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.state.windows import WindowSpec
 from streamjoin.tables import Table
 from streamjoin.topics import Sender, Topic
+from streamjoin.windowed import WindowedTable
 
 log = logging.getLogger("streamjoin.app")
 
@@ -234,12 +236,15 @@ class App:
         partitions: int | None = None,
         copartitioned_with: Topic | str | Sequence[Topic | str] = (),
         changelog_config: Mapping[str, str] | None = None,
+        window: WindowSpec | None = None,
     ) -> Table:
         """Declare a table backed by the compacted changelog ``<app id>-<name>-changelog``.
 
         ``copartitioned_with`` names the topics whose agents write the table: partition p of
         each goes to the same worker as partition p of the table. ``default`` is called for
-        missing keys (e.g. ``int`` for counters).
+        missing keys (e.g. ``int`` for counters). With ``window`` (``TumblingWindows`` or
+        ``HoppingWindows`` from ``streamjoin.state.windows``) values are kept per key and
+        window and purged after the window's retention (a :class:`WindowedTable`).
         """
         if name in self.tables:
             raise ConfigurationError(f"table {name!r} is declared twice")
@@ -273,14 +278,26 @@ class App:
         value_codec = (
             self.value_codec if value_serializer is None else resolve_codec(value_serializer)
         )
-        table = Table(
-            name,
-            key_codec,
-            value_codec,
-            changelog,
-            default=default,
-            writers=frozenset(t.name for t in writer_topics),
-        )
+        table: Table
+        if window is None:
+            table = Table(
+                name,
+                key_codec,
+                value_codec,
+                changelog,
+                default=default,
+                writers=frozenset(t.name for t in writer_topics),
+            )
+        else:
+            table = WindowedTable(
+                name,
+                key_codec,
+                value_codec,
+                changelog,
+                default=default,
+                writers=frozenset(t.name for t in writer_topics),
+                windows=window,
+            )
         self.tables[name] = table
         if writer_topics:
             self.copartition(changelog, *writer_topics)

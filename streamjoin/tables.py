@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sortedcontainers import SortedDict
+
 from streamjoin.codecs import Codec
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.streams import current_record
@@ -42,10 +44,11 @@ class Table:
     #: source topics whose events may write this table (its co-partition group)
     writers: frozenset[str] = frozenset()
     stores: dict[int, StorePartition] = field(default_factory=dict, repr=False)
-    #: writes not yet in the store: partition -> key -> value bytes (None = delete)
-    pending: dict[int, dict[bytes, bytes | None]] = field(default_factory=dict, repr=False)
+    #: writes not yet in the store: partition -> key -> value bytes (None = delete), sorted so
+    #: range scans can merge them with the store cheaply
+    pending: dict[int, SortedDict[bytes, bytes | None]] = field(default_factory=dict, repr=False)
     #: writes being flushed right now (read through while the flush runs)
-    flushing: dict[int, dict[bytes, bytes | None]] = field(default_factory=dict, repr=False)
+    flushing: dict[int, SortedDict[bytes, bytes | None]] = field(default_factory=dict, repr=False)
     #: partitions whose store is restored and may be used by agents
     ready: set[int] = field(default_factory=set, repr=False)
 
@@ -120,14 +123,14 @@ class Table:
         key_bytes = self._encode_key(key)
         partition = self._partition(key_bytes, writing=True)
         value_bytes = self.value_codec.dumps(value)
-        self.pending.setdefault(partition, {})[key_bytes] = value_bytes
+        self._pending(partition)[key_bytes] = value_bytes
 
     def __delitem__(self, key: Any) -> None:
         key_bytes = self._encode_key(key)
         partition = self._partition(key_bytes, writing=True)
         if self._lookup(partition, key_bytes) is None:
             raise KeyError(key)
-        self.pending.setdefault(partition, {})[key_bytes] = None
+        self._pending(partition)[key_bytes] = None
 
     def local_items(self, partition: int | None = None) -> Iterator[tuple[Any, Any]]:
         """Items of the local active partitions (or one of them), pending writes included.
@@ -162,12 +165,30 @@ class Table:
     def __iter__(self) -> Iterator[Any]:
         return self.keys()
 
+    def _pending(self, partition: int) -> SortedDict[bytes, bytes | None]:
+        writes = self.pending.get(partition)
+        if writes is None:
+            writes = self.pending[partition] = SortedDict()
+        return writes
+
+    def view(self, partition: int) -> TableView:
+        """Byte-level access to one partition (join buffers, windowed tables)."""
+        if partition not in self.ready:
+            raise TableAccessError(
+                f"partition {partition} of table {self.name!r} is not active here"
+            )
+        return TableView(self, partition)
+
     # -------------------------------------------------------------- used by the runtime
 
-    def take_pending(self) -> dict[int, dict[bytes, bytes | None]]:
+    def take_pending(self) -> dict[int, SortedDict[bytes, bytes | None]]:
         """Move pending writes to ``flushing`` and return them (start of a flush)."""
         for partition, writes in self.pending.items():
-            self.flushing.setdefault(partition, {}).update(writes)
+            target = self.flushing.get(partition)
+            if target is None:
+                self.flushing[partition] = writes
+            else:
+                target.update(writes)
         self.pending = {}
         return self.flushing
 
@@ -184,3 +205,57 @@ class Table:
         self.pending.pop(partition, None)
         self.flushing.pop(partition, None)
         self.ready.discard(partition)
+
+
+class TableView:
+    """One table partition as bytes: reads see buffered writes; writes are buffered and reach
+    the changelog and the store at the next flush, like ``table[key] = value``."""
+
+    __slots__ = ("_partition", "_table")
+
+    def __init__(self, table: Table, partition: int) -> None:
+        self._table = table
+        self._partition = partition
+
+    def get(self, key: bytes) -> bytes | None:
+        found = self._table._lookup(self._partition, key)
+        return found if isinstance(found, bytes) else None
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._table._pending(self._partition)[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._table._pending(self._partition)[key] = None
+
+    def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Sorted items in [start, end), buffered writes merged over the store."""
+        table, partition = self._table, self._partition
+        overlay: dict[bytes, bytes | None] = {}
+        for layer in (table.flushing.get(partition), table.pending.get(partition)):
+            if layer:
+                for k in layer.irange(start, end, inclusive=(True, False)):
+                    overlay[k] = layer[k]
+        store = table.stores.get(partition)
+        stored = store.items(start, end) if store is not None else iter(())
+        if not overlay:
+            yield from stored
+            return
+        pending_keys = sorted(overlay)
+        i = 0
+        for k, v in stored:
+            while i < len(pending_keys) and pending_keys[i] < k:
+                value = overlay[pending_keys[i]]
+                if value is not None:
+                    yield pending_keys[i], value
+                i += 1
+            if i < len(pending_keys) and pending_keys[i] == k:
+                value = overlay[k]
+                i += 1
+                if value is not None:
+                    yield k, value
+                continue
+            yield k, v
+        for k in pending_keys[i:]:
+            value = overlay[k]
+            if value is not None:
+                yield k, value

@@ -119,28 +119,41 @@ def _assign_equal(
             quota[i] += 1
     min_moves = sum(max(0, prev[i] - quota[i]) for i in eligible)
 
-    # Phase 1: revoke what is over quota, from the groups where the member is most over its
-    # per-group share (keeps each group spread over members).
-    over = {i: prev[i] - quota[i] for i in eligible if prev[i] > quota[i]}
-    if over:
-        _revoke(live, owners, over, cap, cap_sum)
-    room = {i: quota[i] - prev[i] + over.get(i, 0) for i in eligible}
+    # Phase 1: who gives up how many, who has how much room.
+    shed = {i: prev[i] - quota[i] for i in eligible if prev[i] > quota[i]}
+    room = {i: max(0, quota[i] - prev[i]) for i in eligible}
 
-    # Phase 2: fill the pool, caught-up state first (smallest lag), then any state.
-    pool = {g: [p for p, o in enumerate(owners[g]) if o == UNASSIGNED] for g in live}
-    for g in live:
-        revoked = set(pool[g]).difference(orphans[g])
-        if revoked:
-            holders[g].update(
-                state_holders(groups[g], members, eligible, revoked, config.acceptable_recovery_lag)
-            )
-    offers = sorted(
-        (tier, lag, g, p, i) for g in live for p, hs in holders[g].items() for tier, lag, i in hs
-    )
+    # Phase 2: one state-first pass over orphans *and* the tasks of over-quota members.
+    # A shed task goes where its state is; the exact number of moves is unaffected
+    # because every over-quota member still gives up exactly shed[i] tasks.
+    receivers = [i for i in eligible if room[i] > 0]
+    offers = [
+        (tier, lag, g, p, i)
+        for g in live
+        for p, hs in holders[g].items()
+        for tier, lag, i in hs
+        if room[i] > 0
+    ]
+    if shed and receivers:
+        offers.extend(_shed_offers(grouping, members, config, live, owners, shed, receivers))
+    offers.sort()
     for _, _, g, p, i in offers:
-        if room[i] > 0 and owners[g][p] == UNASSIGNED:
-            owners[g][p] = i
-            room[i] -= 1
+        if room[i] <= 0:
+            continue
+        o = owners[g][p]
+        if o != UNASSIGNED:
+            if shed.get(o, 0) <= 0:
+                continue  # already placed, or its owner is done shedding
+            shed[o] -= 1
+        owners[g][p] = i
+        room[i] -= 1
+
+    # What over-quota members still have to give up goes by spread (no receiver holds
+    # state for it, or the receivers that do are full).
+    rest = {i: n for i, n in shed.items() if n > 0}
+    if rest:
+        _revoke(live, owners, rest, cap, cap_sum)
+    pool = {g: [p for p, o in enumerate(owners[g]) if o == UNASSIGNED] for g in live}
 
     # Then round-robin over members with room: consecutive tasks of a group land on
     # different members, and the biggest rooms fill first.
@@ -156,9 +169,36 @@ def _assign_equal(
     for g in live:
         own = owners[g]
         for p in pool[g]:
-            if own[p] == UNASSIGNED:
-                own[p] = next(it)
+            own[p] = next(it)
     return ActivePlan(owners=owners, min_possible_moves=min_moves, quotas=quota)
+
+
+def _shed_offers(
+    grouping: Grouping,
+    members: Sequence[MemberState],
+    config: AssignorConfig,
+    live: list[int],
+    owners: list[list[int]],
+    shed: dict[int, int],
+    receivers: list[int],
+) -> list[tuple[int, int, int, int, int]]:
+    """(tier, lag, group, task, receiver) for tasks of over-quota members a receiver holds state for.
+
+    Only the receivers' own lag reports are visited (``state_holders`` intersects
+    them with the sheddable tasks), so the cost follows what receivers report,
+    not members x tasks.
+    """
+    out: list[tuple[int, int, int, int, int]] = []
+    for g in live:
+        group = grouping.groups[g]
+        if not group.changelogs:
+            continue
+        sheddable = {p for p, o in enumerate(owners[g]) if o in shed}
+        if not sheddable:
+            continue
+        found = state_holders(group, members, receivers, sheddable, config.acceptable_recovery_lag)
+        out.extend((tier, lag, g, p, i) for p, hs in found.items() for tier, lag, i in hs)
+    return out
 
 
 def _revoke(
