@@ -4,7 +4,7 @@ Everything is re-derived from the scenario and the result (previous owners via
 the same conflict rule, lags, previous standbys), so it explains any result,
 not only ours. Per member, one row per task:
 
-* active: ``kept``; ``moved from X``; ``orphaned (why)`` then where it went
+* active: ``kept``; ``moved from X`` or ``orphaned (why)``, then where it went
   (``caught-up state, lag N`` / ``has state, lag N`` / ``balance``);
   ``standby promoted`` when the new owner was its standby; ``held for warm-up``.
 * standby: ``kept`` / ``new`` (with the member's lag when it reports one).
@@ -149,14 +149,6 @@ def _why_active(
     if prev == i:
         return "kept"
     promoted = " (standby promoted)" if i in prev_standby else ""
-    if prev != NO_CLAIM:
-        return f"moved from {names[prev]}{promoted}"
-    if raw == TIED:
-        cause = "tied claims of equal generation"
-    elif raw >= 0:
-        cause = f"previous owner {names[raw]} no longer subscribes to all of {group.label}"
-    else:
-        cause = "no live previous owner"
     lag = _lag(members[i], group, p)
     if lag is None:
         placed = "balance"
@@ -164,6 +156,14 @@ def _why_active(
         placed = f"caught-up state, lag {lag[0]}"
     else:
         placed = f"has state, lag {lag[0]}"
+    if prev != NO_CLAIM:
+        return f"moved from {names[prev]} -> {placed}{promoted}"
+    if raw == TIED:
+        cause = "tied claims of equal generation"
+    elif raw >= 0:
+        cause = f"previous owner {names[raw]} no longer subscribes to all of {group.label}"
+    else:
+        cause = "no live previous owner"
     return f"orphaned ({cause}) -> {placed}{promoted}"
 
 

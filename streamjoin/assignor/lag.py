@@ -65,3 +65,26 @@ def state_holders(
             for i, (lag, cnt) in per_member.items()
         )
     return out
+
+
+def task_lag(
+    member: MemberState, group: Group, p: int, acceptable_recovery_lag: int
+) -> tuple[int, int] | None:
+    """(tier, lag) of ``member`` for task p of ``group``, or None when it holds no state.
+
+    For one-off questions ("would m restore less than for that other task?"),
+    where building the ``state_holders`` index would cost more than it saves.
+    """
+    reported = member.state_lag
+    if not reported or not group.changelogs:
+        return None
+    lag = cnt = 0
+    for topic in group.changelogs:
+        lags = reported.get(topic)
+        if lags is not None and p in lags:
+            lag += lags[p]
+            cnt += 1
+    if not cnt:
+        return None
+    caught_up = cnt == len(group.changelogs) and lag <= acceptable_recovery_lag
+    return (CAUGHT_UP if caught_up else HAS_STATE, lag)

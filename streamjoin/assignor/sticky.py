@@ -7,17 +7,20 @@ quota arithmetic, as in Kafka's ``UniformHomogeneousAssignmentBuilder``. Member
 i's share is ``T * cap_i / C``; everyone gets the floor, and the ``R`` leftover
 +1 quotas go first to members whose previous task count exceeds their floor
 (each such +1 saves exactly one move), then to members holding caught-up state
-for orphaned tasks, then by member id. Phase 1 revokes what is over quota;
-phase 2 fills the pool (orphans + revoked) state-aware, then round-robin. The
-result reaches ``min_possible_moves = sum(max(0, prev_i - quota_i))``, which is
-a lower bound for every floor/ceil assignment, so it is exact.
+for orphaned tasks, then by member id. Phase 1 places orphans *and* the tasks
+of over-quota members by the receivers' state (so what a member sheds is what
+someone else can take over without a restore); phase 2 revokes what is still
+over quota by spread and fills the rest round-robin. The result reaches
+``min_possible_moves = sum(max(0, prev_i - quota_i))``, which is a lower bound
+for every floor/ceil assignment, so it is exact.
 
 *Unequal subscriptions*: keep every valid previous owner, place orphans on the
 least loaded eligible member (capacity-weighted), then move tasks while some
 task could go from o to an eligible m with ``(n_o-1)/c_o >= (n_m+1)/c_m``
-(KIP-54's balance, weighted). Every such move lowers ``sum(n_i**2 / c_i)``, so
-the loop ends, and it ends exactly when the balance condition holds. Moves
-prefer tasks that were not previously owned by the donor.
+(KIP-54's balance, weighted), worst overload first across groups, then group
+by group. Every such move lowers ``sum(n_i**2 / c_i)``, so the loop ends, and
+it ends exactly when the balance condition holds. Moves prefer the cheapest
+task in moves, then the one the taker holds the best state for.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from streamjoin.assignor.conflicts import NO_CLAIM, Claims
-from streamjoin.assignor.grouping import Grouping
-from streamjoin.assignor.lag import CAUGHT_UP, Holder, state_holders
+from streamjoin.assignor.grouping import Group, Grouping
+from streamjoin.assignor.lag import CAUGHT_UP, HAS_STATE, Holder, state_holders, task_lag
 from streamjoin.assignor.model import AssignorConfig, MemberState
 
 UNASSIGNED = -1
@@ -182,7 +185,7 @@ def _shed_offers(
     shed: dict[int, int],
     receivers: list[int],
 ) -> list[tuple[int, int, int, int, int]]:
-    """(tier, lag, group, task, receiver) for tasks of over-quota members a receiver holds state for.
+    """(tier, lag, group, task, receiver) for over-quota members' tasks a receiver has state for.
 
     Only the receivers' own lag reports are visited (``state_holders`` intersects
     them with the sheddable tasks), so the cost follows what receivers report,
@@ -273,21 +276,142 @@ def _assign_unequal(
             count[chosen] += 1
             heapq.heappush(heap, ((count[chosen] + 1) / cap[chosen], chosen, count[chosen]))
 
+    donate = _Donation(groups, members, claims.owners, config.acceptable_recovery_lag)
+    _relieve_worst_first(grouping, live, owners, count, cap, donate)
     moved = True
     while moved:
         moved = False
         for g in order:
             eligible = grouping.eligible[g]
-            moved |= _balance_group(eligible, owners[g], claims.owners[g], count, cap)
+            moved |= _balance_group(g, eligible, owners[g], count, cap, donate)
     return ActivePlan(owners=owners, min_possible_moves=None)
 
 
-def _balance_group(
-    eligible: Sequence[int],
-    own: list[int],
-    prev: list[int],
+class _Donation:
+    """Which task a donor gives a taker: the cheapest in moves, then the best for state.
+
+    Cost: the taker's own previous task undoes a move (-1); a task the donor did
+    not previously own costs nothing (0); the donor's previous task costs one
+    move (+1). Among equal costs, the task the taker holds the best state for
+    (caught up, smallest lag; then any state), then the highest partition.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[Group],
+        members: Sequence[MemberState],
+        prev: Sequence[Sequence[int]],
+        acceptable_recovery_lag: int,
+    ) -> None:
+        self.groups = groups
+        self.members = members
+        self.prev = prev
+        self.acceptable = acceptable_recovery_lag
+
+    def pick(self, g: int, mine: list[int], o: int, m: int) -> tuple[int, int]:
+        """(cost, index in ``mine``) of the task o should give m in group g."""
+        prev = self.prev[g]
+        group = self.groups[g]
+        taker = self.members[m]
+        stateful = bool(group.changelogs and taker.state_lag)
+        best: tuple[int, int, int, int] | None = None
+        for k in range(len(mine) - 1, -1, -1):
+            owner = prev[mine[k]]
+            if owner == m:
+                return -1, k
+            cost = 1 if owner == o else 0
+            if best is not None and best[0] < cost:
+                continue
+            tier, lag = _NO_STATE
+            if stateful:
+                found = task_lag(taker, group, mine[k], self.acceptable)
+                if found is not None:
+                    tier, lag = found
+            key = (cost, tier, lag, -k)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            raise ValueError("a donor has no task to give")  # callers never pass an empty list
+        return best[0], -best[3]
+
+
+#: sorts after every real (tier, lag)
+_NO_STATE = (HAS_STATE + 1, 0)
+
+
+def _relieve_worst_first(
+    grouping: Grouping,
+    live: list[int],
+    owners: list[list[int]],
     count: list[int],
     cap: list[int],
+    donate: _Donation,
+) -> None:
+    """Relieve the most overloaded member first, across all groups.
+
+    Balancing group by group can move a task towards a member that a heavier
+    member (in another group) then needs as well, costing an extra move. Here
+    the member with the highest ``(n-1)/c`` gives one task to a member it may
+    move it to (KIP-54's condition), the cheapest donation first, then the least
+    loaded taker. Stops at the first donor nothing can be moved from; the
+    per-group passes that follow finish the job, so balance never depends on
+    this heuristic. Per move: the donor's groups and a heap push per group.
+    """
+    held: dict[int, dict[int, list[int]]] = {}
+    member_groups: dict[int, list[int]] = {}
+    takers: dict[int, list[tuple[float, int, int]]] = {}
+    for g in live:
+        for p, o in enumerate(owners[g]):
+            held.setdefault(o, {}).setdefault(g, []).append(p)
+        heap = []
+        for i in grouping.eligible[g]:
+            member_groups.setdefault(i, []).append(g)
+            heap.append(((count[i] + 1) / cap[i], i, count[i]))
+        heapq.heapify(heap)
+        takers[g] = heap
+    donors = [(-(count[o] - 1) / cap[o], o, count[o]) for o in held]
+    heapq.heapify(donors)
+    while donors:
+        _, o, n = donors[0]
+        if n != count[o]:
+            heapq.heappop(donors)
+            continue
+        best: tuple[int, float, int, int, int] | None = None
+        for g, mine in held[o].items():
+            if not mine:
+                continue
+            heap = takers[g]
+            while heap[0][2] != count[heap[0][1]]:
+                heapq.heappop(heap)
+            key, m, _ = heap[0]
+            if m == o or (count[o] - 1) * cap[m] < (count[m] + 1) * cap[o]:
+                continue
+            cost, k = donate.pick(g, mine, o, m)
+            option = (cost, key, m, g, k)
+            if best is None or option < best:
+                best = option
+        if best is None:
+            return
+        _, _, m, g, k = best
+        p = held[o][g].pop(k)
+        owners[g][p] = m
+        held.setdefault(m, {}).setdefault(g, []).append(p)
+        count[o] -= 1
+        count[m] += 1
+        for i in (o, m):
+            heapq.heappush(donors, (-(count[i] - 1) / cap[i], i, count[i]))
+            entry = ((count[i] + 1) / cap[i], i, count[i])
+            for h in member_groups[i]:
+                heapq.heappush(takers[h], entry)
+
+
+def _balance_group(
+    g: int,
+    eligible: Sequence[int],
+    own: list[int],
+    count: list[int],
+    cap: list[int],
+    donate: _Donation,
 ) -> bool:
     """Move tasks of one group while KIP-54's weighted condition is violated; True if any moved."""
     tasks: dict[int, list[int]] = {}
@@ -310,7 +434,7 @@ def _balance_group(
         if o == m or (count[o] - 1) * cap[m] < (count[m] + 1) * cap[o]:
             break
         mine = tasks[o]
-        pick = _pick_donation(mine, o, m, prev)
+        _, pick = donate.pick(g, mine, o, m)
         p = mine.pop(pick)
         own[p] = m
         tasks.setdefault(m, []).append(p)
@@ -324,18 +448,6 @@ def _balance_group(
         heapq.heappush(takers, ((count[o] + 1) / cap[o], o, count[o]))
         heapq.heappush(takers, ((count[m] + 1) / cap[m], m, count[m]))
     return any_moved
-
-
-def _pick_donation(mine: list[int], o: int, m: int, prev: list[int]) -> int:
-    """Index in ``mine`` of the task o gives m: m's own previous task, else not o's, else last."""
-    not_previous = -1
-    for k in range(len(mine) - 1, -1, -1):
-        owner = prev[mine[k]]
-        if owner == m:
-            return k
-        if not_previous < 0 and owner != o:
-            not_previous = k
-    return not_previous if not_previous >= 0 else len(mine) - 1
 
 
 # ------------------------------------------------------------------------ high availability

@@ -23,6 +23,9 @@ from streamjoin.assignor import (
     assign,
     validate_assignment,
 )
+from streamjoin.assignor.conflicts import resolve_claims
+from streamjoin.assignor.grouping import Group, build_grouping
+from streamjoin.assignor.pipeline import sorted_members
 
 #: raise for a longer hunt, e.g. STREAMJOIN_ASSIGNOR_EXAMPLES=5000
 SETTINGS = settings(
@@ -116,6 +119,84 @@ def test_every_rule_holds_with_equal_subscriptions(sc: Scenario) -> None:
     result = checked(sc)
     if not result.followup_rebalance:
         assert result.stats.moved == result.stats.min_possible_moves
+
+
+#: state key of a member without local state for a task: worse than any holder
+NO_STATE = (2, 0)
+
+
+def state_key(m: MemberState, group: Group, p: int, acceptable: int) -> tuple[int, int]:
+    """(0 caught up / 1 has state / 2 none, total lag): smaller is better. Re-derived here."""
+    parts = [m.state_lag[t][p] for t in group.changelogs if p in m.state_lag.get(t, {})]
+    if not parts:
+        return NO_STATE
+    caught_up = len(parts) == len(group.changelogs) and sum(parts) <= acceptable
+    return (0 if caught_up else 1, sum(parts))
+
+
+@SETTINGS
+@given(scenarios(equal_subscriptions=True))
+def test_tasks_change_owner_where_their_state_is(sc: Scenario) -> None:
+    """Rule 5 with equal subscriptions, for orphans and for the tasks over-quota members shed.
+
+    With key(h, t) = (caught up / has state / none, lag) of member h for task t
+    (smaller is better) and "received" = tasks a member owns now but not before:
+
+    * a task placed on n while a member h (not its previous owner) had a better key:
+      h was full with tasks at least as good for it (every task h received has
+      key <= key(h, t));
+    * a task t kept by a member o that gave tasks away, while h had state for t:
+      h was full as above, or every task o gave away went to a receiver whose key
+      for it is <= key(h, t) (o shed better-placed tasks instead of t).
+    """
+    result = checked(sc)
+    if result.followup_rebalance:
+        return
+    members = sorted_members(sc)
+    grouping = build_grouping(sc.topics, sc.copartition, sc.changelog_topics, members)
+    claims = resolve_claims(grouping, members)
+    acceptable = sc.config.acceptable_recovery_lag
+    index = {m.member_id: i for i, m in enumerate(members)}
+    live = [g for g in grouping.groups if grouping.eligible[g.index] and g.tasks]
+    new: dict[int, list[int]] = {}
+    for g in live:
+        own = [-1] * g.tasks
+        for mid, a in result.assignments.items():
+            for p in a.active.get(g.topics[0], ()):
+                own[p] = index[mid]
+        new[g.index] = own
+
+    def key(i: int, g: Group, p: int) -> tuple[int, int]:
+        return state_key(members[i], g, p, acceptable)
+
+    worst_received: dict[int, tuple[int, int]] = {}
+    worst_gift: dict[int, tuple[int, int]] = {}
+    for g in live:
+        prev, own = claims.owners[g.index], new[g.index]
+        for p in range(g.tasks):
+            if prev[p] == own[p]:
+                continue
+            k = key(own[p], g, p)
+            worst_received[own[p]] = max(worst_received.get(own[p], k), k)
+            if prev[p] >= 0:
+                worst_gift[prev[p]] = max(worst_gift.get(prev[p], k), k)
+
+    def full_with_better(h: int, bound: tuple[int, int]) -> bool:
+        return worst_received.get(h, bound) <= bound
+
+    for g in live:
+        prev, own = claims.owners[g.index], new[g.index]
+        for p in range(g.tasks):
+            for h in grouping.eligible[g.index]:
+                kh = key(h, g, p)
+                if kh == NO_STATE or h == own[p]:
+                    continue
+                if prev[p] != own[p]:
+                    if h != prev[p] and kh < key(own[p], g, p):
+                        assert full_with_better(h, kh), (g.index, p, h)
+                elif own[p] in worst_gift:
+                    o = own[p]
+                    assert full_with_better(h, kh) or worst_gift[o] <= kh, (g.index, p, o, h)
 
 
 @SETTINGS

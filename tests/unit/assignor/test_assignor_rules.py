@@ -337,6 +337,36 @@ def test_unequal_subscriptions_reach_weighted_balance() -> None:
     assert got == {"m1": 4, "m2": 8}
 
 
+def test_unequal_subscriptions_relieve_the_worst_overload_first() -> None:
+    """C0 is the most overloaded: it gives t0 to C2, and C1 keeps both t1 tasks (1 move, not 2)."""
+    sc = scenario(
+        {"t0": 1, "t1": 2, "t2": 3, "audit": 4},
+        [
+            member("C0", ["t0", "audit"], generation=2, active={"t0": [0]}),
+            member("C1", ["t0", "t1", "audit"], generation=2, active={"t1": [0, 1]}),
+            member("C2", ["t0", "t1", "t2"], capacity=2, generation=2, active={"t2": [0, 1, 2]}),
+        ],
+    )
+    result = run(sc)
+    assert result.stats.moved == 1
+    assert active(result, "C2", "t0") == {0}
+    assert active(result, "C1", "t1") == {0, 1}
+
+
+def test_unequal_subscriptions_donate_where_the_taker_has_state() -> None:
+    sc = scenario(
+        {"a": 8, "b": 4},
+        [
+            member("m1", ["a"], generation=1, active={"a": range(8)}),
+            member("m2", ["a", "b"], capacity=2, state_lag={"a": {2: 0, 5: 30, 6: 50_000}}),
+        ],
+        changelogs=["a"],
+    )
+    result = run(sc)
+    assert {2, 5, 6} <= active(result, "m2", "a")
+    assert len(active(result, "m2", "a")) == 4
+
+
 def test_validator_rejects_an_unbalanced_assignment() -> None:
     sc = scenario({"a": 4}, [member("m1", "a"), member("m2", "a")])
     good = assign(sc)
@@ -500,6 +530,81 @@ def test_extra_quota_goes_to_caught_up_member() -> None:
         changelogs=["log"],
     )
     assert active(run(sc2), "c", "log") == {0, 1}
+
+
+def _shedding(*receivers: MemberState, held: int = 4) -> AssignmentResult:
+    """w1 owns tasks 0..held-1 of a stateful join; ``receivers`` join with what they report."""
+    join = ("src", "cl")
+    owner = member(
+        "w1",
+        join,
+        generation=5,
+        active={"src": range(held)},
+        state_lag={"cl": dict.fromkeys(range(held), 0)},
+    )
+    sc = scenario(
+        {"src": held, "cl": held},
+        [owner, *receivers],
+        copartition=[join],
+        changelogs=["cl"],
+    )
+    result = run(sc)
+    assert result.stats.moved == result.stats.min_possible_moves
+    # same answer whatever the member order
+    reversed_members = Scenario(
+        sc.topics, sc.members[::-1], sc.copartition, sc.changelog_topics, sc.config
+    )
+    assert assign(reversed_members) == result
+    return result
+
+
+def test_over_quota_member_sheds_the_tasks_a_restarted_worker_has_state_for() -> None:
+    """The restarted worker gets back 1 and 3 (caught up), not 2 and 3 with a restore."""
+    w2 = member("w2", ("src", "cl"), state_lag={"cl": {1: 3, 3: 2}})
+    result = _shedding(w2)
+    assert active(result, "w2", "src") == {1, 3}
+    assert active(result, "w1", "src") == {0, 2}
+    assert result.stats.moved == 2
+
+
+def test_shed_task_goes_to_the_receiver_with_the_smallest_lag() -> None:
+    join = ("src", "cl")
+    w2 = member("w2", join, state_lag={"cl": {1: 40, 4: 10}})
+    w3 = member("w3", join, state_lag={"cl": {1: 5, 2: 0}})
+    result = _shedding(w2, w3, held=6)
+    # both are caught up for 1; w3's lag is smaller
+    assert active(result, "w3", "src") == {1, 2}
+    assert 4 in active(result, "w2", "src")
+    assert result.stats.moved == 4
+
+
+def test_shed_task_goes_to_a_lagging_state_holder_before_a_stateless_member() -> None:
+    join = ("src", "cl")
+    w2 = member("w2", join, state_lag={"cl": {3: 50_000}})  # has state, not caught up
+    w3 = member("w3", join, state_lag={"cl": {0: 0}})
+    result = _shedding(w2, w3, held=6)
+    assert 3 in active(result, "w2", "src")
+    assert 0 in active(result, "w3", "src")
+
+
+def test_several_over_and_under_quota_members_are_matched_by_state() -> None:
+    join = ("src", "cl")
+    lag = {"cl": dict.fromkeys(range(8), 0)}
+    sc = scenario(
+        {"src": 8, "cl": 8},
+        [
+            member("w1", join, generation=1, active={"src": range(4)}, state_lag=lag),
+            member("w2", join, generation=1, active={"src": range(4, 8)}, state_lag=lag),
+            member("w3", join, state_lag={"cl": {5: 0, 6: 1}}),
+            member("w4", join, state_lag={"cl": {1: 0, 2: 7, 7: 99_999}}),
+        ],
+        copartition=[join],
+        changelogs=["cl"],
+    )
+    result = run(sc)
+    assert active(result, "w3", "src") == {5, 6}
+    assert active(result, "w4", "src") == {1, 2}
+    assert result.stats.moved == result.stats.min_possible_moves == 4
 
 
 def test_standby_promoted_when_active_owner_leaves() -> None:
