@@ -12,16 +12,19 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from streamjoin.agents import Agent, AgentFunction, OnError
+from streamjoin.events import Event
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.runtime.admin import ensure_topics, fetch_partition_counts
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.state.windows import WindowSpec
+from streamjoin.runtime.streams import Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Sender, Topic
 from streamjoin.windowed import WindowedTable
@@ -139,6 +142,10 @@ class App:
         self.topics: dict[str, Topic] = {}
         self.agents: dict[str, Agent] = {}
         self.tables: dict[str, Table] = {}
+        self.joins: dict[str, Any] = {}
+        #: tables materialized from a topic (app.topic_table): table name -> topic
+        self.table_sources: dict[str, Topic] = {}
+        self._table_listeners: dict[str, list[Callable[[Any], Awaitable[None]]]] = {}
         self.copartition_groups: list[tuple[str, ...]] = []
         self._runner: _Running | None = None
         self._last_runner: _Running | None = None
@@ -263,9 +270,11 @@ class App:
                 + ", ".join(f"{t.name}={t.partitions}" for t in writer_topics)
                 + (f", table={partitions}" if partitions is not None else "")
             )
-        count = counts.pop() if counts else self.topic_partitions
-        for t in writer_topics:
-            t.partitions = count
+        # Unknown counts are resolved at start from the existing topics (resolve_partitions).
+        count = counts.pop() if counts else None
+        if count is not None:
+            for t in writer_topics:
+                t.partitions = count
         config = {"cleanup.policy": "compact", **(changelog_config or {})}
         changelog = self.topic(
             f"{self.id}-{name}-changelog",
@@ -303,6 +312,129 @@ class App:
             self.copartition(changelog, *writer_topics)
         return table
 
+    def topic_table(
+        self,
+        topic: Topic | str,
+        *,
+        name: str | None = None,
+        default: Callable[[], Any] | None = None,
+    ) -> Table:
+        """A table holding the latest value per key of ``topic`` (a null value deletes the key),
+        kept up to date by an internal agent; usable in stream-table and table-table joins."""
+        source = self.topic(topic) if isinstance(topic, str) else topic
+        table_name = name or f"{source.name}-table"
+        table = self.table(
+            table_name,
+            default=default,
+            key_serializer=source.key_codec,
+            value_serializer=source.value_codec,
+            copartitioned_with=source,
+        )
+        self.table_sources[table_name] = source
+        listeners = self._table_listeners.setdefault(table_name, [])
+
+        async def materialize(stream: Stream) -> None:
+            async for event in stream:
+                if event.value is None:
+                    if event.key in table:
+                        del table[event.key]
+                else:
+                    table[event.key] = event.value
+                for listener in listeners:
+                    await listener(event.key)
+
+        self.agent(source, name=f"{table_name}.materialize")(materialize)
+        return table
+
+    def attach_reader(self, table: Table, topic: Topic) -> None:
+        """Let agents of ``topic`` read ``table`` (co-partitions them)."""
+        if topic.partitions is None:
+            topic.partitions = table.partitions
+        table.writers = table.writers | {topic.name}
+        self.copartition(table.changelog, topic)
+
+    def on_table_update(self, table: Table, listener: Callable[[Any], Awaitable[None]]) -> None:
+        """Call ``listener(key)`` after a topic-backed table's key was updated."""
+        if table.name not in self.table_sources:
+            raise ConfigurationError(f"table {table.name!r} is not read from a topic")
+        self._table_listeners.setdefault(table.name, []).append(listener)
+
+    def join(
+        self,
+        left: Topic | Table,
+        right: Topic | Table,
+        *,
+        window: timedelta | int | None = None,
+        grace: timedelta | int = 0,
+        how: str = "inner",
+        output: Topic | str | None = None,
+        name: str | None = None,
+        left_timestamp: Callable[[Event], int] | None = None,
+        right_timestamp: Callable[[Event], int] | None = None,
+        on_error: OnError = "stop",
+    ) -> Callable[[Callable[[Any, Any, Any], Any]], Callable[[Any, Any, Any], Any]]:
+        """Declare a join; decorate ``fun(key, left_value, right_value) -> output value``.
+
+        * ``(topic, topic)``: windowed stream-stream join. Events match when their keys are
+          equal and their event times differ by at most ``window``; events up to ``grace``
+          late are still joined. ``how``: ``inner``, ``left`` or ``outer`` (unmatched sides
+          are emitted once, with None for the missing side, when their window closes).
+        * ``(topic, table)``: stream-table join: each event with the table's current value
+          (``inner`` skips events without one, ``left`` passes None).
+        * ``(table, table)``: the join of two ``app.topic_table`` tables, maintained as a
+          table named after the join; every change is emitted (None when a row disappears).
+
+        The function's non-None results are sent to ``output`` keyed like the inputs.
+        Event time is the record timestamp unless ``left_timestamp``/``right_timestamp``
+        extract it from the event.
+        """
+        from streamjoin.joins.api import declare_join
+
+        if how not in ("inner", "left", "outer"):
+            raise ConfigurationError(f"how must be 'inner', 'left' or 'outer', got {how!r}")
+        return declare_join(
+            self,
+            left,
+            right,
+            window=window,
+            grace=grace,
+            how=how,  # type: ignore[arg-type]
+            output=output,
+            name=name,
+            left_timestamp=left_timestamp,
+            right_timestamp=right_timestamp,
+            on_error=on_error,
+        )
+
+    def group_by(
+        self,
+        topic: Topic | str,
+        key: Callable[[Event], Any],
+        *,
+        name: str,
+        partitions: int | None = None,
+        key_serializer: str | Codec | type | None = None,
+    ) -> Topic:
+        """Repartition ``topic`` by a new key into ``<app id>-<name>-repartition``.
+
+        The returned topic has ``partitions`` partitions (so it can be co-partitioned with
+        another input), the new key, and the original values and timestamps.
+        """
+        source = self.topic(topic) if isinstance(topic, str) else topic
+        target = self.topic(
+            f"{self.id}-{name}-repartition",
+            key_serializer=key_serializer if key_serializer is not None else source.key_codec,
+            value_serializer=source.value_codec,
+            partitions=partitions,
+        )
+
+        async def repartition(stream: Stream) -> None:
+            async for event in stream:
+                await target.send(key=key(event), value=event.value, timestamp_ms=event.timestamp)
+
+        self.agent(source, name=f"{name}.repartition")(repartition)
+        return target
+
     @property
     def changelog_topics(self) -> frozenset[str]:
         return frozenset(t.changelog.name for t in self.tables.values())
@@ -338,8 +470,32 @@ class App:
     def running(self) -> bool:
         return self._runner is not None
 
+    def resolve_partitions(self, existing: Mapping[str, int]) -> None:
+        """Fill in partition counts nobody declared: an existing topic keeps its count, a topic
+        co-partitioned with others takes theirs, anything else gets ``topic_partitions``."""
+        for topic in self.topics.values():
+            if topic.partitions is None and topic.name in existing:
+                topic.partitions = existing[topic.name]
+        for group in self.copartition_groups:
+            members = [self.topics[name] for name in group]
+            known = {t.partitions for t in members if t.partitions is not None}
+            if len(known) == 1:
+                count = known.pop()
+                for t in members:
+                    if t.partitions is None:
+                        t.partitions = count
+        for topic in self.topics.values():
+            if topic.partitions is None:
+                topic.partitions = self.topic_partitions
+
     async def prepare_topics(self) -> dict[str, int]:
         """Create missing declared topics and verify partition counts; returns the counts."""
+        existing = await fetch_partition_counts(
+            self.broker, list(self.topics), **self.client_options
+        )
+        self.resolve_partitions(existing)
+        declared = {t.name: t.partitions or self.topic_partitions for t in self.topics.values()}
+        self.check_copartitioning({**declared, **existing})
         specs = [t.spec(self.topic_partitions) for t in self.topics.values()]
         created = await ensure_topics(self.broker, specs, **self.client_options)
         if created:
@@ -360,7 +516,8 @@ class App:
                 raise CopartitioningError(
                     f"topics declared co-partitioned have different partition counts ({detail}). "
                     "Partition p of each must hold the same keys: recreate them with one count, "
-                    "or repartition one side into a topic with the right count."
+                    "or repartition one side with app.group_by(topic, key, name=..., "
+                    "partitions=N) and join that instead."
                 )
 
     def source_topics(self) -> set[str]:

@@ -169,6 +169,7 @@ class TestDriver:
             self.failure = exc
 
     async def __aenter__(self) -> TestDriver:
+        self.app.resolve_partitions({})
         self.app.attach_sender(self)
         # Every table partition is local, in memory, and ready at once.
         self.stores = TableStores(self.app.tables, state_dir=None)

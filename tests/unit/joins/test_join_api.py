@@ -1,0 +1,164 @@
+"""Declared joins through the in-memory test driver."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import streamjoin
+from streamjoin.app import CopartitioningError
+from streamjoin.testing.driver import TestDriver
+
+MIN = 60_000
+
+
+def ad_app(how: str = "inner") -> tuple[streamjoin.App, list[tuple[Any, Any, Any]]]:
+    app = streamjoin.App("joins-unit")
+    impressions = app.topic("impressions", key_serializer="str", partitions=4)
+    clicks = app.topic("clicks", key_serializer="str", partitions=4)
+    out = app.topic("attributed", key_serializer="str", partitions=4)
+    calls: list[tuple[Any, Any, Any]] = []
+
+    @app.join(
+        impressions,
+        clicks,
+        window=timedelta(minutes=10),
+        grace=timedelta(seconds=30),
+        how=how,
+        output=out,
+    )
+    def attribute(key: Any, impression: Any, click: Any) -> Any:
+        calls.append((key, impression, click))
+        return {"imp": impression, "click": click}
+
+    return app, calls
+
+
+def test_join_declares_buffer_and_copartition_group() -> None:
+    app, _ = ad_app()
+    assert "attribute" in app.joins
+    assert "attribute-buffer" in app.tables
+    group = next(g for g in app.copartition_groups if "impressions" in g)
+    assert set(group) == {"impressions", "clicks", "joins-unit-attribute-buffer-changelog"}
+    assert {a.topic.name for a in app.agents.values()} >= {"impressions", "clicks"}
+
+
+async def test_inner_join_within_window() -> None:
+    app, calls = ad_app()
+    async with TestDriver(app) as driver:
+        await driver.put("impressions", key="a1", value="imp-a1", timestamp_ms=0)
+        await driver.put("clicks", key="a1", value="click-a1", timestamp_ms=5 * MIN)
+        await driver.put("clicks", key="a2", value="orphan", timestamp_ms=5 * MIN)
+        await driver.put("impressions", key="a3", value="imp-a3", timestamp_ms=6 * MIN)
+        await driver.put("clicks", key="a3", value="too-late", timestamp_ms=17 * MIN)
+        await driver.drain()
+        out = driver.records("attributed")
+    assert [(e.key, e.value) for e in out] == [("a1", {"imp": "imp-a1", "click": "click-a1"})]
+    assert calls == [("a1", "imp-a1", "click-a1")]
+
+
+async def test_left_join_emits_unmatched_impressions_when_the_window_closes() -> None:
+    app, _ = ad_app(how="left")
+    async with TestDriver(app) as driver:
+        await driver.put("impressions", key="lonely", value="imp", timestamp_ms=0)
+        await driver.drain()
+        assert driver.records("attributed") == []  # window still open
+        # stream time passes window + grace on that partition (same key => same partition)
+        await driver.put("impressions", key="lonely", value="imp2", timestamp_ms=11 * MIN)
+        await driver.drain()
+        values = [e.value for e in driver.records("attributed")]
+    assert {"imp": "imp", "click": None} in values
+
+
+def test_mismatched_declared_partitions_are_rejected_with_advice() -> None:
+    app = streamjoin.App("joins-unit")
+    a = app.topic("a", partitions=4)
+    b = app.topic("b", partitions=6)
+
+    with pytest.raises(CopartitioningError, match="partition counts differ"):
+
+        @app.join(a, b, window=1000)
+        def j(key: Any, left: Any, right: Any) -> Any:
+            return None
+
+
+async def test_group_by_repartitions_into_a_copartitioned_topic() -> None:
+    app = streamjoin.App("joins-unit")
+    orders = app.topic("orders", key_serializer="str", partitions=3)
+    payments = app.topic("payments", key_serializer="str", partitions=4)
+    by_order = app.group_by(
+        payments, lambda e: e.value["order"], name="payments-by-order", partitions=3
+    )
+    matched: list[Any] = []
+
+    @app.join(orders, by_order, window=timedelta(hours=1))
+    def pay(key: Any, order: Any, payment: Any) -> Any:
+        matched.append((key, order["amount"], payment["amount"]))
+        return None
+
+    async with TestDriver(app) as driver:
+        await driver.put("orders", key="o1", value={"amount": 10}, timestamp_ms=1000)
+        await driver.put(
+            "payments", key="pay-9", value={"order": "o1", "amount": 10}, timestamp_ms=2000
+        )
+        await driver.drain()
+        await driver.drain()
+    assert matched == [("o1", 10, 10)]
+
+
+async def test_stream_table_join_enriches_events() -> None:
+    app = streamjoin.App("joins-unit")
+    ads = app.topic("ads", key_serializer="str", partitions=2)
+    views = app.topic("views", key_serializer="str", partitions=2)
+    out = app.topic("enriched", key_serializer="str", partitions=2)
+    ads_table = app.topic_table(ads)
+
+    @app.join(views, ads_table, how="left", output=out)
+    def enrich(key: Any, view: Any, ad: Any) -> Any:
+        return {"view": view, "ad": ad}
+
+    async with TestDriver(app) as driver:
+        await driver.put("ads", key="ad1", value={"title": "shoes"})
+        await driver.drain()
+        await driver.put("views", key="ad1", value=1)
+        await driver.put("views", key="ad2", value=2)
+        await driver.drain()
+        got = {e.key: e.value for e in driver.records("enriched")}
+    assert got == {"ad1": {"view": 1, "ad": {"title": "shoes"}}, "ad2": {"view": 2, "ad": None}}
+
+
+async def test_table_table_join_tracks_both_sides() -> None:
+    app = streamjoin.App("joins-unit")
+    users = app.topic("users", key_serializer="str", partitions=2)
+    prefs = app.topic("prefs", key_serializer="str", partitions=2)
+    out = app.topic("profiles", key_serializer="str", partitions=2)
+    users_t = app.topic_table(users)
+    prefs_t = app.topic_table(prefs)
+
+    @app.join(users_t, prefs_t, how="inner", output=out, name="profiles")
+    def profile(key: Any, user: Any, pref: Any) -> Any:
+        return {**user, **pref}
+
+    async with TestDriver(app) as driver:
+        await driver.put("users", key="u1", value={"name": "ann"})
+        await driver.drain()
+        assert driver.records("profiles") == []
+        await driver.put("prefs", key="u1", value={"lang": "fi"})
+        await driver.drain()
+        await driver.put("prefs", key="u1", value=None)  # tombstone: the join row disappears
+        await driver.drain()
+        values = [e.value for e in driver.records("profiles")]
+    assert values == [{"name": "ann", "lang": "fi"}, None]
+
+
+def test_stream_stream_join_needs_a_window() -> None:
+    app = streamjoin.App("joins-unit")
+    a = app.topic("a", partitions=1)
+    b = app.topic("b", partitions=1)
+    with pytest.raises(ValueError, match="needs window"):
+
+        @app.join(a, b)
+        def j(key: Any, left: Any, right: Any) -> Any:
+            return None
