@@ -1,0 +1,87 @@
+"""The state a join core reads and writes: one partition's sorted bytes (pure, no I/O).
+
+The join core (:mod:`streamjoin.joins.core`) only ever talks to a
+:class:`KeyValueView`, so the same code runs in a worker (a view over a
+changelogged table partition, writes buffered until the next flush) and in a
+Spark backfill (a :class:`MemoryKeyValueView`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+from sortedcontainers import SortedDict
+
+__all__ = ["KeyValueView", "MemoryKeyValueView", "ScanInvalidated"]
+
+
+class KeyValueView(Protocol):
+    """One partition's byte-level state; writes may be buffered by the runtime.
+
+    Reads (``get`` and ``scan``) must reflect every earlier ``put``/``delete``
+    through the same view. Callers must not write while a ``scan`` is being
+    iterated: materialize it first (a runtime view may not support it).
+    """
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Items with ``start <= key < end`` (``end`` None: unbounded), in key order."""
+        ...
+
+
+class ScanInvalidated(RuntimeError):
+    """A :class:`MemoryKeyValueView` was written while one of its scans was being iterated."""
+
+
+class MemoryKeyValueView:
+    """A :class:`KeyValueView` in memory: for tests and Spark backfills.
+
+    Stricter than it needs to be on one point: writing during an open scan
+    raises :class:`ScanInvalidated` on the scan's next step, so code tested
+    against it also works over views that cannot tolerate that.
+    """
+
+    __slots__ = ("_data", "_version")
+
+    def __init__(self, items: Mapping[bytes, bytes] | None = None) -> None:
+        self._data: SortedDict[bytes, bytes] = SortedDict()
+        self._version = 0
+        for key, value in (items or {}).items():
+            self.put(key, value)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if not isinstance(key, bytes) or not isinstance(value, bytes):
+            raise TypeError(
+                f"keys and values are bytes, got {type(key).__name__}, {type(value).__name__}"
+            )
+        self._data[key] = value
+        self._version += 1
+
+    def delete(self, key: bytes) -> None:
+        if self._data.pop(key, None) is not None:
+            self._version += 1
+
+    def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        version = self._version
+        for key in self._data.irange(start, end, inclusive=(True, False)):
+            if self._version != version:
+                raise ScanInvalidated("the view was written while this scan was open")
+            yield key, self._data[key]
+
+    # ---------------------------------------------------------------- for tests and backfills
+
+    def snapshot(self) -> dict[bytes, bytes]:
+        """A copy of everything stored, in key order."""
+        return dict(self._data.items())
+
+    def __len__(self) -> int:
+        return len(self._data)
