@@ -25,10 +25,13 @@ AgentFunction = Callable[["Stream"], Awaitable[None]]
 
 @dataclass(eq=False)
 class Agent:
-    """A stream processor: ``fun`` iterates over the events of ``topic``.
+    """A stream processor: ``fun`` iterates over the events of ``topic`` (and ``more_topics``).
 
     ``concurrency`` actors each own a disjoint set of partitions
-    (``partition % concurrency``), so events of one partition stay in order.
+    (``partition % concurrency``), so events of one partition stay in order. An
+    agent over several co-partitioned topics sees partition p of all of them in
+    one stream, in timestamp order (see ``runtime.alignment``): that is how joins
+    see both sides.
     """
 
     name: str
@@ -37,6 +40,11 @@ class Agent:
     concurrency: int = 1
     on_error: OnError = "stop"
     dead_letter: Topic | None = None
+    more_topics: tuple[Topic, ...] = ()
+
+    @property
+    def topics(self) -> tuple[Topic, ...]:
+        return (self.topic, *self.more_topics)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -53,9 +61,12 @@ class Agent:
 
     def decode(self, raw: RawRecord) -> Event:
         """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes."""
+        topic = self.topic
+        if raw.topic != topic.name:
+            topic = next((t for t in self.more_topics if t.name == raw.topic), topic)
         try:
-            key = self.topic.key_codec.loads(raw.key) if raw.key is not None else None
-            value = self.topic.value_codec.loads(raw.value) if raw.value is not None else None
+            key = topic.key_codec.loads(raw.key) if raw.key is not None else None
+            value = topic.value_codec.loads(raw.value) if raw.value is not None else None
         except DecodeError as exc:
             raise DecodeError(f"{raw.topic}[{raw.partition}]@{raw.offset}: {exc}") from exc
         return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)

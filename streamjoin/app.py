@@ -19,12 +19,11 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from streamjoin.agents import Agent, AgentFunction, OnError
-from streamjoin.events import Event
 from streamjoin.codecs import Codec, resolve_codec
+from streamjoin.events import Event
 from streamjoin.runtime.admin import ensure_topics, fetch_partition_counts
-from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.runtime.streams import AgentRuntime, Stream
 from streamjoin.state.windows import WindowSpec
-from streamjoin.runtime.streams import Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Sender, Topic
 from streamjoin.windowed import WindowedTable
@@ -196,19 +195,25 @@ class App:
 
     def agent(
         self,
-        topic: Topic | str,
+        topic: Topic | str | Sequence[Topic | str],
         *,
         name: str | None = None,
         concurrency: int = 1,
         on_error: OnError = "stop",
         dead_letter: Topic | str | None = None,
     ) -> Callable[[F], F]:
-        """Decorate ``async def f(stream)`` to process ``topic``.
+        """Decorate ``async def f(stream)`` to process ``topic`` (or several co-partitioned
+        topics, merged per partition in timestamp order).
 
         ``on_error``: ``"stop"`` (default), ``"skip"``, or ``"dead_letter"`` (records
         go to ``dead_letter``, default ``<app id>-<agent>-dead-letters``).
         """
-        source = self.topic(topic) if isinstance(topic, str) else topic
+        names = [topic] if isinstance(topic, Topic | str) else list(topic)
+        sources = [self.topic(t) if isinstance(t, str) else t for t in names]
+        if not sources:
+            raise ConfigurationError("an agent needs at least one topic")
+        if len(sources) > 1:
+            self.copartition(*sources)
 
         def register(fun: F) -> F:
             agent_name = name or f"{fun.__module__}.{fun.__qualname__}"
@@ -227,7 +232,13 @@ class App:
                         value_serializer="raw",
                     )
             self.agents[agent_name] = Agent(
-                agent_name, fun, source, concurrency, on_error, dead_letter=dlq
+                agent_name,
+                fun,
+                sources[0],
+                concurrency,
+                on_error,
+                dead_letter=dlq,
+                more_topics=tuple(sources[1:]),
             )
             return fun
 
@@ -521,7 +532,11 @@ class App:
                 )
 
     def source_topics(self) -> set[str]:
-        return {a.topic.name for a in self.agents.values()}
+        return {t.name for a in self.agents.values() for t in a.topics}
+
+    def aligned_groups(self) -> list[tuple[str, ...]]:
+        """Source topics read together by one agent: consumed in timestamp order per partition."""
+        return [tuple(t.name for t in a.topics) for a in self.agents.values() if a.more_topics]
 
     async def start(self) -> None:
         """Create topics, start the producer, the agents and the consumer."""

@@ -90,7 +90,8 @@ def agents(app_spec: str) -> None:
         policy: str = agent.on_error
         if agent.dead_letter is not None:
             policy += f" -> {agent.dead_letter.name}"
-        rows.append((agent.name, agent.topic.name, str(agent.concurrency), policy))
+        topics = ", ".join(t.name for t in agent.topics)
+        rows.append((agent.name, topics, str(agent.concurrency), policy))
     click.echo(_table(rows))
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -157,15 +157,13 @@ def _stream_stream(
     decl = StreamStreamJoinDecl(name, left, right, spec, buffer, output, fun, left_ts, right_ts)
     app.joins[name] = decl
 
-    def side_agent(side: Literal["left", "right"]) -> Callable[[Stream], Awaitable[None]]:
-        async def run(stream: Stream) -> None:
-            async for event in stream:
-                await decl.handle(side, event)
+    # One agent over both inputs: partition p of each arrives in one stream, in
+    # timestamp order, so stream time advances the same way whatever the fetch order.
+    async def run(stream: Stream) -> None:
+        async for event in stream:
+            await decl.handle("left" if event.topic == left.name else "right", event)
 
-        return run
-
-    app.agent(left, name=f"{name}.left", on_error=on_error)(side_agent("left"))
-    app.agent(right, name=f"{name}.right", on_error=on_error)(side_agent("right"))
+    app.agent([left, right], name=name, on_error=on_error)(run)
     return decl
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -22,10 +23,15 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from streamjoin.events import RawRecord
+from streamjoin.runtime.alignment import TimestampAligner
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.streams import AgentRuntime
 
 log = logging.getLogger("streamjoin.consumer")
+
+#: pause an aligned partition when the aligner holds this many of its records; resume below LOW
+_ALIGN_HIGH = 5_000
+_ALIGN_LOW = 1_000
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -60,6 +66,8 @@ class KafkaConsumerService(Service):
         on_revoke: Callable[[], None] | None = None,
         before_commit: Callable[[], Awaitable[object]] | None = None,
         blocked: Callable[[str, int], bool] | None = None,
+        aligned_groups: Iterable[Iterable[str]] = (),
+        align_max_idle_ms: int = 5_000,
     ) -> None:
         super().__init__()
         self._runtime = runtime
@@ -84,6 +92,10 @@ class KafkaConsumerService(Service):
         }
         self._consumer: AIOKafkaConsumer | None = None
         self._assigned: set[TopicPartition] = set()
+        self._aligner = TimestampAligner(aligned_groups, max_idle_ms=align_max_idle_ms)
+        #: why each partition is paused ("restore": its tables are restoring, "align": the
+        #: aligner holds enough of it); it is resumed when no reason is left
+        self._pauses: dict[TopicPartition, set[str]] = {}
         self._commit_lock = asyncio.Lock()
 
     @property
@@ -116,7 +128,7 @@ class KafkaConsumerService(Service):
             return
         while not self.should_stop:
             try:
-                batches = await consumer.getmany(timeout_ms=200)
+                batches = await consumer.getmany(timeout_ms=100)
             except IllegalStateError:
                 await self.sleep(0.1)  # not subscribed/assigned yet
                 continue
@@ -125,13 +137,15 @@ class KafkaConsumerService(Service):
             # refetched from the committed offsets by whoever owns the partition next.
             epoch = self._runtime.epoch
             for tp, records in batches.items():
-                if records and self._blocked is not None and self._blocked(tp.topic, tp.partition):
+                if not records:
+                    continue
+                if self._blocked is not None and self._blocked(tp.topic, tp.partition):
                     # Its tables are still restoring: read these records again later.
                     consumer.seek(tp, records[0].offset)
-                    consumer.pause(tp)
+                    self._pause(tp, "restore")
                     continue
-                for r in records:
-                    raw = RawRecord(
+                raws = [
+                    RawRecord(
                         r.topic,
                         r.partition,
                         r.offset,
@@ -140,9 +154,60 @@ class KafkaConsumerService(Service):
                         r.value,
                         tuple(r.headers or ()),
                     )
-                    await self._runtime.dispatch(raw, epoch)
-                    if self._runtime.epoch != epoch:
-                        break  # revoked meanwhile: the rest is refetched by its owner
+                    for r in records
+                ]
+                if self._aligner.aligned(tp.topic):
+                    self._aligner.add(raws)
+                    if self._aligner.buffered((tp.topic, tp.partition)) >= _ALIGN_HIGH:
+                        self._pause(tp, "align")
+                    continue
+                if not await self._dispatch(raws, epoch):
+                    break
+            if self._runtime.epoch == epoch:
+                await self._release_aligned(consumer, epoch)
+
+    async def _dispatch(self, raws: list[RawRecord], epoch: int) -> bool:
+        """Hand records to the agents; False when a rebalance started meanwhile."""
+        for raw in raws:
+            await self._runtime.dispatch(raw, epoch)
+            if self._runtime.epoch != epoch:
+                return False
+        return True
+
+    async def _release_aligned(self, consumer: AIOKafkaConsumer, epoch: int) -> None:
+        caught_up: dict[tuple[str, int], bool] = {}
+        for topic, partition in self._aligner.waiting_on():
+            tp = TopicPartition(topic, partition)
+            try:
+                highwater = consumer.highwater(tp)
+                caught_up[(topic, partition)] = (
+                    highwater is not None and await consumer.position(tp) >= highwater
+                )
+            except (IllegalStateError, KafkaError, AssertionError):
+                caught_up[(topic, partition)] = True  # not ours: nothing to wait for
+        released = self._aligner.release(
+            lambda t, p: caught_up.get((t, p), True), time.monotonic() * 1000
+        )
+        await self._dispatch(released, epoch)
+        for tp, reasons in list(self._pauses.items()):
+            if "align" in reasons and self._aligner.buffered((tp.topic, tp.partition)) < _ALIGN_LOW:
+                self._resume(tp, "align")
+
+    def _pause(self, tp: TopicPartition, reason: str) -> None:
+        reasons = self._pauses.setdefault(tp, set())
+        if not reasons and self._consumer is not None:
+            self._consumer.pause(tp)
+        reasons.add(reason)
+
+    def _resume(self, tp: TopicPartition, reason: str) -> None:
+        reasons = self._pauses.get(tp)
+        if reasons is None:
+            return
+        reasons.discard(reason)
+        if not reasons:
+            del self._pauses[tp]
+            if self._consumer is not None and tp in self._assigned:
+                self._consumer.resume(tp)
 
     @Service.task
     async def _commit_loop(self) -> None:
@@ -188,6 +253,8 @@ class KafkaConsumerService(Service):
         await self._sender.flush()
         await self.commit()
         self._runtime.forget((tp.topic, tp.partition) for tp in revoked)
+        self._aligner.drop((tp.topic, tp.partition) for tp in revoked)
+        self._pauses.clear()  # a new assignment starts unpaused
         self._assigned = set()
         if self._on_revoke is not None:
             self._on_revoke()
@@ -201,13 +268,11 @@ class KafkaConsumerService(Service):
         )
         if self._on_assignment is not None:
             self._on_assignment(self.assigned)
-        if self._blocked is not None and self._consumer is not None:
-            waiting = [tp for tp in assigned if self._blocked(tp.topic, tp.partition)]
-            if waiting:
-                self._consumer.pause(*waiting)
+        if self._blocked is not None:
+            for tp in assigned:
+                if self._blocked(tp.topic, tp.partition):
+                    self._pause(tp, "restore")
 
     def resume(self, topic: str, partition: int) -> None:
         """Start fetching a partition again (its tables finished restoring)."""
-        tp = TopicPartition(topic, partition)
-        if self._consumer is not None and tp in self._assigned:
-            self._consumer.resume(tp)
+        self._resume(TopicPartition(topic, partition), "restore")

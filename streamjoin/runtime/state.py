@@ -20,7 +20,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,11 +124,22 @@ class TableStores:
         finally:
             probe.close()
 
-    async def flush(self, sender: Sender) -> int:
-        """Changelog first (acknowledged), then stores with their offsets; returns records sent."""
+    async def flush(
+        self, sender: Sender, before_changelog: Callable[[], Awaitable[object]] | None = None
+    ) -> int:
+        """Changelog first (acknowledged), then stores with their offsets; returns records sent.
+
+        ``before_changelog`` runs after the buffered writes were taken and before they are
+        sent: the worker flushes the producer there, so every output record produced from
+        this state is acknowledged before the state itself becomes durable (otherwise a
+        crash could leave a closed join window in the changelog whose output was lost).
+        """
+        taken = [(table, table.take_pending()) for table in self.tables.values()]
+        if before_changelog is not None:
+            await before_changelog()
         sends: list[tuple[Table, int, asyncio.Future[Any]]] = []
-        for table in self.tables.values():
-            for partition, writes in table.take_pending().items():
+        for table, pending in taken:
+            for partition, writes in pending.items():
                 for key, value in writes.items():
                     future = await sender.send(
                         table.changelog.name,

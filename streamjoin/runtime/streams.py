@@ -166,7 +166,8 @@ class AgentRuntime:
         for agent in agents:
             actors = [AgentRunner(agent, i, self, queue_size) for i in range(agent.concurrency)]
             self.runners.extend(actors)
-            self._routes.setdefault(agent.topic.name, []).append(actors)
+            for topic in agent.topics:
+                self._routes.setdefault(topic.name, []).append(actors)
 
     @property
     def topics(self) -> set[str]:

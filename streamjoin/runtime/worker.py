@@ -90,6 +90,7 @@ class KafkaRunner(Service):
                 on_revoke=self.state_service.revoke_all if self.state_service is not None else None,
                 before_commit=self._flush_tables if self.stores is not None else None,
                 blocked=self._blocked if self.stores is not None else None,
+                aligned_groups=app.aligned_groups(),
             )
             await self.consumer.start()
         log.info(
@@ -121,7 +122,7 @@ class KafkaRunner(Service):
 
     async def _flush_tables(self) -> None:
         if self.stores is not None and self.sender is not None:
-            await self.stores.flush(self.sender)
+            await self.stores.flush(self.sender, before_changelog=self.sender.flush)
 
     def _blocked(self, topic: str, partition: int) -> bool:
         """True while a table co-partitioned with ``topic`` is restoring ``partition``."""

@@ -42,7 +42,7 @@ def test_join_declares_buffer_and_copartition_group() -> None:
     assert "attribute-buffer" in app.tables
     group = next(g for g in app.copartition_groups if "impressions" in g)
     assert set(group) == {"impressions", "clicks", "joins-unit-attribute-buffer-changelog"}
-    assert {a.topic.name for a in app.agents.values()} >= {"impressions", "clicks"}
+    assert {t.name for a in app.agents.values() for t in a.topics} >= {"impressions", "clicks"}
 
 
 async def test_inner_join_within_window() -> None:

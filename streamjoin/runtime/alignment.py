@@ -1,0 +1,91 @@
+"""Timestamp-ordered consumption of co-partitioned topics (pure: no Kafka, no asyncio).
+
+A join's agent reads partition p of both of its input topics as one stream.
+If records were handed over in fetch order, one side could run far ahead of
+the other (after a restart, or because one topic has more data), advancing the
+join's stream time and closing windows before the other side's matching events
+arrived. Like Kafka Streams, the aligner buffers fetched records per topic
+partition and releases, for each partition number of a group, always the
+buffered record with the lowest timestamp, but only while every topic of the
+group has a buffered record, or the empty ones are known to be caught up (no
+more data to fetch), or the group waited longer than ``max_idle_ms``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from streamjoin.events import RawRecord
+
+TopicPartition = tuple[str, int]
+
+
+class TimestampAligner:
+    """Buffers records of aligned topics and releases them in timestamp order per partition."""
+
+    def __init__(self, groups: Iterable[Iterable[str]], max_idle_ms: int = 5_000) -> None:
+        self._groups: list[tuple[str, ...]] = [tuple(g) for g in groups]
+        self._group_of: dict[str, int] = {}
+        for index, group in enumerate(self._groups):
+            for topic in group:
+                self._group_of[topic] = index
+        self._buffers: dict[TopicPartition, deque[RawRecord]] = {}
+        self._blocked_since: dict[tuple[int, int], float] = {}
+        self.max_idle_ms = max_idle_ms
+
+    def aligned(self, topic: str) -> bool:
+        return topic in self._group_of
+
+    def add(self, records: Iterable[RawRecord]) -> None:
+        for record in records:
+            self._buffers.setdefault((record.topic, record.partition), deque()).append(record)
+
+    def buffered(self, tp: TopicPartition) -> int:
+        buffer = self._buffers.get(tp)
+        return 0 if buffer is None else len(buffer)
+
+    def waiting_on(self) -> list[TopicPartition]:
+        """Empty topic partitions that hold back a group with buffered records."""
+        out = []
+        for group_index, partition in self._pending_groups():
+            for topic in self._groups[group_index]:
+                if not self._buffers.get((topic, partition)):
+                    out.append((topic, partition))
+        return out
+
+    def _pending_groups(self) -> list[tuple[int, int]]:
+        keys = {
+            (self._group_of[topic], partition)
+            for (topic, partition), buffer in self._buffers.items()
+            if buffer
+        }
+        return sorted(keys)
+
+    def release(self, caught_up: Callable[[str, int], bool], now_ms: float) -> list[RawRecord]:
+        """Records that may be processed now, in per-partition timestamp order."""
+        out: list[RawRecord] = []
+        for group_index, partition in self._pending_groups():
+            topics = self._groups[group_index]
+            buffers = [self._buffers.setdefault((t, partition), deque()) for t in topics]
+            key = (group_index, partition)
+            while True:
+                heads = [b for b in buffers if b]
+                if not heads:
+                    break
+                if len(heads) < len(buffers):
+                    missing = [t for t, b in zip(topics, buffers, strict=True) if not b]
+                    if not all(caught_up(t, partition) for t in missing):
+                        since = self._blocked_since.setdefault(key, now_ms)
+                        if now_ms - since < self.max_idle_ms:
+                            break  # wait for the other side's data
+                self._blocked_since.pop(key, None)
+                first = min(heads, key=lambda b: (b[0].timestamp, b[0].topic, b[0].offset))
+                out.append(first.popleft())
+        return out
+
+    def drop(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget buffered records of revoked partitions (their owner refetches them)."""
+        for tp in tps:
+            self._buffers.pop(tp, None)
+        self._blocked_since.clear()
