@@ -1,0 +1,64 @@
+"""The offline twin on Spark: backfill declared joins and bootstrap table state from history.
+
+PySpark is an optional extra (``pip install streamjoin[spark]``); it is imported only when a
+job runs, so ``import streamjoin.spark`` works without it. See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from streamjoin.spark._deps import INSTALL_HINT, SparkNotInstalled, require_pyspark
+
+if TYPE_CHECKING:
+    from streamjoin.spark.backfill import (
+        BackfillResult,
+        FileSink,
+        KafkaSink,
+        PartitioningMismatch,
+        backfill,
+    )
+    from streamjoin.spark.bootstrap import BootstrapResult, bootstrap
+    from streamjoin.spark.partitioning import kafka_partition_udf
+    from streamjoin.spark.session import get_session
+    from streamjoin.spark.sources import FileSource, KafkaSource
+
+__all__ = [
+    "INSTALL_HINT",
+    "BackfillResult",
+    "BootstrapResult",
+    "FileSink",
+    "FileSource",
+    "KafkaSink",
+    "KafkaSource",
+    "PartitioningMismatch",
+    "SparkNotInstalled",
+    "backfill",
+    "bootstrap",
+    "get_session",
+    "kafka_partition_udf",
+    "require_pyspark",
+]
+
+_LAZY = {
+    "BackfillResult": "streamjoin.spark.backfill",
+    "FileSink": "streamjoin.spark.backfill",
+    "KafkaSink": "streamjoin.spark.backfill",
+    "PartitioningMismatch": "streamjoin.spark.backfill",
+    "backfill": "streamjoin.spark.backfill",
+    "BootstrapResult": "streamjoin.spark.bootstrap",
+    "bootstrap": "streamjoin.spark.bootstrap",
+    "kafka_partition_udf": "streamjoin.spark.partitioning",
+    "get_session": "streamjoin.spark.session",
+    "FileSource": "streamjoin.spark.sources",
+    "KafkaSource": "streamjoin.spark.sources",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamjoin.spark' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

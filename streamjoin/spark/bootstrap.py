@@ -1,0 +1,287 @@
+"""Bootstrap: build a table's state from history on Spark, so a new app starts warm.
+
+Supported tables: those materialized from a topic with ``app.topic_table(topic)``
+(latest value per key, a null value deletes the key). That state is a pure
+function of the topic, so it can be computed offline; tables written by
+arbitrary agent code cannot.
+
+The latest value per key is the record with the highest offset (files without
+offsets: the highest timestamp, then file order), in the partition the worker
+would hold it in. Then, per partition, in one Spark task:
+
+* ``mode="changelog"``: the live keys are produced to the table's changelog
+  (``<app id>-<table>-changelog``) with explicit partitions; a worker restores
+  them as usual.
+* ``mode="rocksdb"``: the same, and the task also writes the RocksDB store
+  ``<state_dir>/tables/<table>/<partition>`` holding exactly those keys with the
+  offset of the last changelog record it produced, so a worker using that state
+  dir restores nothing: its store already is at the changelog's end.
+
+Both modes require an empty changelog (otherwise the changelog's older keys and
+the bootstrapped store would disagree). With a Kafka source, the app's consumer
+group is also committed at the end offsets read (``commit_source_offsets``), so
+the table's agent continues after the history instead of re-reading it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from streamjoin.spark.backfill import _MISMATCH_TAG, PartitioningMismatch, _rethrow_mismatch
+from streamjoin.spark.progress import Counters, Progress, ProgressReporter
+from streamjoin.spark.sources import KafkaSource, Source, load_records
+
+if TYPE_CHECKING:
+    from streamjoin.app import App
+
+__all__ = ["BootstrapResult", "NonEmptyChangelog", "UnsupportedTable", "bootstrap"]
+
+Mode = Literal["changelog", "rocksdb"]
+_CHUNK = 10_000
+
+
+class UnsupportedTable(ValueError):
+    """The table's state is not a function of one topic (not an ``app.topic_table``)."""
+
+
+class NonEmptyChangelog(RuntimeError):
+    """The table's changelog already has records; bootstrapping on top would be inconsistent."""
+
+
+@dataclass
+class BootstrapResult:
+    """What a bootstrap wrote."""
+
+    table: str
+    changelog: str
+    partitions: int
+    records_read: int
+    keys: int
+    #: last changelog offset written per partition (absent: the partition is empty)
+    changelog_offsets: dict[int, int]
+    state_dir: str | None
+    committed_source_offsets: dict[int, int]
+    elapsed_s: float
+
+
+def bootstrap(
+    app: App,
+    table_name: str,
+    *,
+    source: Source,
+    mode: Mode = "changelog",
+    state_dir: str | Path | None = None,
+    changelog_bootstrap: str | None = None,
+    partitions: int | None = None,
+    commit_source_offsets: bool = True,
+    master: str = "local[*]",
+    spark: Any = None,
+    kafka_packages: str | None = None,
+    spark_conf: Mapping[str, str] | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    progress_interval: float = 2.0,
+) -> BootstrapResult:
+    """Build ``table_name``'s state from ``source`` (see the module docstring).
+
+    ``state_dir``: where ``mode="rocksdb"`` writes stores (default ``app.state_dir``); on a
+    cluster it must be a path the executors can write that the worker then uses.
+    ``changelog_bootstrap``: the broker holding the changelog (default: the Kafka source's,
+    else the app's).
+    """
+    from pyspark.sql import functions as F
+
+    from streamjoin.runtime.admin import TopicSpec
+    from streamjoin.spark.kafka_io import (
+        _run,
+        commit_group_offsets,
+        offset_bounds,
+        partition_counts,
+    )
+    from streamjoin.spark.partitioning import with_kafka_partition
+    from streamjoin.spark.session import get_session
+
+    if mode not in ("changelog", "rocksdb"):
+        raise ValueError(f"mode must be 'changelog' or 'rocksdb', got {mode!r}")
+    table = app.tables.get(table_name)
+    if table is None:
+        known = ", ".join(sorted(app.tables)) or "none"
+        raise LookupError(f"app {app.id!r} has no table {table_name!r} (tables: {known})")
+    topic = app.table_sources.get(table_name)
+    if topic is None:
+        raise UnsupportedTable(
+            f"table {table_name!r} is not materialized from a topic; bootstrap supports tables "
+            "declared with app.topic_table(topic), whose state is the latest value per key"
+        )
+    kafka_source = source if isinstance(source, KafkaSource) else None
+    broker = changelog_bootstrap or (
+        kafka_source.bootstrap_servers if kafka_source is not None else app.broker
+    )
+    options = dict(app.client_options)
+
+    # partition count: the source topic's (Kafka), else declared, else given
+    count = partitions or topic.partitions
+    source_ends: dict[int, int] = {}
+    if kafka_source is not None:
+        counts = partition_counts(kafka_source.bootstrap_servers, [topic.name], options)
+        if topic.name not in counts:
+            raise LookupError(f"topic {topic.name!r} does not exist")
+        if count is not None and count != counts[topic.name]:
+            raise ValueError(
+                f"{topic.name!r} has {counts[topic.name]} partitions, not the expected {count}"
+            )
+        count = counts[topic.name]
+        if kafka_source.ending_offsets == "latest":
+            _, ends = offset_bounds(kafka_source.bootstrap_servers, [topic.name], options)
+            source_ends = ends.get(topic.name, {})
+            source = kafka_source = KafkaSource(
+                kafka_source.bootstrap_servers,
+                kafka_source.starting_offsets,
+                {topic.name: source_ends},
+                kafka_source.start_timestamp_ms,
+                kafka_source.end_timestamp_ms,
+                kafka_source.options,
+            )
+        elif not isinstance(kafka_source.ending_offsets, str):
+            source_ends = dict(kafka_source.ending_offsets.get(topic.name, {}))
+    if count is None:
+        raise ValueError(f"the partition count of {topic.name!r} is not declared; pass partitions=")
+
+    # the changelog must exist with the same count, and be empty
+    changelog = table.changelog
+    from streamjoin.runtime.admin import ensure_topics
+
+    _run(
+        ensure_topics(
+            broker,
+            [
+                TopicSpec(
+                    changelog.name, count, changelog.replication_factor, dict(changelog.config)
+                )
+            ],
+            **options,
+        )
+    )
+    begin, end = offset_bounds(broker, [changelog.name], options)
+    used = {p: end[changelog.name][p] for p in end.get(changelog.name, {})}
+    if any(used[p] > begin[changelog.name][p] for p in used):
+        raise NonEmptyChangelog(
+            f"changelog {changelog.name!r} already holds records (end offsets {used}); "
+            "bootstrap a new app id, or delete the changelog topic first"
+        )
+    stores_root: Path | None = None
+    if mode == "rocksdb":
+        stores_root = Path(state_dir if state_dir is not None else app.state_dir).resolve()
+        existing = stores_root / "tables" / table_name
+        if existing.exists() and any(existing.iterdir()):
+            raise FileExistsError(f"{existing} already holds stores; use an empty state dir")
+
+    if spark is None:
+        spark = get_session(
+            master,
+            app_name=f"streamjoin bootstrap {app.id}:{table_name}",
+            kafka=kafka_source is not None,
+            kafka_packages=kafka_packages,
+            conf=spark_conf,
+        )
+    sc = spark.sparkContext
+    counters = Counters(sc)
+    verify = kafka_source is not None
+    key_codec, value_codec = table.key_codec, table.value_codec
+    changelog_name = changelog.name
+    nparts = count
+
+    df = load_records(spark, source, [topic.name]).where(F.col("key").isNotNull())
+    keyed = with_kafka_partition(df, count).withColumn("ordinal", F.monotonically_increasing_id())
+    rows = keyed.select("kpart", "key", "offset", "timestamp_ms", "ordinal", "value", "partition")
+
+    def keyed_pair(r: Any) -> tuple[tuple[int, bytes], tuple[tuple[int, int, int], Any]]:
+        kpart, key, offset, ts, ordinal, value, src = r
+        if verify and src != kpart:
+            raise PartitioningMismatch(
+                f"{_MISMATCH_TAG}: {changelog_name}: record at partition {src} offset {offset} "
+                f"has key {bytes(key)[:40]!r}, which murmur2 places in partition {kpart} of "
+                f"{nparts}: the topic was not written with Kafka's keyed partitioner"
+            )
+        order = (-1 if offset is None else offset, ts, ordinal)
+        return (kpart, bytes(key)), (order, None if value is None else bytes(value))
+
+    def latest(a: Any, b: Any) -> Any:
+        return a if a[0] >= b[0] else b
+
+    reduced = rows.rdd.map(keyed_pair).reduceByKey(
+        latest, numPartitions=count, partitionFunc=lambda k: k[0]
+    )
+    root = None if stores_root is None else str(stores_root)
+
+    def task(index: int, items: Iterator[Any]) -> Iterator[tuple[int, int, int, int]]:
+        from streamjoin.spark.kafka_io import TaskProducer
+
+        live: dict[bytes, bytes] = {}
+        seen = 0
+        for (_kpart, key), (_order, value) in items:
+            seen += 1
+            if value is None:
+                continue  # deleted: a fresh changelog needs no tombstone
+            encoded_key = key_codec.dumps(key_codec.loads(key))
+            encoded_value = value_codec.dumps(value_codec.loads(value))
+            if encoded_key is None or encoded_value is None:
+                continue
+            live[encoded_key] = encoded_value
+        producer = TaskProducer(broker, options)
+        try:
+            for key in sorted(live):
+                producer.send(changelog_name, index, key, live[key], None)
+            last = producer.flush().get(index, -1)
+        finally:
+            producer.close()
+        if root is not None and live:
+            from streamjoin.state.rocksdb import RocksDBStorePartition
+
+            path = Path(root) / "tables" / table_name / str(index)
+            store = RocksDBStorePartition(path, table=table_name, partition=index)
+            try:
+                keys = sorted(live)
+                for start in range(0, len(keys), _CHUNK):
+                    chunk = {k: live[k] for k in keys[start : start + _CHUNK]}
+                    final = start + _CHUNK >= len(keys)
+                    store.write(chunk, last if final else None)
+            finally:
+                store.close()
+        counters.records.add(seen)
+        counters.outputs.add(len(live))
+        counters.partitions.add(1)
+        yield index, seen, len(live), last
+
+    reporter = ProgressReporter(
+        f"bootstrap {table_name}", counters, count, progress, progress_interval
+    )
+    sc.setJobDescription(f"streamjoin bootstrap {app.id}:{table_name} ({mode})")
+    try:
+        with reporter:
+            written = reduced.mapPartitionsWithIndex(task).collect()
+    except Exception as exc:
+        _rethrow_mismatch(exc)
+        raise
+    finally:
+        sc.setJobDescription(None)
+    offsets = {p: last for p, _, n, last in written if n and last >= 0}
+    committed: dict[int, int] = {}
+    if commit_source_offsets and kafka_source is not None and source_ends:
+        commit_group_offsets(
+            kafka_source.bootstrap_servers, app.id, {topic.name: source_ends}, options
+        )
+        committed = dict(source_ends)
+    return BootstrapResult(
+        table_name,
+        changelog_name,
+        count,
+        sum(seen for _, seen, _, _ in written),
+        sum(n for _, _, n, _ in written),
+        offsets,
+        root,
+        committed,
+        reporter.snapshot(finished=True).elapsed_s,
+    )

@@ -1,0 +1,102 @@
+"""Building the SparkSession: local by default, Kafka connector resolved from Maven Central.
+
+The connector must match the Spark version it runs on, so the default
+coordinates are derived from the installed PySpark. When that release of the
+connector is not published (yet) set ``STREAMJOIN_SPARK_KAFKA_PACKAGES`` (or
+pass ``kafka_packages=``/``--kafka-packages``) to coordinates that are;
+``spark.*`` settings can be added with ``STREAMJOIN_SPARK_CONF`` (``k=v;k=v``)
+or ``conf=``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from streamjoin.spark._deps import require_pyspark
+
+__all__ = [
+    "KAFKA_PACKAGES_ENV",
+    "SPARK_CONF_ENV",
+    "default_kafka_packages",
+    "get_session",
+    "ivy_cache_dir",
+]
+
+KAFKA_PACKAGES_ENV = "STREAMJOIN_SPARK_KAFKA_PACKAGES"
+SPARK_CONF_ENV = "STREAMJOIN_SPARK_CONF"
+SCALA_BINARY = "2.13"
+
+
+def default_kafka_packages() -> str:
+    """``spark-sql-kafka-0-10`` for the installed PySpark, unless the environment overrides it."""
+    override = os.environ.get(KAFKA_PACKAGES_ENV)
+    if override:
+        return override
+    pyspark = require_pyspark()
+    return f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{pyspark.__version__}"
+
+
+def ivy_cache_dir() -> Path:
+    """Per-user Ivy cache, so the connector is downloaded once, not per job."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "streamjoin" / "ivy"
+
+
+def _env_conf() -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for item in os.environ.get(SPARK_CONF_ENV, "").split(";"):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def _ship_driver_path_to_local_workers(master: str) -> None:
+    """Local Python workers are started by the JVM, which inherits our environment: give them
+    the driver's import path so user modules (``-A module:app``) import there too."""
+    if not master.startswith("local"):
+        return
+    entries = [p for p in sys.path if p and os.path.isdir(p)]
+    entries.insert(0, os.getcwd())
+    current = os.environ.get("PYTHONPATH", "")
+    merged = list(dict.fromkeys([*entries, *filter(None, current.split(os.pathsep))]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(merged)
+
+
+def get_session(
+    master: str = "local[*]",
+    *,
+    app_name: str = "streamjoin",
+    kafka: bool = True,
+    kafka_packages: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> Any:
+    """A SparkSession (the active one if there is one: Spark allows one per process).
+
+    ``kafka`` adds the Kafka connector to ``spark.jars.packages``; it only takes
+    effect when this call starts the JVM.
+    """
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    _ship_driver_path_to_local_workers(master)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings: dict[str, str] = {
+        "spark.sql.shuffle.partitions": "8" if master.startswith("local") else "200",
+        "spark.jars.ivy": str(ivy_cache_dir()),
+        "spark.python.worker.reuse": "true",
+    }
+    if kafka:
+        settings["spark.jars.packages"] = kafka_packages or default_kafka_packages()
+    settings.update(_env_conf())
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

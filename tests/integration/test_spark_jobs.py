@@ -1,0 +1,201 @@
+"""Spark jobs on the real broker: the demo join's backfill equals expected_joins; a
+bootstrapped table is served by a worker that replays nothing from its changelog."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+import streamjoin
+from examples.ad_monetization import ad_clicks
+from examples.ad_traffic import GRACE_MS, WINDOW_MS, generate
+from streamjoin.partitioner import partition_for_key
+from streamjoin.runtime.admin import TopicSpec, ensure_topics
+
+pytestmark = pytest.mark.spark
+PARTITIONS = 10
+
+
+def demo_app(bootstrap: str, unique_topic: Callable[..., str]) -> streamjoin.App:
+    """The ad-monetization join (same function, window, grace) on this test's topics."""
+    app = streamjoin.App(unique_topic("adm"), broker=f"kafka://{bootstrap}")
+    imp = app.topic(unique_topic("imp"), key_serializer="str", partitions=PARTITIONS)
+    clk = app.topic(unique_topic("clk"), key_serializer="str", partitions=PARTITIONS)
+    out = app.topic(unique_topic("att"), key_serializer="str", partitions=PARTITIONS)
+    app.join(
+        imp,
+        clk,
+        window=timedelta(milliseconds=WINDOW_MS),
+        grace=timedelta(milliseconds=GRACE_MS),
+        output=out,
+        name="ad_clicks",
+    )(ad_clicks)
+    return app
+
+
+async def produce(
+    bootstrap: str, records: list[tuple[str, str, bytes | None, int | None, int | None]]
+) -> None:
+    """(topic, key, value, timestamp_ms, partition) in order; partition None: keyed (murmur2)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for topic, key, value, ts, partition in records:
+            await producer.send(
+                topic, value, key=key.encode(), timestamp_ms=ts, partition=partition
+            )
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes, int]]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    out: list[tuple[int, bytes, bytes, int]] = []
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=1500)
+            if not batch:
+                return out
+            for records in batch.values():
+                out.extend((r.partition, r.key, r.value, r.timestamp) for r in records)
+    finally:
+        await consumer.stop()
+
+
+async def test_backfill_of_the_demo_join_produces_exactly_the_expected_joins(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    from streamjoin.spark.backfill import KafkaSink, backfill
+    from streamjoin.spark.sources import KafkaSource
+    from streamjoin.spark.testing import shared_test_session
+
+    app = demo_app(kafka_bootstrap, unique_topic)
+    decl = app.joins["ad_clicks"]
+    await ensure_topics(
+        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (decl.left, decl.right)]
+    )
+    traffic = generate(1500, seed=11)
+    names = {"impressions": decl.left.name, "clicks": decl.right.name}
+    await produce(
+        kafka_bootstrap,
+        [
+            (names[r.topic], r.key, json.dumps(r.value).encode(), r.timestamp_ms, None)
+            for r in traffic.records
+        ],
+    )
+    spark = await asyncio.to_thread(shared_test_session)
+    result = await asyncio.to_thread(
+        backfill,
+        app,
+        "ad_clicks",
+        source=KafkaSource(kafka_bootstrap),
+        output=KafkaSink(decl.output.name),
+        spark=spark,
+    )
+    out = await read_topic(kafka_bootstrap, decl.output.name)
+    got = Counter(
+        (v["auction_id"], v["impression_id"], v["click_id"])
+        for v in (json.loads(value) for _, _, value, _ in out)
+    )
+    assert set(got) == traffic.expected_joins
+    assert sum(got.values()) == len(traffic.expected_joins)  # no duplicates
+    assert all(p == partition_for_key(k, PARTITIONS) for p, k, _, _ in out)
+    assert result.records_read == len(traffic.records) and result.late == 0
+
+
+async def test_backfill_refuses_topics_not_partitioned_by_murmur2(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from streamjoin.spark.backfill import FileSink, PartitioningMismatch, backfill
+    from streamjoin.spark.sources import KafkaSource
+    from streamjoin.spark.testing import shared_test_session
+
+    app = demo_app(kafka_bootstrap, unique_topic)
+    decl = app.joins["ad_clicks"]
+    await ensure_topics(
+        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (decl.left, decl.right)]
+    )
+    key = "auction-x"
+    wrong = (partition_for_key(key.encode(), PARTITIONS) + 1) % PARTITIONS
+    await produce(kafka_bootstrap, [(decl.left.name, key, b"{}", None, wrong)])
+    spark = await asyncio.to_thread(shared_test_session)
+    with pytest.raises(PartitioningMismatch, match="murmur2 places in partition"):
+        await asyncio.to_thread(
+            backfill,
+            app,
+            "ad_clicks",
+            source=KafkaSource(kafka_bootstrap),
+            output=FileSink(str(tmp_path / "out")),
+            spark=spark,
+        )
+
+
+async def test_bootstrapped_table_is_served_without_changelog_replay(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from streamjoin.spark.bootstrap import bootstrap
+    from streamjoin.spark.sources import KafkaSource
+    from streamjoin.spark.testing import shared_test_session
+
+    partitions = 4
+    state_dir = tmp_path / "state"
+    app = streamjoin.App(
+        unique_topic("boot"),
+        broker=f"kafka://{kafka_bootstrap}",
+        state_dir=state_dir,
+        commit_interval=0.2,
+    )
+    source = app.topic(unique_topic("profiles"), key_serializer="str", partitions=partitions)
+    table = app.topic_table(source, name="profiles")
+    await ensure_topics(kafka_bootstrap, [TopicSpec(source.name, partitions)])
+    history: list[tuple[str, str, bytes | None, int | None, int | None]] = []
+    expected: dict[str, dict[str, int]] = {}
+    for version in range(3):
+        for i in range(60):
+            user = f"user-{i}"
+            if version == 2 and i % 5 == 0:
+                history.append((source.name, user, None, None, None))  # deleted
+                expected.pop(user, None)
+            else:
+                value = {"user": i, "version": version}
+                history.append((source.name, user, json.dumps(value).encode(), None, None))
+                expected[user] = value
+    await produce(kafka_bootstrap, history)
+
+    spark = await asyncio.to_thread(shared_test_session)
+    result = await asyncio.to_thread(
+        bootstrap,
+        app,
+        "profiles",
+        source=KafkaSource(kafka_bootstrap),
+        mode="rocksdb",
+        state_dir=state_dir,
+        spark=spark,
+    )
+    assert result.records_read == 60 and result.keys == len(expected)
+    assert sum(result.committed_source_offsets.values()) == len(history)
+
+    async with app:
+        deadline = time.monotonic() + 60
+        while table.ready != set(range(partitions)):
+            assert time.monotonic() < deadline, "table partitions never became ready"
+            await asyncio.sleep(0.2)
+        runner = app._runner
+        assert runner is not None and runner.state_service is not None  # type: ignore[attr-defined]
+        assert runner.state_service.restored_records == 0  # type: ignore[attr-defined]
+        for user, value in expected.items():
+            assert table.get(user) == value
+        for i in range(0, 60, 5):
+            assert table.get(f"user-{i}") is None

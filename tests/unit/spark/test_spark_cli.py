@@ -1,0 +1,95 @@
+"""The backfill/bootstrap click commands: help, argument checks, a file backfill end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import streamjoin
+from examples.ad_traffic import generate
+from streamjoin.spark.bootstrap import UnsupportedTable, bootstrap
+from streamjoin.spark.cli import backfill_command, bootstrap_command, is_path, parse_time
+from streamjoin.spark.sources import FileSource
+
+
+@click.group()
+def cli() -> None:
+    """Stand-in for the main CLI group."""
+
+
+cli.add_command(backfill_command)
+cli.add_command(bootstrap_command)
+
+
+def test_help_documents_both_commands() -> None:
+    runner = CliRunner()
+    backfill_help = runner.invoke(cli, ["backfill", "--help"]).output
+    assert "--from-kafka" in backfill_help and "--output TOPIC|PATH" in backfill_help
+    bootstrap_help = runner.invoke(cli, ["bootstrap", "--help"]).output
+    assert "--mode [changelog|rocksdb]" in bootstrap_help
+
+
+def test_exactly_one_source_is_required() -> None:
+    result = CliRunner().invoke(
+        cli, ["backfill", "-A", "examples.ad_monetization:app", "ad_clicks", "--output", "x"]
+    )
+    assert result.exit_code != 0 and "exactly one of --from-kafka" in result.output
+
+
+def test_parsers() -> None:
+    assert parse_time("1767225600000") == 1767225600000
+    assert parse_time("2026-01-01T00:00:00") == 1767225600000
+    assert is_path("out/joined") and is_path("x.parquet") and not is_path("attributed")
+
+
+def test_bootstrap_refuses_tables_not_read_from_a_topic() -> None:
+    app = streamjoin.App("boot-unit")
+    app.table("counts", default=int)
+    with pytest.raises(UnsupportedTable, match="topic_table"):
+        bootstrap(app, "counts", source=FileSource(["nowhere.json"]))
+
+
+@pytest.mark.spark
+def test_cli_backfill_from_files(tmp_path: Path) -> None:
+    from streamjoin.spark.testing import shared_test_session
+
+    shared_test_session()  # the command reuses the active session
+    traffic = generate(100, seed=2)
+    source = tmp_path / "history.json"
+    source.write_text(
+        "".join(
+            json.dumps(
+                {"topic": r.topic, "key": r.key, "value": r.value, "timestamp": r.timestamp_ms}
+            )
+            + "\n"
+            for r in traffic.records
+        )
+    )
+    out = tmp_path / "joined"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "backfill",
+            "-A",
+            "examples.ad_monetization:app",
+            "ad_clicks",
+            "--input",
+            str(source),
+            "--output",
+            str(out),
+            "--output-format",
+            "json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"-> {len(traffic.expected_joins)} outputs" in result.output
+    got = {
+        (v["auction_id"], v["impression_id"], v["click_id"])
+        for f in out.glob("*.json")
+        for v in (json.loads(json.loads(line)["value"]) for line in f.read_text().splitlines())
+    }
+    assert got == traffic.expected_joins
