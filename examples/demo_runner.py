@@ -96,11 +96,22 @@ async def wait_members(bootstrap: str, count: int, timeout: float = 90) -> float
     raise TimeoutError(f"the group never reached {count} stable members")
 
 
-async def produce(bootstrap: str, traffic: Traffic, start: int, end: int) -> None:
+async def produce(bootstrap: str, traffic: Traffic, start: int, end: int, speedup: float) -> None:
+    """Produce records ``start:end`` in arrival order, replaying event time ``speedup`` times
+    faster than real time (a burst with no pacing would compress minutes of event time
+    into milliseconds, far tighter than any real producer and any grace period)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
+    records = traffic.records[start:end]
     try:
-        for rec in traffic.records[start:end]:
+        began = time.monotonic()
+        first_ts = records[0].timestamp_ms if records else 0
+        clock_ts = first_ts
+        for rec in records:
+            clock_ts = max(clock_ts, rec.timestamp_ms)
+            ahead = (clock_ts - first_ts) / 1000 / speedup - (time.monotonic() - began)
+            if ahead > 0.005:
+                await asyncio.sleep(ahead)
             await producer.send(
                 rec.topic,
                 json.dumps(rec.value, sort_keys=True, separators=(",", ":")).encode(),
@@ -146,7 +157,7 @@ async def read_output(bootstrap: str) -> list[dict[str, str]]:
         await consumer.stop()
 
 
-async def run(bootstrap: str, auctions: int, workdir: Path) -> int:
+async def run(bootstrap: str, auctions: int, workdir: Path, seconds: float) -> int:
     await ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in (*INPUTS, OUTPUT)])
     traffic = generate(auctions)
     say(
@@ -161,20 +172,30 @@ async def run(bootstrap: str, auctions: int, workdir: Path) -> int:
         await wait_members(bootstrap, 3)
         half = len(traffic.records) // 2
         say(f"producing the first {half} records")
-        await produce(bootstrap, traffic, 0, half)
+        span_s = (traffic.records[-1].timestamp_ms - traffic.records[0].timestamp_ms) / 1000
+        speedup = max(1.0, span_s / seconds)
+        say(
+            f"replaying {span_s / 60:.0f} min of event time {speedup:.0f}x faster than real time"
+        )
+        await produce(bootstrap, traffic, 0, half, speedup)
         await asyncio.sleep(1.0)
         say("stopping worker w3 (SIGTERM) mid-stream")
         stopped = time.monotonic()
         code = workers[2].stop()
         resume = await wait_members(bootstrap, 2)
         resumed_after = time.monotonic() - stopped
-        say(
-            f"w3 exited with code {code}; 2 workers resumed after {resumed_after:.1f}s"
-        )
+        say(f"w3 exited with code {code}; 2 workers resumed after {resumed_after:.1f}s")
         say(f"producing the remaining {len(traffic.records) - half} records")
-        await produce(bootstrap, traffic, half, len(traffic.records))
+        await produce(bootstrap, traffic, half, len(traffic.records), speedup)
         await wait_processed(bootstrap)
         output = await read_output(bootstrap)
+    except BaseException:
+        for w in workers:
+            print(
+                f"--- last lines of worker {w.name}'s log:\n"
+                + "\n".join(w.log().splitlines()[-15:])
+            )
+        raise
     finally:
         for w in workers:
             w.stop()
@@ -198,6 +219,7 @@ async def run(bootstrap: str, auctions: int, workdir: Path) -> int:
     print("rebalances (leader's view):")
     for epoch, members, moved, minimum in sorted(set(rebalances)):
         print(f"  epoch {epoch}: {members} members, {moved} tasks moved (minimum {minimum})")
+    (workdir / "missing-joins.json").write_text(json.dumps(sorted(missing), indent=0))
     ok = not missing and not unexpected
     print("result:", "CORRECT" if ok else "WRONG")
     return 0 if ok else 1
@@ -206,9 +228,20 @@ async def run(bootstrap: str, auctions: int, workdir: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--auctions", type=int, default=20_000, help="impressions to generate")
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="wall time to replay the traffic over"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep worker logs and state here (default: a temp dir)",
+    )
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="streamjoin-demo-") as tmp,
         LocalKafka(progress=say) as kafka,
     ):
-        return asyncio.run(run(kafka.bootstrap_servers, args.auctions, Path(tmp)))
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return asyncio.run(run(kafka.bootstrap_servers, args.auctions, workdir, args.seconds))

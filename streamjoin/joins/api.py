@@ -66,6 +66,9 @@ class StreamStreamJoinDecl:
     left_timestamp: TimestampExtractor | None = None
     right_timestamp: TimestampExtractor | None = None
     emitted: int = 0
+    #: inputs dropped because their window had closed / accepted beyond the grace period
+    late: int = 0
+    beyond_grace: int = 0
 
     async def handle(self, side: Literal["left", "right"], event: Event) -> None:
         record = current_record()
@@ -80,6 +83,18 @@ class StreamStreamJoinDecl:
         outputs = core.process(
             JoinInput(side, record.key, record.value or b"", timestamp, event.offset)
         )
+        if core.stats.late or core.stats.beyond_grace:
+            self.late += core.stats.late
+            self.beyond_grace += core.stats.beyond_grace
+            log.warning(
+                "join %s: %s (event time %d) is %s; stream time of partition %d is %s",
+                self.name,
+                event.position,
+                timestamp,
+                "late and dropped" if core.stats.late else "beyond the grace period",
+                event.partition,
+                core.stream_time_ms,
+            )
         for out in outputs:
             await self._emit(out)
 

@@ -8,7 +8,9 @@ arrived. Like Kafka Streams, the aligner buffers fetched records per topic
 partition and releases, for each partition number of a group, always the
 buffered record with the lowest timestamp, but only while every topic of the
 group has a buffered record, or the empty ones are known to be caught up (no
-more data to fetch), or the group waited longer than ``max_idle_ms``.
+more data to fetch, according to a fetch answered *after* the group started
+waiting, so a stale "empty" answer cannot let one side run ahead), or the group
+waited longer than ``max_idle_ms``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class TimestampAligner:
         self._buffers: dict[TopicPartition, deque[RawRecord]] = {}
         self._blocked_since: dict[tuple[int, int], float] = {}
         self.max_idle_ms = max_idle_ms
+        #: (topic, partition) whose data was not waited for any longer (max idle reached);
+        #: the runtime logs and clears it
+        self.forced: list[TopicPartition] = []
 
     def aligned(self, topic: str) -> bool:
         return topic in self._group_of
@@ -62,8 +67,14 @@ class TimestampAligner:
         }
         return sorted(keys)
 
-    def release(self, caught_up: Callable[[str, int], bool], now_ms: float) -> list[RawRecord]:
-        """Records that may be processed now, in per-partition timestamp order."""
+    def release(
+        self, caught_up: Callable[[str, int, float], bool], now_ms: float
+    ) -> list[RawRecord]:
+        """Records that may be processed now, in per-partition timestamp order.
+
+        ``caught_up(topic, partition, since_ms)``: True when the partition has nothing left
+        to fetch according to information newer than ``since_ms`` (when the wait began).
+        """
         out: list[RawRecord] = []
         for group_index, partition in self._pending_groups():
             topics = self._groups[group_index]
@@ -75,10 +86,11 @@ class TimestampAligner:
                     break
                 if len(heads) < len(buffers):
                     missing = [t for t, b in zip(topics, buffers, strict=True) if not b]
-                    if not all(caught_up(t, partition) for t in missing):
-                        since = self._blocked_since.setdefault(key, now_ms)
+                    since = self._blocked_since.setdefault(key, now_ms)
+                    if not all(caught_up(t, partition, since) for t in missing):
                         if now_ms - since < self.max_idle_ms:
                             break  # wait for the other side's data
+                        self.forced.append((missing[0], partition))
                 self._blocked_since.pop(key, None)
                 first = min(heads, key=lambda b: (b[0].timestamp, b[0].topic, b[0].offset))
                 out.append(first.popleft())

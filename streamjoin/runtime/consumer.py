@@ -175,19 +175,33 @@ class KafkaConsumerService(Service):
         return True
 
     async def _release_aligned(self, consumer: AIOKafkaConsumer, epoch: int) -> None:
-        caught_up: dict[tuple[str, int], bool] = {}
+        # For each empty partition holding a group back: when aiokafka last heard from the
+        # broker about it, and whether it had fetched everything up to the high watermark.
+        fetched_all_at: dict[tuple[str, int], float | None] = {}
         for topic, partition in self._aligner.waiting_on():
             tp = TopicPartition(topic, partition)
             try:
                 highwater = consumer.highwater(tp)
-                caught_up[(topic, partition)] = (
-                    highwater is not None and await consumer.position(tp) >= highwater
-                )
+                polled = consumer.last_poll_timestamp(tp)
+                at_end = highwater is not None and await consumer.position(tp) >= highwater
+                fetched_all_at[(topic, partition)] = float(polled) if at_end and polled else None
             except (IllegalStateError, KafkaError, AssertionError):
-                caught_up[(topic, partition)] = True  # not ours: nothing to wait for
-        released = self._aligner.release(
-            lambda t, p: caught_up.get((t, p), True), time.monotonic() * 1000
-        )
+                fetched_all_at[(topic, partition)] = float("inf")  # not ours: never wait
+
+        def caught_up(topic: str, partition: int, since_ms: float) -> bool:
+            at = fetched_all_at.get((topic, partition), float("inf"))
+            return at is not None and at >= since_ms
+
+        released = self._aligner.release(caught_up, time.time() * 1000)
+        for topic, partition in dict.fromkeys(self._aligner.forced):
+            log.warning(
+                "no data from %s[%d] for %.1fs: processing its co-partitioned topics without "
+                "waiting for it (events it delivers later may be late for joins)",
+                topic,
+                partition,
+                self._aligner.max_idle_ms / 1000,
+            )
+        self._aligner.forced.clear()
         await self._dispatch(released, epoch)
         for tp, reasons in list(self._pauses.items()):
             if "align" in reasons and self._aligner.buffered((tp.topic, tp.partition)) < _ALIGN_LOW:

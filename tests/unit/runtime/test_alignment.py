@@ -13,11 +13,11 @@ def rec(topic: str, offset: int, ts: int, partition: int = 0) -> RawRecord:
     return RawRecord(topic, partition, offset, ts, b"k", b"v")
 
 
-def never(topic: str, partition: int) -> bool:
+def never(topic: str, partition: int, since: float) -> bool:
     return False
 
 
-def always(topic: str, partition: int) -> bool:
+def always(topic: str, partition: int, since: float) -> bool:
     return True
 
 
@@ -79,7 +79,20 @@ def test_each_topic_keeps_its_order_and_the_merge_is_sorted_when_caught_up(
             aligner.add(right_records[ri : ri + n])
             ri += n
         done = {"l": li >= len(left_records), "r": ri >= len(right_records)}
-        released += aligner.release(lambda t, p, done=done: done[t], 0)
+        released += aligner.release(lambda t, p, since, done=done: done[t], 0)
     released += aligner.release(always, 0)
     assert sorted(released, key=lambda r: (r.timestamp, r.topic, r.offset)) == released
     assert len(released) == len(left) + len(right)
+
+
+def test_caught_up_must_be_newer_than_the_wait() -> None:
+    aligner = TimestampAligner([("imp", "clk")], max_idle_ms=10_000)
+    polled_at = {"clk": 5.0}  # the last answer for clicks predates the wait
+
+    def fresh(topic: str, partition: int, since: float) -> bool:
+        return polled_at[topic] >= since
+
+    aligner.add([rec("imp", 0, 10)])
+    assert aligner.release(fresh, 100) == []
+    polled_at["clk"] = 150.0  # a fetch answered after the wait began: really caught up
+    assert [r.timestamp for r in aligner.release(fresh, 200)] == [10]
