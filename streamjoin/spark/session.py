@@ -1,9 +1,10 @@
 """Building the SparkSession: local by default, Kafka connector resolved from Maven Central.
 
-The connector must match the Spark version it runs on, so the default
-coordinates are derived from the installed PySpark. When that release of the
-connector is not published (yet) set ``STREAMJOIN_SPARK_KAFKA_PACKAGES`` (or
-pass ``kafka_packages=``/``--kafka-packages``) to coordinates that are;
+By default the connector's jars are resolved with Maven into the streamjoin cache
+(``streamjoin.spark.connector``: the release matching the installed PySpark, or
+the newest published one). To use other coordinates through Spark's own
+resolver, set ``STREAMJOIN_SPARK_KAFKA_PACKAGES`` (or pass
+``kafka_packages=``/``--kafka-packages``);
 ``spark.*`` settings can be added with ``STREAMJOIN_SPARK_CONF`` (``k=v;k=v``)
 or ``conf=``.
 """
@@ -38,6 +39,15 @@ def default_kafka_packages() -> str:
         return override
     pyspark = require_pyspark()
     return f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{pyspark.__version__}"
+
+
+def default_kafka_jars() -> list[Path]:
+    """The connector for the installed PySpark, resolved with Maven into our cache."""
+    from streamjoin.spark.connector import kafka_connector_jars
+
+    pyspark = require_pyspark()
+    jars = Path(pyspark.__file__ or ".").parent / "jars"
+    return kafka_connector_jars(pyspark.__version__, jars if jars.is_dir() else None)
 
 
 def ivy_cache_dir() -> Path:
@@ -94,7 +104,11 @@ def get_session(
         "spark.python.worker.reuse": "true",
     }
     if kafka:
-        settings["spark.jars.packages"] = kafka_packages or default_kafka_packages()
+        packages = kafka_packages or os.environ.get(KAFKA_PACKAGES_ENV)
+        if packages:
+            settings["spark.jars.packages"] = packages
+        else:
+            settings["spark.jars"] = ",".join(str(j) for j in default_kafka_jars())
     settings.update(_env_conf())
     settings.update(conf or {})
     for key, value in settings.items():
