@@ -154,6 +154,15 @@ class App:
 
     # ------------------------------------------------------------------ declarations
 
+    def _codecs(
+        self, key: str | Codec | type | None, value: str | Codec | type | None
+    ) -> tuple[Codec, Codec]:
+        """The codecs for a declaration; None means the app's defaults."""
+        return (
+            self.key_codec if key is None else resolve_codec(key),
+            self.value_codec if value is None else resolve_codec(value),
+        )
+
     def topic(
         self,
         name: str,
@@ -168,10 +177,7 @@ class App:
         object if the declarations agree, and is an error if they conflict."""
         if partitions is not None and partitions < 1:
             raise ConfigurationError(f"topic {name!r}: partitions must be >= 1, got {partitions}")
-        key_codec = self.key_codec if key_serializer is None else resolve_codec(key_serializer)
-        value_codec = (
-            self.value_codec if value_serializer is None else resolve_codec(value_serializer)
-        )
+        key_codec, value_codec = self._codecs(key_serializer, value_serializer)
         existing = self.topics.get(name)
         if existing is not None:
             if partitions is not None and existing.partitions not in (None, partitions):
@@ -294,29 +300,14 @@ class App:
             partitions=count,
             config=config,
         )
-        key_codec = self.key_codec if key_serializer is None else resolve_codec(key_serializer)
-        value_codec = (
-            self.value_codec if value_serializer is None else resolve_codec(value_serializer)
-        )
+        key_codec, value_codec = self._codecs(key_serializer, value_serializer)
+        writer_names = frozenset(t.name for t in writer_topics)
         table: Table
         if window is None:
-            table = Table(
-                name,
-                key_codec,
-                value_codec,
-                changelog,
-                default=default,
-                writers=frozenset(t.name for t in writer_topics),
-            )
+            table = Table(name, key_codec, value_codec, changelog, default, writer_names)
         else:
             table = WindowedTable(
-                name,
-                key_codec,
-                value_codec,
-                changelog,
-                default=default,
-                writers=frozenset(t.name for t in writer_topics),
-                windows=window,
+                name, key_codec, value_codec, changelog, default, writer_names, windows=window
             )
         self.tables[name] = table
         if writer_topics:
