@@ -30,11 +30,12 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 # Reinstall only when the package metadata or the wanted extras change.
-stamp=".venv/.streamjoin-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
+hash="$(sha1sum < pyproject.toml | cut -c1-12)"
+stamp=".venv/.streamjoin-$hash-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
   echo "[bootstrap] installing streamjoin${extras:+[$extras]} into .venv" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
-  rm -f .venv/.streamjoin-*
+  find .venv -maxdepth 1 -name '.streamjoin-*' ! -name ".streamjoin-$hash-*" -delete
   touch "$stamp"
 fi
