@@ -221,8 +221,16 @@ class StateService(Service):
     # ------------------------------------------------------------------ public
 
     def lags(self) -> dict[str, dict[int, int]]:
-        """Per changelog topic and partition, how far each local store is behind."""
-        return {t: dict(ps) for t, ps in self._lags.items()}
+        """Per changelog topic and partition, how far each local store is behind.
+
+        Stores on disk come from the periodic refresh; partitions active and restored
+        here are caught up by definition, even before the next refresh sees them.
+        """
+        out = {t: dict(ps) for t, ps in self._lags.items()}
+        for table in self.stores.tables.values():
+            for partition in table.ready:
+                out.setdefault(table.changelog.name, {})[partition] = 0
+        return out
 
     def set_assignment(
         self, active: Mapping[str, set[int]], standby: Mapping[str, set[int]]

@@ -68,6 +68,10 @@ class BrokerStartError(KafkaProvisioningError):
     """The broker process exited or did not answer metadata requests in time."""
 
 
+class BrokerExitedError(BrokerStartError):
+    """The broker process exited during startup (e.g. a port was taken meanwhile)."""
+
+
 def _quiet(_: str) -> None:
     """Default progress sink: say nothing."""
 
@@ -494,47 +498,32 @@ class LocalKafka:
         else:
             self.workdir = self._requested_data_dir
             self.workdir.mkdir(parents=True, exist_ok=True)
-        broker_port = self._requested_port or free_port()
-        controller_port = free_port(exclude=frozenset({broker_port}))
-        self.settings = BrokerSettings(
-            broker_port=broker_port,
-            controller_port=controller_port,
-            log_dir=self.workdir / "data",
-            overrides=self._overrides,
-        )
-        props = self.workdir / "server.properties"
-        props.write_text(render_server_properties(self.settings))
-        log4j = self.workdir / "log4j2.properties"
-        log4j.write_text(render_log4j2_config(self.workdir / "broker.log"))
-        self._format_storage(java, classpath, props, log4j)
-        self._progress(f"Starting Apache Kafka {self.version} on {self.settings.bootstrap_servers}")
-        started = time.monotonic()
-        with (self.workdir / "stdout.log").open("wb") as stdout:
-            self._proc = subprocess.Popen(
-                java_command(
-                    java,
-                    classpath,
-                    "kafka.Kafka",
-                    [str(props)],
-                    heap=self.heap,
-                    log4j_config=log4j,
-                ),
-                stdout=stdout,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-        try:
-            self._wait_ready(started)
-        except BaseException:
-            self.stop()
-            raise
+        # A free port can be taken by someone else between our probe and the broker's bind:
+        # retry with new ports when the broker dies at startup (not when it hangs).
+        attempts = 1 if self._requested_port else 3
+        for attempt in range(1, attempts + 1):
+            started = time.monotonic()
+            try:
+                self._launch(java, classpath)
+                self._wait_ready(started)
+                break
+            except BrokerExitedError as exc:
+                self.stop(cleanup=False)
+                if attempt == attempts:
+                    self._cleanup()
+                    raise
+                self._progress(f"broker exited during startup ({exc}); retrying with new ports")
+                if self._tmpdir is not None:  # our own scratch data only, never a user's dir
+                    shutil.rmtree(self.workdir / "data", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
         self._progress(
             f"Kafka ready at {self.bootstrap_servers} in {time.monotonic() - started:.1f}s"
         )
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, cleanup: bool = True) -> None:
         """Controlled shutdown (SIGTERM); SIGKILL if it hangs past ``shutdown_timeout``."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
@@ -544,6 +533,10 @@ class LocalKafka:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+        if cleanup:
+            self._cleanup()
+
+    def _cleanup(self) -> None:
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None
@@ -571,6 +564,39 @@ class LocalKafka:
         await asyncio.to_thread(self.stop)
 
     # -- internals
+
+    def _launch(self, java: str, classpath: list[Path]) -> None:
+        if self.workdir is None:
+            raise KafkaProvisioningError("no work directory")
+        broker_port = self._requested_port or free_port()
+        controller_port = free_port(exclude=frozenset({broker_port}))
+        self.settings = BrokerSettings(
+            broker_port=broker_port,
+            controller_port=controller_port,
+            log_dir=self.workdir / "data",
+            overrides=self._overrides,
+        )
+        props = self.workdir / "server.properties"
+        props.write_text(render_server_properties(self.settings))
+        log4j = self.workdir / "log4j2.properties"
+        log4j.write_text(render_log4j2_config(self.workdir / "broker.log"))
+        self._format_storage(java, classpath, props, log4j)
+        self._progress(f"Starting Apache Kafka {self.version} on {self.settings.bootstrap_servers}")
+        with (self.workdir / "stdout.log").open("wb") as stdout:
+            self._proc = subprocess.Popen(
+                java_command(
+                    java,
+                    classpath,
+                    "kafka.Kafka",
+                    [str(props)],
+                    heap=self.heap,
+                    log4j_config=log4j,
+                ),
+                stdout=stdout,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
 
     def _format_storage(self, java: str, classpath: list[Path], props: Path, log4j: Path) -> None:
         cmd = java_command(
@@ -606,7 +632,7 @@ class LocalKafka:
         while time.monotonic() < deadline:
             code = self._proc.poll()
             if code is not None:
-                raise BrokerStartError(
+                raise BrokerExitedError(
                     f"the Kafka broker exited with code {code} during startup:\n{self._log_tail()}"
                 )
             if _port_open(host, port) and broker_answers_metadata(self.settings.bootstrap_servers):

@@ -99,6 +99,10 @@ def test_dev_broker_cli_prints_address_and_stops_on_ctrl_c() -> None:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
+        if not line:
+            proc.wait(30)
+            stderr = proc.stderr.read() if proc.stderr is not None else ""
+            raise AssertionError(f"dev-broker exited with {proc.returncode}:\n{stderr}")
         assert line.startswith("bootstrap servers: 127.0.0.1:"), line
         address = line.split(": ", 1)[1].strip()
         assert broker_answers_metadata(address)
