@@ -12,6 +12,7 @@ service after assignment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -86,7 +87,7 @@ class KafkaConsumerService(Service):
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
             "partition_assignment_strategy": (assignor,),
-            "max_poll_records": 500,
+            "max_poll_records": 10_000,
             **client_options,
             **consumer_options,
         }
@@ -96,6 +97,10 @@ class KafkaConsumerService(Service):
         #: why each partition is paused ("restore": its tables are restoring, "align": the
         #: aligner holds enough of it); it is resumed when no reason is left
         self._pauses: dict[TopicPartition, set[str]] = {}
+        #: offset after the last record getmany handed us, per partition. aiokafka's own
+        #: position() can run ahead of that (it counts records fetched into its buffer but
+        #: not handed out yet), which would make a partition look caught up too early.
+        self._delivered_to: dict[TopicPartition, int] = {}
         self._commit_lock = asyncio.Lock()
 
     @property
@@ -142,8 +147,10 @@ class KafkaConsumerService(Service):
                 if self._blocked is not None and self._blocked(tp.topic, tp.partition):
                     # Its tables are still restoring: read these records again later.
                     consumer.seek(tp, records[0].offset)
+                    self._delivered_to.pop(tp, None)
                     self._pause(tp, "restore")
                     continue
+                self._delivered_to[tp] = records[-1].offset + 1
                 raws = [
                     RawRecord(
                         r.topic,
@@ -178,18 +185,38 @@ class KafkaConsumerService(Service):
         # For each empty partition holding a group back: when aiokafka last heard from the
         # broker about it, and whether it had fetched everything up to the high watermark.
         fetched_all_at: dict[tuple[str, int], float | None] = {}
+        stale: list[TopicPartition] = []
         for topic, partition in self._aligner.waiting_on():
             tp = TopicPartition(topic, partition)
             try:
                 highwater = consumer.highwater(tp)
                 polled = consumer.last_poll_timestamp(tp)
-                at_end = highwater is not None and await consumer.position(tp) >= highwater
-                fetched_all_at[(topic, partition)] = float(polled) if at_end and polled else None
+                delivered = self._delivered_to.get(tp)
+                if delivered is None:  # nothing handed out yet: aiokafka buffers nothing past it
+                    delivered = await consumer.position(tp)
             except (IllegalStateError, KafkaError, AssertionError):
                 fetched_all_at[(topic, partition)] = float("inf")  # not ours: never wait
+                continue
+            at_end = highwater is not None and delivered >= highwater
+            fetched_all_at[(topic, partition)] = float(polled) if at_end and polled else None
+            if at_end:
+                stale.append(tp)  # aiokafka may not refresh an idle partition's high watermark
+        if stale:
+            # Ask the broker directly: a fresh end offset settles whether there is more to read.
+            asked_at = time.time() * 1000
+            with contextlib.suppress(KafkaError, IllegalStateError):
+                ends = await consumer.end_offsets(stale)
+                for tp in stale:
+                    delivered = self._delivered_to.get(tp)
+                    if delivered is None:
+                        delivered = await consumer.position(tp)
+                    fresh_end = delivered >= ends[tp]
+                    fetched_all_at[(tp.topic, tp.partition)] = asked_at if fresh_end else None
 
         def caught_up(topic: str, partition: int, since_ms: float) -> bool:
-            at = fetched_all_at.get((topic, partition), float("inf"))
+            # A side that ran dry during this release was not looked at: assume it has more
+            # (the next round checks it properly).
+            at = fetched_all_at.get((topic, partition))
             return at is not None and at >= since_ms
 
         released = self._aligner.release(caught_up, time.time() * 1000)
@@ -269,6 +296,7 @@ class KafkaConsumerService(Service):
         self._runtime.forget((tp.topic, tp.partition) for tp in revoked)
         self._aligner.drop((tp.topic, tp.partition) for tp in revoked)
         self._pauses.clear()  # a new assignment starts unpaused
+        self._delivered_to.clear()
         self._assigned = set()
         if self._on_revoke is not None:
             self._on_revoke()
