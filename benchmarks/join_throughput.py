@@ -1,0 +1,640 @@
+"""Join throughput: one streamjoin worker vs faust-streaming and Quix Streams, same broker and data.
+
+    .venv/bin/python -m benchmarks.join_throughput                      # starts a local broker
+    .venv/bin/python -m benchmarks.join_throughput --bootstrap 127.0.0.1:PORT --json
+
+What it does, in one run:
+
+1. Generates ``--auctions`` auctions of ad traffic (``examples/ad_traffic.py``:
+   impressions and clicks keyed by auction id, out of order by up to 20 s, late
+   clicks, clicks without impressions) and produces them once, with their
+   event timestamps, into two fresh 10-partition topics.
+2. Runs each system in turn as ONE worker process, with its own consumer group
+   (so every system reads the same records from offset 0) and its own output
+   topic. Output topics use ``message.timestamp.type=LogAppendTime``, so each
+   output record carries the broker's time of arrival.
+
+   * ``streamjoin``: ``streamjoin worker -A benchmarks.join_streamjoin_app:app``, the
+     demo's windowed inner join (10 min window, 30 s grace) on RocksDB state with a
+     changelog.
+   * ``faust``: faust-streaming's nearest equivalent (``benchmarks/join_faust_app.py``):
+     an impressions Table looked up by the click agent (plus a pending-clicks Table
+     for clicks that arrive before their impression, so its answer is complete),
+     ``store=rocksdb://``. No windows, no expiry: it does less work than a join.
+   * ``faust-lookup``: the same without the pending-clicks Table (the least work
+     Faust can do; clicks that arrive early are lost, so its output is incomplete).
+   * ``quix``: Quix Streams' ``join_interval`` (``benchmarks/join_quix_app.py``).
+
+   The competitors run with the Python of their own virtual environments under
+   ``~/.cache/streamjoin/bench/join-venvs/`` (created here with ``python3 -m venv``
+   and ``pip install`` when missing; ``--no-install`` skips that).
+3. Measures, per system: ``seconds`` from the first input event reaching the app
+   (a mark the app writes) to the later of the last input event processed (a mark)
+   and the last output record's broker append time. Worker start-up (process
+   start to first event: imports, group join, topic checks, state open) is
+   reported apart as ``startup s``. joins/s = expected joins / seconds; input
+   events/s = input records / seconds.
+4. Checks the answer: the distinct (auction id, impression id, click id) triples
+   in the output topic must equal the generator's ``expected_joins`` exactly. A
+   fast wrong answer is reported as such and gets no ratio.
+
+Everything is bounded by ``--timeout`` per system, and every process started is
+stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from examples.ad_traffic import Traffic, generate
+from streamjoin.runtime.admin import TopicSpec, ensure_topics
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTITIONS = 10
+SYSTEMS = ("streamjoin", "faust", "faust-lookup", "quix")
+VENV_ROOT = Path.home() / ".cache" / "streamjoin" / "bench" / "join-venvs"
+#: venv name -> pip requirements
+VENVS = {"faust": ["faust-streaming", "rocksdict"], "quix": ["quixstreams"]}
+VENV_OF = {"faust": "faust", "faust-lookup": "faust", "quix": "quix"}
+DIST_OF = {"faust": "faust-streaming", "quix": "quixstreams"}
+
+
+def say(message: str) -> None:
+    print(f"[join-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Result:
+    system: str
+    status: str  # "ok", "wrong", "skipped", "failed", "timeout"
+    detail: str = ""
+    version: str = ""
+    store: str = ""
+    records: int = 0
+    expected_joins: int = 0
+    startup_seconds: float | None = None
+    seconds: float | None = None
+    input_events_per_s: float | None = None
+    joins_per_s: float | None = None
+    outputs: int = 0
+    distinct_joins: int = 0
+    missing: int = 0
+    unexpected: int = 0
+    duplicates: int = 0
+    committed: bool = False
+    correct: bool = False
+    marks: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def check_loopback(bootstrap: str) -> str:
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        host = host.strip("[]")
+        if not port.isdigit():
+            raise SystemExit(f"--bootstrap {server!r}: expected HOST:PORT")
+        if host != "localhost":
+            try:
+                loopback = ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                raise SystemExit(f"--bootstrap {server!r}: only loopback brokers are allowed")
+    return bootstrap
+
+
+def venv_python(name: str, root: Path, install: bool) -> tuple[Path | None, str]:
+    """The venv's python (created and filled with pip when missing), or None and why not."""
+    venv = root / name
+    python = venv / "bin" / "python"
+    ready = venv / ".join-bench-ready"
+    if ready.exists() and python.exists():
+        return python, ""
+    if not install:
+        return None, f"no venv at {venv} (run without --no-install to create it)"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log = root / f"{name}-install.log"
+    say(f"creating {venv} and installing {' '.join(VENVS[name])} (log: {log})")
+    with log.open("w") as out:
+        for cmd in (
+            [sys.executable, "-m", "venv", str(venv)],
+            [str(python), "-m", "pip", "install", "-q", *VENVS[name]],
+        ):
+            try:
+                code = subprocess.run(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900
+                ).returncode
+            except subprocess.TimeoutExpired:
+                code = -1
+            if code != 0:
+                return None, f"{' '.join(cmd[:4])}... failed (exit {code}); see {log}"
+    ready.write_text("ok\n")
+    return python, ""
+
+
+def dist_version(python: Path, dist: str) -> str:
+    try:
+        out = subprocess.run(
+            [str(python), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        return "?"
+    return out.stdout.strip() or "?"
+
+
+def streamjoin_version() -> str:
+    import streamjoin
+
+    return getattr(streamjoin, "__version__", "?")
+
+
+# --------------------------------------------------------------------------- broker I/O
+
+
+async def wait_leaders(bootstrap: str, topics: list[str], timeout: float = 30) -> None:
+    """Until every partition of ``topics`` answers ListOffsets (has a leader)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await consumer.end_offsets(tps)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+    finally:
+        await consumer.stop()
+
+
+async def produce(bootstrap: str, traffic: Traffic, topics: dict[str, str]) -> float:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+    started = time.monotonic()
+    try:
+        for rec in traffic.records:
+            await producer.send(
+                topics[rec.topic],
+                json.dumps(rec.value, sort_keys=True, separators=(",", ":")).encode(),
+                key=rec.key.encode(),
+                timestamp_ms=rec.timestamp_ms,
+            )
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return time.monotonic() - started
+
+
+async def output_count(consumer: AIOKafkaConsumer, topic: str) -> int:
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    ends = await consumer.end_offsets(tps)
+    return sum(ends.values())
+
+
+async def committed_all(bootstrap: str, group: str, inputs: list[str], timeout: float) -> bool:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in inputs for p in range(PARTITIONS)]
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout
+        while True:
+            committed = {tp: (await consumer.committed(tp)) or 0 for tp in tps}
+            if all(committed[tp] >= ends[tp] for tp in tps):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.5)
+    finally:
+        await consumer.stop()
+
+
+async def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict[str, Any]]]:
+    """Every output record as (broker append time ms, value)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    out: list[tuple[int, dict[str, Any]]] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        deadline = time.monotonic() + 120
+        while remaining and time.monotonic() < deadline:
+            batch = await consumer.getmany(*remaining, timeout_ms=1000)
+            for tp, records in batch.items():
+                out.extend((r.timestamp, json.loads(r.value)) for r in records)
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    remaining.discard(tp)
+        if remaining:
+            raise TimeoutError(f"could not read {topic} to its end")
+    finally:
+        await consumer.stop()
+    return out
+
+
+# --------------------------------------------------------------------------- one system
+
+
+@dataclass
+class Run:
+    system: str
+    bootstrap: str
+    inputs: dict[str, str]  # "impressions"/"clicks" -> topic
+    output: str
+    group: str
+    workdir: Path
+    records: int
+    python: Path | None = None
+    faust_store: str = "rocksdb://"
+
+    @property
+    def marks_path(self) -> Path:
+        return self.workdir / f"{self.system}.marks"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.system}.log"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.system == "streamjoin":
+            env.update(
+                STREAMJOIN_BROKER=f"kafka://{self.bootstrap}",
+                JOINBENCH_APP_ID=self.group,
+                JOINBENCH_IMPRESSIONS=self.inputs["impressions"],
+                JOINBENCH_CLICKS=self.inputs["clicks"],
+                JOINBENCH_OUTPUT=self.output,
+                JOINBENCH_INPUTS=str(self.records),
+                JOINBENCH_MARKS=str(self.marks_path),
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                "streamjoin.cli",
+                "worker",
+                "-A",
+                "benchmarks.join_streamjoin_app:app",
+                "--state-dir",
+                str(self.workdir / "state-streamjoin"),
+                "--loglevel",
+                "warning",
+            ]
+            return cmd, env
+        assert self.python is not None
+        # the competitors' venvs must not see this repo's packages
+        env.pop("PYTHONPATH", None)
+        common = [
+            "--bootstrap",
+            self.bootstrap,
+            "--app-id",
+            self.group,
+            "--impressions",
+            self.inputs["impressions"],
+            "--clicks",
+            self.inputs["clicks"],
+            "--output",
+            self.output,
+            "--inputs",
+            str(self.records),
+            "--marks",
+            str(self.marks_path),
+        ]
+        if self.system in ("faust", "faust-lookup"):
+            mode = "join" if self.system == "faust" else "lookup"
+            script = str(ROOT / "benchmarks" / "join_faust_app.py")
+            datadir = str(self.workdir / f"data-{self.system}")
+            extra = ["--datadir", datadir, "--store", self.faust_store, "--mode", mode]
+            return [str(self.python), script, *common, *extra], env
+        script = str(ROOT / "benchmarks" / "join_quix_app.py")
+        extra = ["--state-dir", str(self.workdir / "state-quix")]
+        return [str(self.python), script, *common, *extra], env
+
+    def read_marks(self) -> dict[str, float]:
+        marks: dict[str, float] = {}
+        if self.marks_path.exists():
+            for line in self.marks_path.read_text().splitlines():
+                what, _, when = line.partition(" ")
+                if what and when:
+                    marks.setdefault(what.lower(), float(when))
+        return marks
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+async def run_system(run: Run, traffic: Traffic, timeout: float, result: Result) -> Result:
+    cmd, env = run.command()
+    result.records = run.records
+    result.expected_joins = len(traffic.expected_joins)
+    say(f"{run.system}: starting one worker ({' '.join(cmd[:4])} ...)")
+    spawned = time.time()
+    with run.log_path.open("wb") as log:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - spawning returns at once
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    probe = AIOKafkaConsumer(bootstrap_servers=run.bootstrap)
+    await probe.start()
+    try:
+        deadline = time.monotonic() + timeout
+        # 1. until the app has seen every input record
+        while "done" not in run.read_marks():
+            if proc.poll() is not None:
+                result.status = "failed"
+                result.detail = f"worker exited with {proc.returncode}:\n{log_tail(run.log_path)}"
+                return result
+            if time.monotonic() > deadline:
+                result.status = "timeout"
+                result.detail = f"not done after {timeout:.0f}s:\n{log_tail(run.log_path)}"
+                return result
+            await asyncio.sleep(0.1)
+        # 2. until the output holds every expected join, or stops growing for 3 s
+        last, quiet_since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            count = await output_count(probe, run.output)
+            if count >= len(traffic.expected_joins):
+                break
+            if count != last:
+                last, quiet_since = count, time.monotonic()
+            elif time.monotonic() - quiet_since > 3.0:
+                break
+            await asyncio.sleep(0.1)
+        # 3. inputs committed (bounded: commit intervals differ, 0.5 s to 5 s)
+        result.committed = await committed_all(
+            run.bootstrap, run.group, list(run.inputs.values()), timeout=30
+        )
+    finally:
+        await probe.stop()
+        stop_process(proc)
+    output = await read_output(run.bootstrap, run.output)
+    marks = run.read_marks()
+    result.marks = {k: round(v - spawned, 3) for k, v in marks.items()}
+    got = [(o["auction_id"], o["impression_id"], o["click_id"]) for _, o in output]
+    distinct = set(got)
+    result.outputs = len(got)
+    result.distinct_joins = len(distinct)
+    result.missing = len(traffic.expected_joins - distinct)
+    result.unexpected = len(distinct - traffic.expected_joins)
+    result.duplicates = len(got) - len(distinct)
+    result.correct = result.missing == 0 and result.unexpected == 0
+    last_output = max((ts for ts, _ in output), default=0) / 1000
+    end = max(marks["done"], last_output)
+    result.startup_seconds = marks["first"] - spawned
+    result.seconds = end - marks["first"]
+    result.input_events_per_s = run.records / result.seconds
+    result.joins_per_s = len(traffic.expected_joins) / result.seconds
+    result.status = "ok" if result.correct else "wrong"
+    say(
+        f"{run.system}: {result.seconds:.2f}s, {result.joins_per_s:,.0f} joins/s, "
+        f"{result.distinct_joins}/{result.expected_joins} joins "
+        f"({result.missing} missing, {result.unexpected} unexpected, "
+        f"{result.duplicates} duplicates), committed={result.committed}"
+    )
+    return result
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield check_loopback(bootstrap)
+        return
+    from streamjoin.testing.kafka import LocalKafka
+
+    with LocalKafka(progress=say) as kafka:
+        yield kafka.bootstrap_servers
+
+
+async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict[str, Any]:
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for s in systems:
+        if s not in SYSTEMS:
+            raise SystemExit(f"unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+    pythons: dict[str, tuple[Path | None, str]] = {}
+    for s in systems:
+        venv = VENV_OF.get(s)
+        if venv and venv not in pythons:
+            pythons[venv] = venv_python(venv, Path(args.venv_root), not args.no_install)
+
+    traffic = generate(args.auctions, seed=args.seed)
+    run_id = uuid.uuid4().hex[:8]
+    inputs = {"impressions": f"jb-{run_id}-impressions", "clicks": f"jb-{run_id}-clicks"}
+    outputs = {s: f"jb-{run_id}-out-{s}" for s in systems}
+    await ensure_topics(
+        bootstrap,
+        [TopicSpec(t, PARTITIONS) for t in inputs.values()]
+        + [
+            TopicSpec(t, PARTITIONS, config={"message.timestamp.type": "LogAppendTime"})
+            for t in outputs.values()
+        ],
+    )
+    await wait_leaders(bootstrap, [*inputs.values(), *outputs.values()])
+    say(
+        f"traffic: {len(traffic.records)} records ({traffic.impressions} impressions, "
+        f"{traffic.clicks} clicks), {len(traffic.expected_joins)} joins expected"
+    )
+    produce_s = await produce(bootstrap, traffic, inputs)
+    say(f"produced in {produce_s:.1f}s into {inputs['impressions']}, {inputs['clicks']}")
+
+    results: list[Result] = []
+    for s in systems:
+        result = Result(system=s, status="skipped", records=len(traffic.records))
+        venv = VENV_OF.get(s)
+        python = None
+        if venv:
+            python, why = pythons[venv]
+            if python is None:
+                result.detail = why
+                results.append(result)
+                say(f"{s}: skipped: {why}")
+                continue
+            result.version = dist_version(python, DIST_OF[venv])
+        else:
+            result.version = streamjoin_version()
+        result.store = {
+            "streamjoin": "rocksdb (rocksdict) + changelog",
+            "faust": f"{args.faust_store} + changelog",
+            "faust-lookup": f"{args.faust_store} + changelog",
+            "quix": "rocksdb (rocksdict) + changelog",
+        }[s]
+        run = Run(
+            system=s,
+            bootstrap=bootstrap,
+            inputs=inputs,
+            output=outputs[s],
+            group=f"jb-{run_id}-{s}",
+            workdir=workdir,
+            records=len(traffic.records),
+            python=python,
+            faust_store=args.faust_store,
+        )
+        try:
+            results.append(await run_system(run, traffic, args.timeout, result))
+        except Exception as exc:  # report and go on with the next system
+            result.status = "failed"
+            result.detail = f"{type(exc).__name__}: {exc}\n{log_tail(run.log_path)}"
+            results.append(result)
+        if result.status in ("failed", "timeout"):
+            say(f"{s}: {result.status}: {result.detail}")
+    return {
+        "command": " ".join(
+            [Path(sys.executable).name, "-m", "benchmarks.join_throughput", *sys.argv[1:]]
+        ),
+        "auctions": args.auctions,
+        "seed": args.seed,
+        "records": len(traffic.records),
+        "impressions": traffic.impressions,
+        "clicks": traffic.clicks,
+        "expected_joins": len(traffic.expected_joins),
+        "produce_seconds": round(produce_s, 2),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "results": [asdict(r) for r in results],
+    }
+
+
+def ratio(ours: Result | None, other: Result) -> str:
+    if ours is None or other.system == "streamjoin":
+        return ""
+    if not (ours.correct and ours.joins_per_s and other.joins_per_s):
+        return "-"
+    text = f"{ours.joins_per_s / other.joins_per_s:.2f}x"
+    return text if other.correct else f"({text})"
+
+
+def table(report: dict[str, Any]) -> str:
+    results = [Result(**r) for r in report["results"]]
+    ours = next((r for r in results if r.system == "streamjoin" and r.status == "ok"), None)
+    rows = [
+        (
+            "system",
+            "version",
+            "records",
+            "startup s",
+            "seconds",
+            "input ev/s",
+            "joins/s",
+            "streamjoin / x",
+            "output correct?",
+        )
+    ]
+    for r in results:
+        if r.seconds is None:
+            rows.append((r.system, r.version, str(r.records), "", "", "", "", "", r.status))
+            continue
+        verdict = "yes" if r.correct else f"NO: {r.missing} missing, {r.unexpected} unexpected"
+        if r.duplicates:
+            verdict += f" ({r.duplicates} dup)"
+        rows.append(
+            (
+                r.system,
+                r.version,
+                f"{r.records:,}",
+                f"{r.startup_seconds:.1f}",
+                f"{r.seconds:.2f}",
+                f"{r.input_events_per_s:,.0f}",
+                f"{r.joins_per_s:,.0f}",
+                ratio(ours, r),
+                verdict,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    head = (
+        f"{report['records']:,} records ({report['impressions']:,} impressions, "
+        f"{report['clicks']:,} clicks), {report['expected_joins']:,} expected joins; "
+        f"one worker each; Python {report['python']}, {report['cpus']} CPUs"
+    )
+    notes = [
+        "streamjoin / x: streamjoin's joins/s divided by that system's; in parentheses when",
+        "that system's output is wrong (a fast wrong answer does not count).",
+    ]
+    for r in results:
+        if r.status in ("skipped", "failed", "timeout") and r.detail:
+            notes.append(f"{r.system}: {r.status}: {r.detail.splitlines()[0]}")
+    return "\n".join([head, "", *lines, "", *notes])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--auctions", type=int, default=50_000, help="auctions to generate")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--systems",
+        default="streamjoin,faust,faust-lookup,quix",
+        help=f"comma-separated, in run order, from {','.join(SYSTEMS)}",
+    )
+    parser.add_argument("--bootstrap", help="reuse a running loopback broker (HOST:PORT)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per system")
+    parser.add_argument("--faust-store", default="rocksdb://", help="rocksdb:// or memory://")
+    parser.add_argument("--venv-root", default=str(VENV_ROOT))
+    parser.add_argument("--no-install", action="store_true", help="never create venvs")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, state)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = parser.parse_args(argv)
+
+    workdir = Path(tempfile.mkdtemp(prefix="streamjoin-join-bench-"))
+    try:
+        with broker(args.bootstrap) as bootstrap:
+            report = asyncio.run(bench(args, bootstrap, workdir))
+    finally:
+        if args.keep:
+            say(f"work dir kept: {workdir}")
+        else:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(report, indent=2) if args.json else table(report))
+    ours = next((r for r in report["results"] if r["system"] == "streamjoin"), None)
+    return 0 if ours is None or ours["correct"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
