@@ -203,15 +203,15 @@ class KafkaConsumerService(Service):
                 stale.append(tp)  # aiokafka may not refresh an idle partition's high watermark
         if stale:
             # Ask the broker directly: a fresh end offset settles whether there is more to read.
-            asked_at = time.time() * 1000
             with contextlib.suppress(KafkaError, IllegalStateError):
                 ends = await consumer.end_offsets(stale)
                 for tp in stale:
                     delivered = self._delivered_to.get(tp)
                     if delivered is None:
                         delivered = await consumer.position(tp)
-                    fresh_end = delivered >= ends[tp]
-                    fetched_all_at[(tp.topic, tp.partition)] = asked_at if fresh_end else None
+                    # fresh by construction: caught up now, whenever the wait began
+                    at_end_now = delivered >= ends[tp]
+                    fetched_all_at[(tp.topic, tp.partition)] = float("inf") if at_end_now else None
 
         def caught_up(topic: str, partition: int, since_ms: float) -> bool:
             # A side that ran dry during this release was not looked at: assume it has more
