@@ -6,6 +6,8 @@ response's ``topic_errors`` is checked here and turned into a named error.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -72,11 +74,15 @@ async def describe_partition_counts(
 
 
 async def ensure_topics(
-    bootstrap_servers: str, specs: Iterable[TopicSpec], **client_kwargs: object
+    bootstrap_servers: str,
+    specs: Iterable[TopicSpec],
+    *,
+    visible_timeout: float = 30.0,
+    **client_kwargs: object,
 ) -> list[str]:
     """Create the missing topics among ``specs``; verify the partition count of existing ones.
 
-    Returns the names of the topics it created.
+    Returns the names of the topics it created, once the broker's metadata shows them.
     """
     specs = list(specs)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
@@ -109,14 +115,34 @@ async def ensure_topics(
             failures.append(f"{name}: {for_code(code).__name__} {message or ''}".strip())
         if failures:
             raise TopicAdminError("creating topics failed: " + "; ".join(failures))
-        # A concurrent creator may have won the race with another partition count.
-        raced = await describe_partition_counts(admin, (s.name for s in missing))
+        # A concurrent creator may have won the race with another partition count. A new
+        # topic can take a moment to show up in metadata: wait for it, or later lookups
+        # (partition counts, co-partitioning checks) would not find it.
+        raced = await _wait_visible(admin, [s.name for s in missing], visible_timeout)
         for spec in missing:
             if spec.name in raced and raced[spec.name] != spec.partitions:
                 raise TopicPartitionCountMismatch(spec.name, spec.partitions, raced[spec.name])
         return [s.name for s in missing]
     finally:
         await admin.close()
+
+
+async def _wait_visible(
+    admin: AIOKafkaAdminClient, names: list[str], timeout: float
+) -> dict[str, int]:
+    """Partition counts of ``names``, waiting (bounded) until every one of them is described."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = await describe_partition_counts(admin, names)
+        absent = [n for n in names if n not in counts]
+        if not absent:
+            return counts
+        if time.monotonic() > deadline:
+            raise TopicAdminError(
+                f"topics created but still not in the broker's metadata after {timeout:.0f}s: "
+                + ", ".join(absent)
+            )
+        await asyncio.sleep(0.1)
 
 
 async def fetch_partition_counts(
