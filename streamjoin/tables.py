@@ -13,7 +13,8 @@ flushes buffers and restores partitions (``streamjoin.runtime.state``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import heapq
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,34 +229,54 @@ class TableView:
         self._table._pending(self._partition)[key] = None
 
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        """Sorted items in [start, end), buffered writes merged over the store."""
+        """Sorted items in [start, end), buffered writes merged over the store.
+
+        Lazy: taking the first few items costs a few seeks however many writes are
+        buffered in the range (the join core asks "what comes next?" once per event).
+        """
         table, partition = self._table, self._partition
-        overlay: dict[bytes, bytes | None] = {}
-        for layer in (table.flushing.get(partition), table.pending.get(partition)):
+        layers: list[Iterator[tuple[bytes, bytes | None]]] = []
+        for layer in (table.pending.get(partition), table.flushing.get(partition)):
             if layer:
-                for k in layer.irange(start, end, inclusive=(True, False)):
-                    overlay[k] = layer[k]
+                layers.append(_buffered_range(layer, start, end))
         store = table.stores.get(partition)
-        stored = store.items(start, end) if store is not None else iter(())
-        if not overlay:
-            yield from stored
-            return
-        pending_keys = sorted(overlay)
-        i = 0
-        for k, v in stored:
-            while i < len(pending_keys) and pending_keys[i] < k:
-                value = overlay[pending_keys[i]]
-                if value is not None:
-                    yield pending_keys[i], value
-                i += 1
-            if i < len(pending_keys) and pending_keys[i] == k:
-                value = overlay[k]
-                i += 1
-                if value is not None:
-                    yield k, value
-                continue
-            yield k, v
-        for k in pending_keys[i:]:
-            value = overlay[k]
-            if value is not None:
-                yield k, value
+        stored: Iterator[tuple[bytes, bytes]] = (
+            store.items(start, end) if store is not None else iter(())
+        )
+        if not layers:
+            return stored
+        return _merge_newest_first([*layers, stored])
+
+
+def _buffered_range(
+    layer: SortedDict[bytes, bytes | None], start: bytes, end: bytes | None
+) -> Iterator[tuple[bytes, bytes | None]]:
+    for key in layer.irange(start, end, inclusive=(True, False)):
+        yield key, layer[key]
+
+
+def _merge_newest_first(
+    sources: Sequence[Iterator[tuple[bytes, bytes | None]]],
+) -> Iterator[tuple[bytes, bytes]]:
+    """Merge key-sorted sources lazily; on equal keys the earliest source wins, and a None
+    value (a buffered delete) hides the key."""
+    heap: list[tuple[bytes, int, bytes | None]] = []
+    iters = list(sources)
+    for rank, it in enumerate(iters):
+        first = next(it, None)
+        if first is not None:
+            heap.append((first[0], rank, first[1]))
+    heapq.heapify(heap)
+    last: bytes | None = None
+    while heap:
+        key, rank, value = heap[0]
+        following = next(iters[rank], None)
+        if following is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (following[0], rank, following[1]))
+        if key == last:
+            continue  # an older layer's version of a key already decided
+        last = key
+        if value is not None:
+            yield key, value

@@ -119,7 +119,8 @@ class WindowedTable(Table):
         """((key, window start), value) of the local windows."""
         partitions = sorted(self.ready) if partition is None else [partition]
         for p in partitions:
-            for data_key, raw in TableView(self, p).scan(DATA, INDEX):
+            # materialized: the caller may write to the table while iterating
+            for data_key, raw in list(TableView(self, p).scan(DATA, INDEX)):
                 key_bytes, start = split_window_key(data_key[1:])
                 yield (self.key_codec.loads(key_bytes), start), self.value_codec.loads(raw)
 

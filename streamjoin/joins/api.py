@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,6 +69,7 @@ class StreamStreamJoinDecl:
     #: inputs dropped because their window had closed / accepted beyond the grace period
     late: int = 0
     beyond_grace: int = 0
+    _cores: dict[int, StreamStreamJoin] = field(default_factory=dict, repr=False)
 
     async def handle(self, side: Literal["left", "right"], event: Event) -> None:
         record = current_record()
@@ -79,24 +80,37 @@ class StreamStreamJoinDecl:
             return
         extractor = self.left_timestamp if side == "left" else self.right_timestamp
         timestamp = extractor(event) if extractor is not None else event.timestamp
-        core = StreamStreamJoin(self.spec, self.buffer.view(event.partition))
+        core = self._core(event.partition)
+        stats = core.stats
+        late, beyond_grace = stats.late, stats.beyond_grace
         outputs = core.process(
             JoinInput(side, record.key, record.value or b"", timestamp, event.offset)
         )
-        if core.stats.late or core.stats.beyond_grace:
-            self.late += core.stats.late
-            self.beyond_grace += core.stats.beyond_grace
+        if stats.late != late or stats.beyond_grace != beyond_grace:
+            dropped = stats.late != late
+            self.late += stats.late - late
+            self.beyond_grace += stats.beyond_grace - beyond_grace
             log.warning(
                 "join %s: %s (event time %d) is %s; stream time of partition %d is %s",
                 self.name,
                 event.position,
                 timestamp,
-                "late and dropped" if core.stats.late else "beyond the grace period",
+                "late and dropped" if dropped else "beyond the grace period",
                 event.partition,
                 core.stream_time_ms,
             )
         for out in outputs:
             await self._emit(out)
+
+    def _core(self, partition: int) -> StreamStreamJoin:
+        """The join core over the buffer's partition (kept: all its state is in the view)."""
+        core = self._cores.get(partition)
+        if core is None or partition not in self.buffer.ready:
+            # the view checks that the partition is active (and restored) here
+            core = self._cores[partition] = StreamStreamJoin(
+                self.spec, self.buffer.view(partition)
+            )
+        return core
 
     async def _emit(self, out: JoinOutput) -> None:
         key = self.left.key_codec.loads(out.key)

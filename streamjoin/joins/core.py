@@ -341,8 +341,11 @@ class StreamStreamJoin:
         outputs: list[JoinOutput] = []
         removed = 0
         index_end = EXPIRY_PREFIX + _PACK_U64(cutoff)
+        # nothing is buffered below the hint: start there, not at the index's first key (the
+        # range before it may hold many deletes not yet compacted away)
+        index_start = EXPIRY_PREFIX + _PACK_U64(meta.expiry_hint_ms)
         while True:
-            batch = list(itertools.islice(self.view.scan(EXPIRY_PREFIX, index_end), _EXPIRY_BATCH))
+            batch = list(itertools.islice(self.view.scan(index_start, index_end), _EXPIRY_BATCH))
             for index_key, flag in batch:
                 timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
                 buffer_key = _buffer_key(side, prefixed, timestamp_ms, seq)

@@ -40,7 +40,9 @@ class OffsetTracker:
 
     def register(self, tp: TopicPartition, offset: int, consumers: int) -> None:
         """Record that ``offset`` of ``tp`` was handed to ``consumers`` agents."""
-        ledger = self._ledgers.setdefault(tp, _PartitionLedger())
+        ledger = self._ledgers.get(tp)
+        if ledger is None:
+            ledger = self._ledgers[tp] = _PartitionLedger()
         last = ledger.pending[-1][0] if ledger.pending else ledger.position
         if last is not None and offset < last:
             raise OffsetTrackingError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -30,6 +30,8 @@ class KafkaSender(Service):
             "acks": "all",
             "enable_idempotence": True,
             "linger_ms": 5,
+            # bigger record batches: fewer produce round trips for changelog flushes
+            "max_batch_size": 256 * 1024,
             **client_options,
             **producer_options,
         }
@@ -69,6 +71,32 @@ class KafkaSender(Service):
         )
         return future
 
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> Awaitable[int]:
+        """Records appended straight into record batches (no future or metadata lookup per
+        record, unlike :meth:`send`): the changelog flush path."""
+        producer = self._require()
+        batches: list[tuple[asyncio.Future[Any], int]] = []
+        batch, count = producer.create_batch(), 0
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                # full: send it and start the next one (an empty batch takes any record)
+                if count:
+                    sent = await producer.send_batch(batch, topic, partition=partition)
+                    batches.append((sent, count))
+                    batch, count = producer.create_batch(), 0
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    raise ValueError(
+                        f"a record for {topic}[{partition}] does not fit in a record batch "
+                        f"(key {len(key)} bytes, value {len(value or b'')} bytes); raise the "
+                        "producer's max_batch_size"
+                    )
+            count += 1
+        if count:
+            batches.append((await producer.send_batch(batch, topic, partition=partition), count))
+        return asyncio.ensure_future(_last_offset(batches))
+
     async def partition_count(self, topic: str) -> int:
         partitions = await self._require().partitions_for(topic)
         return len(partitions)
@@ -76,3 +104,11 @@ class KafkaSender(Service):
     async def flush(self) -> None:
         if self._producer is not None:
             await self._producer.flush()
+
+
+async def _last_offset(batches: Sequence[tuple[asyncio.Future[Any], int]]) -> int:
+    """Offset of the last record of the last batch, once every batch is acknowledged."""
+    if not batches:
+        raise ValueError("nothing was sent")
+    metas = await asyncio.gather(*(future for future, _ in batches))
+    return int(metas[-1].offset) + batches[-1][1] - 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -82,6 +82,21 @@ class TestDriver:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result(RecordMetadata(topic, partition, raw.offset, timestamp))
         return future
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> Awaitable[int]:
+        last: RecordMetadata | None = None
+        for key, value in records:
+            future = await self.send(
+                topic, key, value, partition=partition, headers=(), timestamp_ms=None
+            )
+            last = future.result()
+        if last is None:
+            raise ValueError("send_many needs at least one record")
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        done.set_result(last.offset)
+        return done
 
     # -- user API
 

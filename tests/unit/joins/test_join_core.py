@@ -359,7 +359,8 @@ def test_unknown_metadata_format_is_refused() -> None:
 def test_malformed_expiry_entries_are_refused() -> None:
     h = Harness()
     h.left(1000, "l")
-    h.view.put(b"\x01" + bytes(8) + b"X", b"\x00")
+    # at the oldest buffered timestamp, so the expiry scan reaches it
+    h.view.put(b"\x01" + encode_uint64(1000) + b"X", b"\x00")
     with pytest.raises(CorruptJoinState):
         h.join.advance(10_000)
 
