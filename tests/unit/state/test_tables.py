@@ -79,6 +79,23 @@ async def test_flush_compacts_writes_between_commits() -> None:
         assert [(r.key, r.value) for r in changelog] == [(b"ann", b"10")]
 
 
+async def test_deletes_reach_the_changelog_only_for_keys_it_holds() -> None:
+    """A key written and deleted between two flushes never reached the changelog: no
+    tombstone is sent for it; a key flushed earlier gets its tombstone."""
+    app, _ = counting_app()
+    changelog = "tables-unit-counts-changelog"
+    async with TestDriver(app) as driver:
+        await driver.put("clicks", key="ann", value="click")
+        await driver.drain()  # ann=1 flushed
+        await driver.put("clicks", key="bob", value="click")
+        await driver.put("clicks", key="bob", value="reset")  # bob written and deleted
+        await driver.put("clicks", key="ann", value="reset")
+        await driver.drain()
+        sent = [(r.key, r.value) for r in driver.raw_records(changelog)]
+        assert sent == [(b"ann", b"1"), (b"ann", None)]
+        assert dict(app.tables["counts"].items()) == {}
+
+
 async def test_writes_from_a_non_copartitioned_topic_fail_clearly() -> None:
     app = streamjoin.App("x")
     clicks = app.topic("clicks", partitions=4)
