@@ -187,6 +187,9 @@ async def run(bootstrap: str, auctions: int, workdir: Path, seconds: float) -> i
         await produce(bootstrap, traffic, half, len(traffic.records), speedup)
         await wait_processed(bootstrap)
         output = await read_output(bootstrap)
+        # rebalances of the run itself (not of the final shutdown, where members leave one
+        # by one)
+        run_logs = [w.log() for w in workers]
     except BaseException:
         for w in workers:
             print(
@@ -203,8 +206,8 @@ async def run(bootstrap: str, auctions: int, workdir: Path, seconds: float) -> i
     unexpected = distinct - traffic.expected_joins
     duplicates = len(got) - len(distinct)
     rebalances = []
-    for w in workers:
-        for m in EPOCH_LINE.finditer(w.log()):
+    for log_text in run_logs:
+        for m in EPOCH_LINE.finditer(log_text):
             rebalances.append((int(m.group(1)), int(m.group(2)), int(m.group(4)), m.group(5)))
     print()
     print("=== ad-monetization demo summary ===")

@@ -344,9 +344,18 @@ class StreamStreamJoin:
         # nothing is buffered below the hint: start there, not at the index's first key (the
         # range before it may hold many deletes not yet compacted away)
         index_start = EXPIRY_PREFIX + _PACK_U64(meta.expiry_hint_ms)
-        while True:
-            batch = list(itertools.islice(self.view.scan(index_start, index_end), _EXPIRY_BATCH))
-            for index_key, flag in batch:
+        # One scan finds both what closed and the first entry still open (the next hint).
+        following: bytes | None = None
+        while following is None:
+            batch = list(
+                itertools.islice(self.view.scan(index_start, _EXPIRY_END), _EXPIRY_BATCH)
+            )
+            closed = batch
+            for i, (index_key, _) in enumerate(batch):
+                if index_key >= index_end:
+                    following, closed = index_key, batch[:i]
+                    break
+            for index_key, flag in closed:
                 timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
                 buffer_key = _buffer_key(side, prefixed, timestamp_ms, seq)
                 if flag != _MATCHED and self.spec.emits_unmatched(side):
@@ -359,11 +368,12 @@ class StreamStreamJoin:
                     )
                 self.view.delete(buffer_key)
                 self.view.delete(index_key)
-            removed += len(batch)
+            removed += len(closed)
             if len(batch) < _EXPIRY_BATCH:
-                break
-        following = next(iter(self.view.scan(index_end, _EXPIRY_END)), None)
-        hint = _NO_EXPIRY if following is None else _split_expiry_key(following[0])[0]
+                break  # the index ends here
+            if following is None:
+                index_start = batch[-1][0] + b"\x00"  # the next batch starts past this one
+        hint = _NO_EXPIRY if following is None else _split_expiry_key(following)[0]
         self.stats.expired += removed
         self.stats.unmatched_emitted += len(outputs)
         return outputs, _Meta(stream_time_ms, max(0, meta.buffered - removed), hint)

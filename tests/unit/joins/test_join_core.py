@@ -318,6 +318,20 @@ def test_expiry_handles_more_than_one_batch() -> None:
     assert h.join.stats.buffered == 0
 
 
+def test_expiry_across_batches_stops_at_the_first_open_window() -> None:
+    grace = 1_000_000  # nothing closes while the events arrive
+    h = Harness(how="outer", window=0, grace=grace)
+    for i in range(2_500):
+        h.left(i * 10, f"l{i}")
+    out = h.join.advance(22_000 + grace)  # closes ts < 22,000: 2,200 events, 3 batches
+    assert [o.timestamp_ms for o in out] == [i * 10 for i in range(2_200)]
+    assert h.join.stats.buffered == 300
+    # the next hint is the first open window: closing one more reads just that one
+    assert [o.timestamp_ms for o in h.join.advance(22_001 + grace)] == [22_000]
+    assert [o.timestamp_ms for o in h.join.advance(10**9)] == [i * 10 for i in range(2_201, 2_500)]
+    assert len(h.view) == 1
+
+
 # ------------------------------------------------------------------ state
 
 
