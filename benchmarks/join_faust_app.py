@@ -85,7 +85,7 @@ def main() -> None:
 
     def mark(what: str) -> None:
         with open(args.marks, "a") as f:
-            f.write(f"{what} {time.time():.6f}\n")
+            f.write(f"{what} {time.time():.6f} {time.process_time():.6f}\n")
 
     def counted() -> None:
         nonlocal seen

@@ -94,6 +94,9 @@ class Result:
     seconds: float | None = None
     input_events_per_s: float | None = None
     joins_per_s: float | None = None
+    #: CPU time of the app's process (all threads) from the first to the last input event:
+    #: steadier than wall time on a busy machine
+    cpu_seconds: float | None = None
     outputs: int = 0
     distinct_joins: int = 0
     missing: int = 0
@@ -338,12 +341,16 @@ class Run:
         return [str(self.python), script, *common, *extra], env
 
     def read_marks(self) -> dict[str, float]:
+        """``first``/``done`` -> unix time, and ``first-cpu``/``done-cpu`` -> the app
+        process's CPU time (all its threads) at that mark."""
         marks: dict[str, float] = {}
         if self.marks_path.exists():
             for line in self.marks_path.read_text().splitlines():
-                what, _, when = line.partition(" ")
-                if what and when:
-                    marks.setdefault(what.lower(), float(when))
+                fields = line.split()
+                if len(fields) >= 2:
+                    marks.setdefault(fields[0].lower(), float(fields[1]))
+                if len(fields) >= 3:
+                    marks.setdefault(f"{fields[0].lower()}-cpu", float(fields[2]))
         return marks
 
 
@@ -411,7 +418,9 @@ async def run_system(run: Run, traffic: Traffic, timeout: float, result: Result)
         stop_process(proc)
     output = await read_output(run.bootstrap, run.output)
     marks = run.read_marks()
-    result.marks = {k: round(v - spawned, 3) for k, v in marks.items()}
+    result.marks = {k: round(v - spawned, 3) for k, v in marks.items() if not k.endswith("-cpu")}
+    if "first-cpu" in marks and "done-cpu" in marks:
+        result.cpu_seconds = marks["done-cpu"] - marks["first-cpu"]
     got = [(o["auction_id"], o["impression_id"], o["click_id"]) for _, o in output]
     distinct = set(got)
     result.outputs = len(got)
@@ -548,6 +557,16 @@ def ratio(ours: Result | None, other: Result) -> str:
     return text if other.correct else f"({text})"
 
 
+def cpu_ratio(ours: Result | None, other: Result) -> str:
+    """Their CPU seconds over ours for the same work."""
+    if ours is None or other.system == "streamjoin":
+        return ""
+    if not (ours.correct and ours.cpu_seconds and other.cpu_seconds):
+        return "-"
+    text = f"{other.cpu_seconds / ours.cpu_seconds:.2f}x"
+    return text if other.correct else f"({text})"
+
+
 def table(report: dict[str, Any]) -> str:
     results = [Result(**r) for r in report["results"]]
     ours = next((r for r in results if r.system == "streamjoin" and r.status == "ok"), None)
@@ -561,12 +580,14 @@ def table(report: dict[str, Any]) -> str:
             "input ev/s",
             "joins/s",
             "streamjoin / x",
+            "cpu s",
+            "by cpu",
             "output correct?",
         )
     ]
     for r in results:
         if r.seconds is None:
-            rows.append((r.system, r.version, str(r.records), "", "", "", "", "", r.status))
+            rows.append((r.system, r.version, str(r.records), *[""] * 7, r.status))
             continue
         verdict = "yes" if r.correct else f"NO: {r.missing} missing, {r.unexpected} unexpected"
         if r.duplicates:
@@ -581,6 +602,8 @@ def table(report: dict[str, Any]) -> str:
                 f"{r.input_events_per_s:,.0f}",
                 f"{r.joins_per_s:,.0f}",
                 ratio(ours, r),
+                "" if r.cpu_seconds is None else f"{r.cpu_seconds:.2f}",
+                cpu_ratio(ours, r),
                 verdict,
             )
         )
@@ -595,6 +618,9 @@ def table(report: dict[str, Any]) -> str:
     notes = [
         "streamjoin / x: streamjoin's joins/s divided by that system's; in parentheses when",
         "that system's output is wrong (a fast wrong answer does not count).",
+        "cpu s: the app process's CPU time (all threads) from its first to its last input",
+        "event; by cpu: that system's cpu s divided by streamjoin's (steadier than wall time",
+        "when the machine is shared).",
     ]
     for r in results:
         if r.status in ("skipped", "failed", "timeout") and r.detail:

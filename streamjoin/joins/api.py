@@ -107,9 +107,7 @@ class StreamStreamJoinDecl:
         core = self._cores.get(partition)
         if core is None or partition not in self.buffer.ready:
             # the view checks that the partition is active (and restored) here
-            core = self._cores[partition] = StreamStreamJoin(
-                self.spec, self.buffer.view(partition)
-            )
+            core = self._cores[partition] = StreamStreamJoin(self.spec, self.buffer.view(partition))
         return core
 
     async def _emit(self, out: JoinOutput) -> None:

@@ -347,9 +347,7 @@ class StreamStreamJoin:
         # One scan finds both what closed and the first entry still open (the next hint).
         following: bytes | None = None
         while following is None:
-            batch = list(
-                itertools.islice(self.view.scan(index_start, _EXPIRY_END), _EXPIRY_BATCH)
-            )
+            batch = list(itertools.islice(self.view.scan(index_start, _EXPIRY_END), _EXPIRY_BATCH))
             closed = batch
             for i, (index_key, _) in enumerate(batch):
                 if index_key >= index_end:

@@ -175,11 +175,8 @@ class KafkaConsumerService(Service):
 
     async def _dispatch(self, raws: list[RawRecord], epoch: int) -> bool:
         """Hand records to the agents; False when a rebalance started meanwhile."""
-        for raw in raws:
-            await self._runtime.dispatch(raw, epoch)
-            if self._runtime.epoch != epoch:
-                return False
-        return True
+        await self._runtime.dispatch_many(raws, epoch)
+        return self._runtime.epoch == epoch
 
     async def _release_aligned(self, consumer: AIOKafkaConsumer, epoch: int) -> None:
         # For each empty partition holding a group back: when aiokafka last heard from the

@@ -5,10 +5,12 @@
   and flushes buffered table writes in the at-least-once order: changelog
   records first (awaiting their acknowledgements), then the store together with
   the changelog offset, and only then may the caller commit source offsets.
-* :class:`StateService` (a mode service with its own group-less consumer)
-  restores active partitions from their changelog in the background after an
-  assignment, keeps standby partitions following their changelog, and keeps a
-  cache of every local store's lag for the assignor's subscription userdata.
+* :class:`StateService` (a mode service with its own
+  :class:`~streamjoin.runtime.changelog_reader.ChangelogReader`, which fetches
+  raw changelog records without a consumer group) restores active partitions
+  from their changelog in the background after an assignment, keeps standby
+  partitions following their changelog, and keeps a cache of every local
+  store's lag for the assignor's subscription userdata.
   Only the partitions still restoring wait: the consumer pauses their source
   partitions and resumes each one when its tables are ready.
 """
@@ -25,9 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from mode import Service
 
+from streamjoin.runtime.changelog_reader import (
+    ChangelogChunk,
+    ChangelogOffsetOutOfRange,
+    ChangelogReader,
+)
 from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
@@ -134,32 +141,37 @@ class TableStores:
         this state is acknowledged before the state itself becomes durable (otherwise a
         crash could leave a closed join window in the changelog whose output was lost).
         """
+        # Deletes of keys the store never had (written and deleted again since the last
+        # flush, as join buffers do when windows close during catch-up) need no tombstone:
+        # the changelog holds nothing for them. Only safe when the last flush completed
+        # (otherwise its writes may be in the changelog and not in the store).
+        clean = {table.name: not table.flushing for table in self.tables.values()}
         taken = [(table, table.take_pending()) for table in self.tables.values()]
         if before_changelog is not None:
             await before_changelog()
-        sends: list[tuple[Table, int, asyncio.Future[Any]]] = []
+        sends: list[tuple[Table, int, Awaitable[int]]] = []
+        sent = 0
         for table, pending in taken:
             for partition, writes in pending.items():
-                for key, value in writes.items():
-                    future = await sender.send(
-                        table.changelog.name,
-                        key,
-                        value,
-                        partition=partition,
-                        headers=(),
-                        timestamp_ms=None,
-                    )
-                    sends.append((table, partition, future))
-        if not sends:
-            return 0
+                store = table.stores.get(partition)
+                if clean[table.name] and store is not None:
+                    records = [
+                        (k, v) for k, v in writes.items() if v is not None or store.contains(k)
+                    ]
+                else:
+                    records = list(writes.items())
+                if not records:
+                    continue
+                future = await sender.send_many(table.changelog.name, partition, records)
+                sends.append((table, partition, future))
+                sent += len(records)
         results = await asyncio.gather(*(f for _, _, f in sends))
         offsets: dict[str, dict[int, int]] = {}
-        for (table, partition, _), meta in zip(sends, results, strict=True):
-            per_table = offsets.setdefault(table.name, {})
-            per_table[partition] = max(per_table.get(partition, -1), int(meta.offset))
+        for (table, partition, _), last in zip(sends, results, strict=True):
+            offsets.setdefault(table.name, {})[partition] = last
         for table in self.tables.values():
             table.finish_flush(offsets.get(table.name, {}))
-        return len(sends)
+        return sent
 
 
 @dataclass
@@ -175,7 +187,8 @@ class _Restore:
     total: int = 0
     applied: int = 0
     #: an active restore collects writes across fetches (repeated keys collapse, and big
-    #: batches are much cheaper per key in RocksDB); offset of the last record collected
+    #: batches are much cheaper per key in RocksDB); the changelog offset they reach (the
+    #: last one read or skipped: compaction gaps and transaction markers count as read)
     writes: dict[bytes, bytes | None] = field(default_factory=dict)
     last_offset: int | None = None
 
@@ -210,7 +223,7 @@ class StateService(Service):
         self._lag_refresh_interval = lag_refresh_interval
         self._batch_records = batch_records
         self._restore_write_batch = restore_write_batch
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: ChangelogReader | None = None
         self._wanted_active: dict[str, set[int]] = {}
         self._wanted_standby: dict[str, set[int]] = {}
         self._changed = asyncio.Event()
@@ -253,23 +266,14 @@ class StateService(Service):
     # ------------------------------------------------------------------ lifecycle
 
     async def on_start(self) -> None:
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=self._batch_records,
-            fetch_max_bytes=64 * 1024 * 1024,
-            max_partition_fetch_bytes=16 * 1024 * 1024,
-            **self._client_options,
-        )
-        await self._consumer.start()
+        self._reader = ChangelogReader(self._bootstrap, self._client_options)
+        await self._reader.start()
         await self._refresh_lags()
 
     async def on_stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            await reader.close()
         self.stores.close_all()
 
     # ------------------------------------------------------------------ background work
@@ -300,9 +304,10 @@ class StateService(Service):
 
     async def _reconcile(self) -> None:
         """Open/close stores for the new assignment and plan what to read from the changelogs."""
-        consumer = self._require()
+        reader = self._require()
         active = {(t, p) for t, ps in self._wanted_active.items() for p in ps}
         standby = {(t, p) for t, ps in self._wanted_standby.items() for p in ps} - active
+        self._flush_pending()  # progress of interrupted restores is kept, not read again
         for table in self.stores.tables.values():
             for partition in list(table.stores):
                 if (table.name, partition) not in active | standby:
@@ -310,13 +315,13 @@ class StateService(Service):
         wanted = sorted(active | standby)
         self._restores = {}
         if not wanted:
-            consumer.assign([])
+            reader.assign({})
             return
         tps = self._changelog_tps(wanted)
-        ends = await consumer.end_offsets(tps)
-        starts = await consumer.beginning_offsets(tps)
-        assignment: list[TopicPartition] = []
-        seeks: dict[TopicPartition, int] = {}
+        ends = await reader.end_offsets(tps)
+        starts = await reader.beginning_offsets(tps)
+        # start offset, and the end captured now for restores (standbys follow: None)
+        ranges: dict[TopicPartition, tuple[int, int | None]] = {}
         for (name, partition), tp in zip(wanted, tps, strict=True):
             table = self.stores.tables[name]
             store = self.stores.open(table, partition)
@@ -328,8 +333,8 @@ class StateService(Service):
                 store = self.stores.wipe(table, partition)
             is_standby = (name, partition) in standby
             if plan.needs_restore or is_standby:
-                assignment.append(tp)
-                seeks[tp] = plan.start if plan.start is not None else ends[tp]
+                start = plan.start if plan.start is not None else ends[tp]
+                ranges[tp] = (start, None if is_standby else ends[tp])
                 self._restores[(name, partition)] = _Restore(
                     table, partition, is_standby, ends[tp], time.monotonic(), plan.records
                 )
@@ -342,54 +347,62 @@ class StateService(Service):
                     )
             if not plan.needs_restore and not is_standby:
                 self._mark_ready(table, partition)
-        consumer.assign(assignment)
-        for tp, offset in seeks.items():
-            consumer.seek(tp, offset)
+        reader.assign(ranges)
         for key in list(self._restores):
             restore = self._restores[key]
-            if not restore.standby and restore.end == seeks.get(
-                TopicPartition(restore.table.changelog.name, restore.partition)
-            ):
+            tp = TopicPartition(restore.table.changelog.name, restore.partition)
+            if not restore.standby and restore.end == ranges[tp][0]:
                 self._finish(key)
 
     async def _apply_batch(self) -> None:
-        consumer = self._require()
-        batches = await consumer.getmany(timeout_ms=200, max_records=self._batch_records)
-        for tp, records in batches.items():
+        reader = self._require()
+        try:
+            chunks = await reader.read(self._batch_records, timeout=0.2)
+        except ChangelogOffsetOutOfRange as exc:
+            # e.g. records deleted under a replay: plan again (plan_restore rebuilds the store)
+            log.warning("%s; planning the restore again", exc)
+            self._changed.set()
+            return
+        for tp, chunk in chunks.items():
             table = self.stores.table_for_changelog(tp.topic)
             key = (table.name, tp.partition)
             restore = self._restores.get(key)
             store = table.stores.get(tp.partition)
-            if restore is None or store is None or not records:
+            if restore is None or store is None:
                 continue
-            writes = restore.writes
-            for r in records:
-                if r.key is None:
-                    log.warning(
-                        "changelog %s[%d]@%d has no key; skipped", tp.topic, tp.partition, r.offset
-                    )
-                    continue
-                writes[r.key] = r.value
-            restore.last_offset = records[-1].offset
-            restore.applied += len(records)
-            self.restored_records += len(records)
+            self._collect(restore, tp, chunk)
             # standbys apply every fetch (they must stay fresh); restores batch up
-            if restore.standby or len(writes) >= self._restore_write_batch:
+            if restore.standby or len(restore.writes) >= self._restore_write_batch:
                 restore.flush_into(store)
-        for key, restore in list(self._restores.items()):
-            if restore.standby:
-                continue
-            tp = TopicPartition(restore.table.changelog.name, restore.partition)
-            if await consumer.position(tp) >= restore.end:
+            if not restore.standby and chunk.next_offset >= restore.end:
                 self._finish(key)
+
+    def _collect(self, restore: _Restore, tp: TopicPartition, chunk: ChangelogChunk) -> None:
+        writes = restore.writes
+        for offset, key, value in chunk.records:
+            if key is None:
+                log.warning(
+                    "changelog %s[%d]@%d has no key; skipped", tp.topic, tp.partition, offset
+                )
+                continue
+            writes[key] = value
+        restore.last_offset = chunk.next_offset - 1
+        restore.applied += len(chunk.records)
+        self.restored_records += len(chunk.records)
+
+    def _flush_pending(self) -> None:
+        """Write what the current restores collected into their stores (still open ones)."""
+        for restore in self._restores.values():
+            store = restore.table.stores.get(restore.partition)
+            if store is not None:
+                restore.flush_into(store)
 
     def _finish(self, key: TaskKey) -> None:
         restore = self._restores.pop(key)
         store = restore.table.stores.get(restore.partition)
         if store is not None:
             restore.flush_into(store)
-        # Pause rather than re-assign: assign() would reset the standbys' positions.
-        self._require().pause(TopicPartition(restore.table.changelog.name, restore.partition))
+        self._require().unassign(TopicPartition(restore.table.changelog.name, restore.partition))
         elapsed = max(time.monotonic() - restore.started, 1e-6)
         if restore.applied:
             log.info(
@@ -424,14 +437,14 @@ class StateService(Service):
 
     async def _refresh_lags(self) -> None:
         """Recompute every local store's lag against its changelog's end offset."""
-        consumer = self._require()
+        reader = self._require()
         on_disk = self.stores.on_disk()
         if not on_disk:
             self._lags = {}
             return
         tps = self._changelog_tps(on_disk)
         try:
-            ends = await consumer.end_offsets(tps)
+            ends = await reader.end_offsets(tps)
         except Exception as exc:  # missing topic, broker hiccup: keep the old cache
             log.debug("could not refresh store lags: %r", exc)
             return
@@ -446,7 +459,7 @@ class StateService(Service):
             lags.setdefault(tp.topic, {})[partition] = lag_of(offset, ends[tp])
         self._lags = lags
 
-    def _require(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
+    def _require(self) -> ChangelogReader:
+        if self._reader is None:
             raise RuntimeError("the state service is not started")
-        return self._consumer
+        return self._reader

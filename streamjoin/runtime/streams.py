@@ -20,6 +20,7 @@ from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.offsets import OffsetTracker, TopicPartition
+from streamjoin.runtime.record_queue import RecordQueue
 from streamjoin.topics import Sender, current_stream
 
 log = logging.getLogger("streamjoin.agents")
@@ -77,7 +78,7 @@ class AgentRunner:
         self.agent = agent
         self.index = index
         self.runtime = runtime
-        self.queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
+        self.queue = RecordQueue(maxsize=queue_size)
         self.stream = Stream(self)
         self.current: _InFlight | None = None
         self.idle = asyncio.Event()
@@ -91,17 +92,16 @@ class AgentRunner:
 
     def clear(self) -> None:
         """Drop buffered records (after a revoke or before stopping)."""
-        while True:
-            try:
-                self.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
+        self.queue.clear()
 
     async def next_event(self) -> Event:
         self._finish_current()
+        queue = self.queue
         while True:
             self.idle.set()
-            item = await self.queue.get()
+            ready, item = queue.get_nowait()  # no suspension while records are buffered
+            if not ready:
+                item = await queue.get()
             if item is _STOP:
                 raise StopAsyncIteration
             epoch, raw = _unpack(item)
@@ -208,14 +208,29 @@ class AgentRuntime:
 
     async def dispatch(self, raw: RawRecord, epoch: int) -> None:
         """Hand one fetched record to every agent reading its topic (may wait: backpressure)."""
+        await self.dispatch_many((raw,), epoch)
+
+    async def dispatch_many(self, raws: Iterable[RawRecord], epoch: int) -> None:
+        """Hand fetched records, in order, to every agent reading their topics: registered
+        with the offset tracker first, then queued a batch per actor (may wait while an
+        actor's queue is full)."""
         if epoch != self.epoch:
             return
-        targets = [
-            actors[raw.partition % len(actors)] for actors in self._routes.get(raw.topic, ())
-        ]
-        self.tracker.register((raw.topic, raw.partition), raw.offset, len(targets))
-        for runner in targets:
-            await runner.queue.put((epoch, raw))
+        routes = self._routes
+        register = self.tracker.register
+        batches: dict[AgentRunner, list[tuple[int, RawRecord]]] = {}
+        for raw in raws:
+            targets = [actors[raw.partition % len(actors)] for actors in routes.get(raw.topic, ())]
+            register((raw.topic, raw.partition), raw.offset, len(targets))
+            for runner in targets:
+                batch = batches.get(runner)
+                if batch is None:
+                    batch = batches[runner] = []
+                batch.append((epoch, raw))
+        for runner, batch in batches.items():
+            if epoch != self.epoch:
+                return  # a rebalance began while waiting for room: the rest is refetched
+            await runner.queue.put_many(batch)
 
     def begin_revoke(self) -> None:
         """Start of a rebalance: drop everything buffered from the old assignment."""

@@ -1,0 +1,113 @@
+"""StateService's restore loop over a scripted changelog reader (memory stores, no broker)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from streamjoin.app import App
+from streamjoin.runtime import state as state_module
+from streamjoin.runtime.changelog_reader import ChangelogChunk, ChangelogOffsetOutOfRange
+from streamjoin.runtime.changelog_records import Record
+from streamjoin.runtime.state import StateService, TableStores
+
+
+class ScriptedReader:
+    """A changelog with offsets [start, end) whose log start can move under a replay."""
+
+    instances: ClassVar[list[ScriptedReader]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.log: dict[TopicPartition, list[Record]] = {}
+        self.start_offset = 0
+        self.positions: dict[TopicPartition, int] = {}
+        self.assigns: list[dict[TopicPartition, tuple[int, int | None]]] = []
+        self.reads = 0
+        #: on this read, the log start moves to ``move_start_to`` and the read fails
+        self.fail_on_read: int | None = None
+        self.move_start_to = 0
+        ScriptedReader.instances.append(self)
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.log[tp][-1][0] + 1 if self.log.get(tp) else 0 for tp in tps}
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.start_offset for tp in tps}
+
+    def assign(self, ranges: dict[TopicPartition, tuple[int, int | None]]) -> None:
+        self.assigns.append(dict(ranges))
+        self.positions = {tp: start for tp, (start, _) in ranges.items()}
+
+    def unassign(self, tp: TopicPartition) -> None:
+        self.positions.pop(tp, None)
+
+    async def read(self, max_records: int, timeout: float) -> dict[TopicPartition, ChangelogChunk]:
+        await asyncio.sleep(0)
+        self.reads += 1
+        if self.reads == self.fail_on_read:
+            self.start_offset = self.move_start_to
+            self.log = {
+                tp: [r for r in recs if r[0] >= self.start_offset] for tp, recs in self.log.items()
+            }
+            failed = dict(self.positions)
+            self.positions.clear()
+            raise ChangelogOffsetOutOfRange(failed)
+        out = {}
+        for tp, position in self.positions.items():
+            records = [r for r in self.log[tp] if r[0] >= position][:2]
+            if records:
+                self.positions[tp] = records[-1][0] + 1
+                out[tp] = ChangelogChunk(records, records[-1][0] + 1)
+        return out
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> type[ScriptedReader]:
+    """The state service gets a ScriptedReader (see ``instances``) instead of a real one."""
+    ScriptedReader.instances.clear()
+    monkeypatch.setattr(state_module, "ChangelogReader", ScriptedReader)
+    return ScriptedReader
+
+
+async def test_records_deleted_under_a_replay_rebuild_the_store(
+    scripted: type[ScriptedReader],
+) -> None:
+    app = App("svc", broker="kafka://127.0.0.1:9")
+    app.table("t", partitions=1)
+    table = app.tables["t"]
+    tp = TopicPartition(table.changelog.name, 0)
+    ready = asyncio.Event()
+    service = StateService(
+        TableStores(app.tables, None),
+        bootstrap_servers=app.broker,
+        client_options={},
+        on_ready=lambda name, partition: ready.set(),
+        restore_write_batch=1,  # flush every read: the partial restore reaches the store
+    )
+    await service.start()
+    (live,) = scripted.instances
+    live.log = {tp: [(o, b"k%d" % (o % 4), b"v%d" % o) for o in range(10)]}
+    live.fail_on_read = 2  # after offsets 0-1 were applied, offsets below 6 are deleted
+    live.move_start_to = 6
+    try:
+        service.set_assignment({"t": {0}}, {})
+        await asyncio.wait_for(ready.wait(), timeout=5)
+    finally:
+        store = table.stores[0]
+        contents = dict(store.items())
+        offset = store.changelog_offset()
+        await service.stop()
+    # planned from 0; then, with the store at offset 1 and the log starting at 6: rebuilt
+    assert live.assigns == [{tp: (0, 10)}, {tp: (6, 10)}]
+    assert contents == {b"k2": b"v6", b"k3": b"v7", b"k0": b"v8", b"k1": b"v9"}
+    assert offset == 9
+    assert service.restored_records == 2 + 4
