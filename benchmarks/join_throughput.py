@@ -548,22 +548,18 @@ async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict
     }
 
 
-def ratio(ours: Result | None, other: Result) -> str:
+def ratio(ours: Result | None, other: Result, by_cpu: bool = False) -> str:
+    """How many times better streamjoin did: its joins/s over theirs, or (``by_cpu``) their
+    CPU seconds over its own; in parentheses when their output was wrong."""
     if ours is None or other.system == "streamjoin":
         return ""
-    if not (ours.correct and ours.joins_per_s and other.joins_per_s):
+    if by_cpu:
+        better, worse = other.cpu_seconds, ours.cpu_seconds
+    else:
+        better, worse = ours.joins_per_s, other.joins_per_s
+    if not (ours.correct and better and worse):
         return "-"
-    text = f"{ours.joins_per_s / other.joins_per_s:.2f}x"
-    return text if other.correct else f"({text})"
-
-
-def cpu_ratio(ours: Result | None, other: Result) -> str:
-    """Their CPU seconds over ours for the same work."""
-    if ours is None or other.system == "streamjoin":
-        return ""
-    if not (ours.correct and ours.cpu_seconds and other.cpu_seconds):
-        return "-"
-    text = f"{other.cpu_seconds / ours.cpu_seconds:.2f}x"
+    text = f"{better / worse:.2f}x"
     return text if other.correct else f"({text})"
 
 
@@ -603,7 +599,7 @@ def table(report: dict[str, Any]) -> str:
                 f"{r.joins_per_s:,.0f}",
                 ratio(ours, r),
                 "" if r.cpu_seconds is None else f"{r.cpu_seconds:.2f}",
-                cpu_ratio(ours, r),
+                ratio(ours, r, by_cpu=True),
                 verdict,
             )
         )
