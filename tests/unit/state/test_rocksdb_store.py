@@ -83,6 +83,22 @@ def test_data_offset_and_deletes_survive_reopen(
     assert again.changelog_offset() == 42
 
 
+def test_bounded_scans_among_deletion_tombstones(
+    opened: list[RocksDBStorePartition], path: Path
+) -> None:
+    """Ranges are exact whatever surrounds them: a live key just past the end, or a long run
+    of deleted keys (scans pass RocksDB an upper bound, so they do not walk that run)."""
+    store = open_store(opened, path)
+    keys = [i.to_bytes(4, "big") for i in range(20_000)]
+    store.write(dict.fromkeys(keys, b"v"), 1)
+    store.write(dict.fromkeys(keys[10:19_990]), 2)  # deleted: everything but both ends
+    assert [k for k, _ in store.items(keys[5], keys[12])] == keys[5:10]
+    assert list(store.items(keys[100], keys[19_000])) == []
+    assert [k for k, _ in store.items(keys[19_980], keys[19_992])] == keys[19_990:19_992]
+    assert [k for k, _ in store.items(keys[19_998], None)] == keys[19_998:]
+    assert [k for k, _ in store.items(None, keys[2])] == keys[:2]
+
+
 def test_new_store_creates_missing_parents_and_has_no_offset(
     opened: list[RocksDBStorePartition], path: Path
 ) -> None:
