@@ -145,8 +145,15 @@ def free_port(host: str = LOOPBACK, exclude: frozenset[int] = frozenset()) -> in
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: a random UUID in URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    """A KRaft cluster id: a random UUID in URL-safe base64 without padding (22 chars).
+
+    Never one starting with "-" (1 in 64 would): the storage tool's argument parser reads it
+    as an option. Kafka's own ``Uuid.randomUuid`` skips those for the same reason.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 @dataclass(frozen=True)
