@@ -35,7 +35,7 @@ from streamjoin.runtime.changelog_reader import (
     ChangelogOffsetOutOfRange,
     ChangelogReader,
 )
-from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition
+from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition, unordered_items
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
 from streamjoin.state.rocksdb import RocksDBStorePartition, open_or_rebuild
@@ -154,12 +154,11 @@ class TableStores:
         for table, pending in taken:
             for partition, writes in pending.items():
                 store = table.stores.get(partition)
+                pairs = unordered_items(writes)  # the changelog needs no key order
                 if clean[table.name] and store is not None:
-                    records = [
-                        (k, v) for k, v in writes.items() if v is not None or store.contains(k)
-                    ]
+                    records = [(k, v) for k, v in pairs if v is not None or store.contains(k)]
                 else:
-                    records = list(writes.items())
+                    records = list(pairs)
                 if not records:
                     continue
                 future = await sender.send_many(table.changelog.name, partition, records)

@@ -10,7 +10,7 @@ data exists past the stored offset).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -22,6 +22,7 @@ __all__ = [
     "StoreLocked",
     "StorePartition",
     "check_changelog_offset",
+    "unordered_items",
 ]
 
 
@@ -109,6 +110,15 @@ class StorePartition(Protocol):
     def close(self) -> None:
         """Release the store; idempotent. Any later use raises :class:`StoreClosed`."""
         ...
+
+
+def unordered_items(writes: Mapping[bytes, bytes | None]) -> Iterable[tuple[bytes, bytes | None]]:
+    """A mapping's pairs in any order, through dict's C view when it is a dict (buffered writes
+    are SortedDicts, whose own ``items()`` iterates in Python): for batches, where distinct
+    keys need no order."""
+    if isinstance(writes, dict):
+        return dict.items(writes)
+    return writes.items()
 
 
 def check_changelog_offset(stored: int | None, new: int | None, *, where: str) -> None:

@@ -46,6 +46,7 @@ from streamjoin.state.base import (
     StoreError,
     StoreLocked,
     check_changelog_offset,
+    unordered_items,
 )
 from streamjoin.state.keys import (
     FORMAT_VERSION,
@@ -348,7 +349,7 @@ class RocksDBStorePartition:
         check_changelog_offset(self._offset, changelog_offset, where=repr(self))
         batch = WriteBatch(raw_mode=True)
         try:
-            for key, value in writes.items():
+            for key, value in unordered_items(writes):
                 if value is None:
                     batch.delete(key)
                 else:
