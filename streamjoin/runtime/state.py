@@ -208,6 +208,7 @@ class StateService(Service):
         bootstrap_servers: str,
         client_options: Mapping[str, Any],
         on_ready: Callable[[str, int], None],
+        on_crash: Callable[[BaseException], None] | None = None,
         progress_interval: float = 2.0,
         lag_refresh_interval: float = 5.0,
         batch_records: int = 10_000,
@@ -218,6 +219,7 @@ class StateService(Service):
         self._bootstrap = bootstrap_servers
         self._client_options = dict(client_options)
         self._on_ready = on_ready
+        self._on_crash = on_crash
         self._progress_interval = progress_interval
         self._lag_refresh_interval = lag_refresh_interval
         self._batch_records = batch_records
@@ -279,6 +281,19 @@ class StateService(Service):
 
     @Service.task
     async def _run(self) -> None:
+        try:
+            await self._work()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A changelog that cannot be read (or a store that cannot be written) must stop
+            # the worker with that error, not leave its partitions waiting forever.
+            log.error("state service failed: %s", exc, exc_info=exc)
+            if self._on_crash is None:
+                raise
+            self._on_crash(exc)
+
+    async def _work(self) -> None:
         last_lag_refresh = time.monotonic()
         last_progress = time.monotonic()
         while not self.should_stop:

@@ -66,6 +66,7 @@ class KafkaRunner(Service):
                 bootstrap_servers=app.broker,
                 client_options=app.client_options,
                 on_ready=self._table_ready,
+                on_crash=self._on_crash,
             )
             await self.state_service.start()
         self.runtime = app.build_runtime(self.sender, self._on_crash, self.queue_size)

@@ -10,7 +10,11 @@ from aiokafka.structs import TopicPartition
 
 from streamjoin.app import App
 from streamjoin.runtime import state as state_module
-from streamjoin.runtime.changelog_reader import ChangelogChunk, ChangelogOffsetOutOfRange
+from streamjoin.runtime.changelog_reader import (
+    ChangelogChunk,
+    ChangelogOffsetOutOfRange,
+    ChangelogReadError,
+)
 from streamjoin.runtime.changelog_records import Record
 from streamjoin.runtime.state import StateService, TableStores
 
@@ -111,3 +115,36 @@ async def test_records_deleted_under_a_replay_rebuild_the_store(
     assert contents == {b"k2": b"v6", b"k3": b"v7", b"k0": b"v8", b"k1": b"v9"}
     assert offset == 9
     assert service.restored_records == 2 + 4
+
+
+async def test_an_unreadable_changelog_stops_the_worker_with_the_error(
+    scripted: type[ScriptedReader],
+) -> None:
+    app = App("svc", broker="kafka://127.0.0.1:9")
+    app.table("t", partitions=1)
+    table = app.tables["t"]
+    tp = TopicPartition(table.changelog.name, 0)
+    crashed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    service = StateService(
+        TableStores(app.tables, None),
+        bootstrap_servers=app.broker,
+        client_options={},
+        on_ready=lambda name, partition: None,
+        on_crash=crashed.set_result,
+    )
+    await service.start()
+    (live,) = scripted.instances
+    live.log = {tp: [(o, b"k", b"v") for o in range(10)]}
+
+    async def unreadable(max_records: int, timeout: float) -> dict[TopicPartition, Any]:
+        raise ChangelogReadError(f"{tp.topic}[0]: CORRUPT_MESSAGE")
+
+    live.read = unreadable  # type: ignore[method-assign]
+    try:
+        service.set_assignment({"t": {0}}, {})
+        error = await asyncio.wait_for(crashed, timeout=5)
+    finally:
+        await service.stop()
+    assert isinstance(error, ChangelogReadError)
+    assert "CORRUPT_MESSAGE" in str(error)
+    assert 0 not in table.ready  # never marked restored
