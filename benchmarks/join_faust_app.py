@@ -29,8 +29,8 @@ per-event stream-time bookkeeping.
 
 Both tables use raw bytes (an 8-byte timestamp followed by the record's JSON):
 the fastest Faust path; JSON is decoded only to build a joined record, as in
-streamjoin. Marks: ``FIRST <unix time>`` when the first input event reaches an
-agent and ``DONE <unix time>`` when the ``--inputs``-th event is processed, in
+streamjoin. Marks: ``FIRST <unix time> <process CPU time>`` when the first input event reaches an
+agent and ``DONE <unix time> <process CPU time>`` when the ``--inputs``-th event is processed, in
 the file ``--marks`` (the Faust worker redirects stdout into its log).
 """
 

@@ -20,8 +20,8 @@ right side in ``[ts - backward_ms, ts]``, ``right_func`` the left side in
 but has a later timestamp (arrival is out of order by up to 20 s) is never
 joined. The benchmark reports those missing joins.
 
-Marks: ``FIRST <unix time>`` when the first input event reaches the app and
-``DONE <unix time>`` when the ``--inputs``-th does, in the file ``--marks``.
+Marks: ``FIRST <unix time> <process CPU time>`` when the first input event reaches the app and
+``DONE <unix time> <process CPU time>`` when the ``--inputs``-th does, in the file ``--marks``.
 """
 
 from __future__ import annotations
