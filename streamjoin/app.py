@@ -82,6 +82,12 @@ class App:
         consumer_options / producer_options: passed to the consumer / producer only.
         capacity, tags, host: what this worker reports to the assignor (processing
             slots, placement tags such as ``{"zone": "a"}``, address for routing).
+        align_idle_ms: how long inputs read together in timestamp order (the two sides
+            of a join) wait for a side with nothing buffered when it looks caught up, in
+            case its producer runs a little behind (0: only wait for a side known to have
+            more data). Raise it for replays much faster than real time.
+        align_max_idle_ms: the longest wait for a side known to have more data before the
+            other side is processed without it (logged).
     """
 
     def __init__(
@@ -104,6 +110,8 @@ class App:
         capacity: int = 1,
         tags: Mapping[str, str] | None = None,
         host: str | None = None,
+        align_idle_ms: int = 0,
+        align_max_idle_ms: int = 5_000,
     ) -> None:
         if not id or not re.fullmatch(r"[A-Za-z0-9._-]+", id):
             raise ConfigurationError(
@@ -121,6 +129,12 @@ class App:
             raise ConfigurationError(f"standby_replicas must be >= 0, got {standby_replicas}")
         if capacity < 1:
             raise ConfigurationError(f"capacity must be >= 1, got {capacity}")
+        for name, wait in (
+            ("align_idle_ms", align_idle_ms),
+            ("align_max_idle_ms", align_max_idle_ms),
+        ):
+            if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0 (ms), got {wait!r}")
         self.id = id
         self.broker = parse_broker_url(broker)
         self.key_codec = resolve_codec(key_serializer, default="raw")
@@ -138,6 +152,8 @@ class App:
         self.capacity = capacity
         self.tags = dict(tags or {})
         self.host = host
+        self.align_idle_ms = align_idle_ms
+        self.align_max_idle_ms = align_max_idle_ms
         self.topics: dict[str, Topic] = {}
         self.agents: dict[str, Agent] = {}
         self.tables: dict[str, Table] = {}

@@ -9,8 +9,11 @@ partition and releases, for each partition number of a group, always the
 buffered record with the lowest timestamp, but only while every topic of the
 group has a buffered record, or the empty ones are known to be caught up (no
 more data to fetch, according to a fetch answered *after* the group started
-waiting, so a stale "empty" answer cannot let one side run ahead), or the group
-waited longer than ``max_idle_ms``.
+waiting, so a stale "empty" answer cannot let one side run ahead) and the group
+waited ``idle_ms`` (0 by default; like Kafka Streams' ``max.task.idle.ms``, it
+gives a producer that writes one input a little behind the other time to catch
+up), or the group waited longer than ``max_idle_ms`` for a partition known to
+have more data.
 """
 
 from __future__ import annotations
@@ -26,7 +29,14 @@ TopicPartition = tuple[str, int]
 class TimestampAligner:
     """Buffers records of aligned topics and releases them in timestamp order per partition."""
 
-    def __init__(self, groups: Iterable[Iterable[str]], max_idle_ms: int = 5_000) -> None:
+    def __init__(
+        self, groups: Iterable[Iterable[str]], max_idle_ms: int = 5_000, idle_ms: int = 0
+    ) -> None:
+        if max_idle_ms < 0 or idle_ms < 0:
+            raise ValueError(
+                f"alignment waits must be >= 0 ms, got max_idle_ms={max_idle_ms}, "
+                f"idle_ms={idle_ms}"
+            )
         self._groups: list[tuple[str, ...]] = [tuple(g) for g in groups]
         self._group_of: dict[str, int] = {}
         for index, group in enumerate(self._groups):
@@ -35,6 +45,7 @@ class TimestampAligner:
         self._buffers: dict[TopicPartition, deque[RawRecord]] = {}
         self._blocked_since: dict[tuple[int, int], float] = {}
         self.max_idle_ms = max_idle_ms
+        self.idle_ms = idle_ms
         #: (topic, partition) whose data was not waited for any longer (max idle reached);
         #: the runtime logs and clears it
         self.forced: list[TopicPartition] = []
@@ -91,6 +102,8 @@ class TimestampAligner:
                         if now_ms - since < self.max_idle_ms:
                             break  # wait for the other side's data
                         self.forced.append((missing[0], partition))
+                    elif now_ms - since < self.idle_ms:
+                        break  # caught up, but its producer may be a little behind
                 self._blocked_since.pop(key, None)
                 first = min(heads, key=lambda b: (b[0].timestamp, b[0].topic, b[0].offset))
                 out.append(first.popleft())

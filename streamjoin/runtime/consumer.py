@@ -69,6 +69,7 @@ class KafkaConsumerService(Service):
         blocked: Callable[[str, int], bool] | None = None,
         aligned_groups: Iterable[Iterable[str]] = (),
         align_max_idle_ms: int = 5_000,
+        align_idle_ms: int = 0,
     ) -> None:
         super().__init__()
         self._runtime = runtime
@@ -93,7 +94,9 @@ class KafkaConsumerService(Service):
         }
         self._consumer: AIOKafkaConsumer | None = None
         self._assigned: set[TopicPartition] = set()
-        self._aligner = TimestampAligner(aligned_groups, max_idle_ms=align_max_idle_ms)
+        self._aligner = TimestampAligner(
+            aligned_groups, max_idle_ms=align_max_idle_ms, idle_ms=align_idle_ms
+        )
         #: why each partition is paused ("restore": its tables are restoring, "align": the
         #: aligner holds enough of it); it is resumed when no reason is left
         self._pauses: dict[TopicPartition, set[str]] = {}

@@ -92,6 +92,8 @@ class KafkaRunner(Service):
                 before_commit=self._flush_tables if self.stores is not None else None,
                 blocked=self._blocked if self.stores is not None else None,
                 aligned_groups=app.aligned_groups(),
+                align_idle_ms=app.align_idle_ms,
+                align_max_idle_ms=app.align_max_idle_ms,
             )
             await self.consumer.start()
         log.info(

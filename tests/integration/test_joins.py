@@ -154,3 +154,56 @@ async def test_mismatched_partitions_fail_at_startup_and_group_by_fixes_it(
                 break
             await asyncio.sleep(0.1)
     assert matched == ["o-1"]
+
+
+@pytest.mark.parametrize("idle_ms", [0, 10_000])
+async def test_align_idle_ms_waits_for_a_side_written_late(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path, idle_ms: int
+) -> None:
+    """A click written before its impression, whose timestamp is earlier than the clicks
+    already read: late without ``align_idle_ms`` (the clicks went ahead as soon as the
+    impressions looked caught up), joined with it (they waited for the impression)."""
+    left_name, right_name = unique_topic("imp"), unique_topic("clk")
+    await ensure_topics(kafka_bootstrap, [TopicSpec(left_name, 1), TopicSpec(right_name, 1)])
+    app = streamjoin.App(
+        unique_topic("app"),
+        broker=f"kafka://{kafka_bootstrap}",
+        state_dir=tmp_path,
+        commit_interval=0.2,
+        align_idle_ms=idle_ms,
+    )
+    left = app.topic(left_name, key_serializer="str")
+    right = app.topic(right_name, key_serializer="str")
+    matched: list[str] = []
+
+    @app.join(left, right, window=1_000, name="late-left")
+    def pair(key: str, impression: object, click: object) -> None:
+        matched.append(key)
+
+    async with app:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(right_name, b"1", key=b"a", timestamp_ms=100_000)
+            await producer.send_and_wait(right_name, b"2", key=b"b", timestamp_ms=200_000)
+            if idle_ms == 0:
+                # the clicks are processed (stream time 200,000) before the impression exists
+                for _ in range(150):
+                    if (await committed_offsets(kafka_bootstrap, app.id, right_name, 1)) == [2]:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    pytest.fail("the clicks were not processed")
+            else:
+                await asyncio.sleep(0.3)
+            await producer.send_and_wait(left_name, b"3", key=b"a", timestamp_ms=99_500)
+        finally:
+            await producer.stop()
+        for _ in range(150):
+            if matched or app.joins["late-left"].late:
+                break
+            await asyncio.sleep(0.1)
+    if idle_ms:
+        assert matched == ["a"]
+    else:
+        assert matched == [] and app.joins["late-left"].late == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,27 @@ def test_waits_at_most_max_idle() -> None:
     assert aligner.release(never, 0) == []
     assert aligner.release(never, 50) == []
     assert [r.timestamp for r in aligner.release(never, 100)] == [5]
+
+
+def test_idle_ms_waits_for_a_caught_up_side_then_releases() -> None:
+    aligner = TimestampAligner([("imp", "clk")], idle_ms=100)
+    aligner.add([rec("clk", 0, 5)])
+    assert aligner.release(always, 0) == []  # caught up, but a late write may still come
+    assert aligner.release(always, 99) == []
+    aligner.add([rec("imp", 0, 3)])  # it did: released first, in timestamp order
+    assert [(r.topic, r.timestamp) for r in aligner.release(always, 99)] == [("imp", 3)]
+    # imp ran dry again: a new wait starts before clk@5 goes
+    assert aligner.release(always, 150) == []
+    assert [r.timestamp for r in aligner.release(always, 199)] == [5]
+    # the default does not wait for a caught-up side
+    plain = TimestampAligner([("imp", "clk")])
+    plain.add([rec("clk", 0, 5)])
+    assert [r.timestamp for r in plain.release(always, 0)] == [5]
+
+
+def test_negative_waits_are_refused() -> None:
+    with pytest.raises(ValueError, match="idle_ms=-1"):
+        TimestampAligner([("imp", "clk")], idle_ms=-1)
 
 
 def test_partitions_are_independent_and_unaligned_topics_are_not_held() -> None:

@@ -43,6 +43,8 @@ def test_bad_broker_urls_are_named(url: str) -> None:
         ({"id": "x", "processing_guarantee": "exactly_once"}, "not supported"),
         ({"id": "x", "commit_interval": 0}, "commit_interval"),
         ({"id": "x", "standby_replicas": -1}, "standby_replicas"),
+        ({"id": "x", "align_idle_ms": -5}, "align_idle_ms must be an int >= 0"),
+        ({"id": "x", "align_max_idle_ms": 1.5}, "align_max_idle_ms must be an int >= 0"),
     ],
 )
 def test_bad_settings_are_rejected(kwargs: dict[str, object], message: str) -> None:
