@@ -146,13 +146,9 @@ class Table:
         for p in partitions:
             if p not in self.ready:
                 raise TableAccessError(f"partition {p} of table {self.name!r} is not active here")
-            merged: dict[bytes, bytes | None] = dict(self.stores[p].items())
-            for layer in (self.flushing, self.pending):
-                merged.update(layer.get(p, {}))
-            for key_bytes in sorted(merged):
-                value_bytes = merged[key_bytes]
-                if value_bytes is not None:
-                    yield self.key_codec.loads(key_bytes), self.value_codec.loads(value_bytes)
+            # materialized: the caller may write to the table while iterating
+            for key_bytes, value_bytes in list(TableView(self, p).scan(b"", None)):
+                yield self.key_codec.loads(key_bytes), self.value_codec.loads(value_bytes)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         return self.local_items()

@@ -191,7 +191,11 @@ class _Restore:
     writes: dict[bytes, bytes | None] = field(default_factory=dict)
     last_offset: int | None = None
 
-    def flush_into(self, store: StorePartition) -> None:
+    def flush(self) -> None:
+        """Write what was collected into the partition's store (if it is still open)."""
+        store = self.table.stores.get(self.partition)
+        if store is None:
+            return
         if self.last_offset is not None:
             store.write(self.writes, self.last_offset)
         self.writes = {}
@@ -381,13 +385,12 @@ class StateService(Service):
             table = self.stores.table_for_changelog(tp.topic)
             key = (table.name, tp.partition)
             restore = self._restores.get(key)
-            store = table.stores.get(tp.partition)
-            if restore is None or store is None:
+            if restore is None or tp.partition not in table.stores:
                 continue
             self._collect(restore, tp, chunk)
             # standbys apply every fetch (they must stay fresh); restores batch up
             if restore.standby or len(restore.writes) >= self._restore_write_batch:
-                restore.flush_into(store)
+                restore.flush()
             if not restore.standby and chunk.next_offset >= restore.end:
                 self._finish(key)
 
@@ -407,15 +410,11 @@ class StateService(Service):
     def _flush_pending(self) -> None:
         """Write what the current restores collected into their stores (still open ones)."""
         for restore in self._restores.values():
-            store = restore.table.stores.get(restore.partition)
-            if store is not None:
-                restore.flush_into(store)
+            restore.flush()
 
     def _finish(self, key: TaskKey) -> None:
         restore = self._restores.pop(key)
-        store = restore.table.stores.get(restore.partition)
-        if store is not None:
-            restore.flush_into(store)
+        restore.flush()
         self._require().unassign(TopicPartition(restore.table.changelog.name, restore.partition))
         elapsed = max(time.monotonic() - restore.started, 1e-6)
         if restore.applied:

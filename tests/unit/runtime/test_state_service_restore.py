@@ -17,6 +17,7 @@ from streamjoin.runtime.changelog_reader import (
 )
 from streamjoin.runtime.changelog_records import Record
 from streamjoin.runtime.state import StateService, TableStores
+from streamjoin.tables import Table
 
 
 class ScriptedReader:
@@ -82,18 +83,23 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> type[ScriptedReader]:
     return ScriptedReader
 
 
-async def test_records_deleted_under_a_replay_rebuild_the_store(
-    scripted: type[ScriptedReader],
-) -> None:
+def one_table_service(**options: Any) -> tuple[StateService, Table, TopicPartition]:
+    """A state service (memory stores) for an app with one 1-partition table ``t``."""
     app = App("svc", broker="kafka://127.0.0.1:9")
     app.table("t", partitions=1)
     table = app.tables["t"]
-    tp = TopicPartition(table.changelog.name, 0)
-    ready = asyncio.Event()
+    options.setdefault("on_ready", lambda name, partition: None)
     service = StateService(
-        TableStores(app.tables, None),
-        bootstrap_servers=app.broker,
-        client_options={},
+        TableStores(app.tables, None), bootstrap_servers=app.broker, client_options={}, **options
+    )
+    return service, table, TopicPartition(table.changelog.name, 0)
+
+
+async def test_records_deleted_under_a_replay_rebuild_the_store(
+    scripted: type[ScriptedReader],
+) -> None:
+    ready = asyncio.Event()
+    service, table, tp = one_table_service(
         on_ready=lambda name, partition: ready.set(),
         restore_write_batch=1,  # flush every read: the partial restore reaches the store
     )
@@ -120,18 +126,8 @@ async def test_records_deleted_under_a_replay_rebuild_the_store(
 async def test_an_unreadable_changelog_stops_the_worker_with_the_error(
     scripted: type[ScriptedReader],
 ) -> None:
-    app = App("svc", broker="kafka://127.0.0.1:9")
-    app.table("t", partitions=1)
-    table = app.tables["t"]
-    tp = TopicPartition(table.changelog.name, 0)
     crashed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-    service = StateService(
-        TableStores(app.tables, None),
-        bootstrap_servers=app.broker,
-        client_options={},
-        on_ready=lambda name, partition: None,
-        on_crash=crashed.set_result,
-    )
+    service, table, tp = one_table_service(on_crash=crashed.set_result)
     await service.start()
     (live,) = scripted.instances
     live.log = {tp: [(o, b"k", b"v") for o in range(10)]}
