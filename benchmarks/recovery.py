@@ -242,7 +242,7 @@ async def restore_streamjoin(
         ready: set[int] = set()
         all_ready = asyncio.Event()
 
-        def on_ready(name: str, partition: int) -> None:
+        def on_ready(name: str, partition: int, store: Any) -> None:
             ready.add(partition)
             if len(ready) == partitions:
                 all_ready.set()
@@ -261,7 +261,11 @@ async def restore_streamjoin(
             restored = service.restored_records
             keys = None
             if count_keys:
-                keys = sum(sum(1 for _ in store.items()) for store in table.stores.values())
+                keys = sum(
+                    sum(1 for _ in store.items())
+                    for key in stores.open_keys()
+                    if (store := stores.get(*key)) is not None
+                )
         finally:
             await service.stop()
         return Run(seconds, restored, keys, {"cpu_seconds": cpu_seconds})

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from streamjoin.codecs import DecodeError
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event, RawRecord
+from streamjoin.stream import Stream
 from streamjoin.topics import Topic
-
-if TYPE_CHECKING:
-    from streamjoin.runtime.streams import Stream
 
 #: What happens to an event whose processing raised, or a record that cannot be decoded:
 #: ``stop`` logs it and stops the worker without committing past it (the default),
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 OnError = Literal["stop", "skip", "dead_letter"]
 ON_ERROR_CHOICES: tuple[OnError, ...] = ("stop", "skip", "dead_letter")
 
-AgentFunction = Callable[["Stream"], Awaitable[None]]
+AgentFunction = Callable[[Stream], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -48,14 +47,14 @@ class Agent:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise ValueError(f"agent {self.name!r}: concurrency must be >= 1")
+            raise ConfigurationError(f"agent {self.name!r}: concurrency must be >= 1")
         if self.on_error not in ON_ERROR_CHOICES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"agent {self.name!r}: on_error must be one of {ON_ERROR_CHOICES}, "
                 f"got {self.on_error!r}"
             )
         if self.on_error == "dead_letter" and self.dead_letter is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"agent {self.name!r}: on_error='dead_letter' needs a dead-letter topic"
             )
 

@@ -1,66 +1,43 @@
-"""The App: what the user declares (topics, agents, co-partition groups) and the composition root.
+"""The App: the friendly facade users declare with (topics, agents, tables, joins).
 
-Nothing runs at import or declaration time. ``await app.start()`` (or
-``async with app:``) creates missing topics, checks partition counts, then
-starts the producer, the agents and the consumer (in that order);
-``await app.stop()`` stops them in reverse, committing what was processed.
+Nothing runs at import or declaration time. The App keeps the declarations and
+an :class:`~streamjoin.config.AppConfig`; ``await app.start()`` (or ``async with
+app:``) freezes them into a :class:`~streamjoin.topology.Topology` and hands both
+to a :class:`~streamjoin.runtime.worker.Worker`, the composition root that builds
+and runs everything else. ``await app.stop()`` stops it, committing what was
+processed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamjoin.agents import Agent, AgentFunction, OnError
 from streamjoin.codecs import Codec, resolve_codec
+from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
+from streamjoin.context import RuntimeLink
+from streamjoin.errors import ConfigurationError, CopartitioningError
 from streamjoin.events import Event
-from streamjoin.runtime.admin import ensure_topics, fetch_partition_counts
-from streamjoin.runtime.streams import AgentRuntime, Stream
+from streamjoin.joins.api import JoinStats, declare_join
 from streamjoin.state.windows import WindowSpec
+from streamjoin.stream import Stream
 from streamjoin.tables import Table
-from streamjoin.topics import Sender, Topic
+from streamjoin.topics import Topic
+from streamjoin.topology import Topology
 from streamjoin.windowed import WindowedTable
+
+if TYPE_CHECKING:
+    from streamjoin.runtime.worker import Worker
 
 log = logging.getLogger("streamjoin.app")
 
 F = TypeVar("F", bound=AgentFunction)
-
-_BROKER_SCHEME = re.compile(r"^(kafka|tcp)://", re.IGNORECASE)
-PROCESSING_GUARANTEES = ("at_least_once",)
-
-
-class ConfigurationError(ValueError):
-    """The app's declarations or settings are inconsistent; the message says how to fix them."""
-
-
-class CopartitioningError(ConfigurationError):
-    """Topics declared co-partitioned have different partition counts."""
-
-
-def parse_broker_url(broker: str) -> str:
-    """``kafka://h1:9092,h2:9092`` (scheme optional, per host or once) -> ``h1:9092,h2:9092``."""
-    servers = []
-    for part in broker.split(","):
-        part = _BROKER_SCHEME.sub("", part.strip()).rstrip("/")
-        if not part:
-            continue
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigurationError(
-                f"broker {broker!r}: expected host:port entries like 'kafka://127.0.0.1:9092', "
-                f"got {part!r}"
-            )
-        servers.append(part)
-    if not servers:
-        raise ConfigurationError(f"broker {broker!r} names no host:port")
-    return ",".join(servers)
 
 
 class App:
@@ -113,47 +90,29 @@ class App:
         align_idle_ms: int = 0,
         align_max_idle_ms: int = 5_000,
     ) -> None:
-        if not id or not re.fullmatch(r"[A-Za-z0-9._-]+", id):
-            raise ConfigurationError(
-                f"app id {id!r} must be non-empty and use only letters, digits, '.', '_', '-' "
-                "(it names the consumer group and internal topics)"
-            )
-        if processing_guarantee not in PROCESSING_GUARANTEES:
-            raise ConfigurationError(
-                f"processing_guarantee {processing_guarantee!r} is not supported; "
-                f"choose one of {PROCESSING_GUARANTEES}"
-            )
-        if commit_interval <= 0:
-            raise ConfigurationError(f"commit_interval must be > 0, got {commit_interval}")
-        if standby_replicas < 0:
-            raise ConfigurationError(f"standby_replicas must be >= 0, got {standby_replicas}")
-        if capacity < 1:
-            raise ConfigurationError(f"capacity must be >= 1, got {capacity}")
-        for name, wait in (
-            ("align_idle_ms", align_idle_ms),
-            ("align_max_idle_ms", align_max_idle_ms),
-        ):
-            if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
-                raise ConfigurationError(f"{name} must be an int >= 0 (ms), got {wait!r}")
-        self.id = id
-        self.broker = parse_broker_url(broker)
-        self.key_codec = resolve_codec(key_serializer, default="raw")
-        self.value_codec = resolve_codec(value_serializer, default="json")
-        self.commit_interval = commit_interval
-        self.processing_guarantee = processing_guarantee
-        self.standby_replicas = standby_replicas
-        self.state_dir = Path(state_dir) if state_dir is not None else Path(f"{id}-data")
-        self.group_instance_id = group_instance_id
-        self.topic_partitions = topic_partitions
-        self.topic_replication_factor = topic_replication_factor
-        self.client_options = dict(client_options or {})
-        self.consumer_options = dict(consumer_options or {})
-        self.producer_options = dict(producer_options or {})
-        self.capacity = capacity
-        self.tags = dict(tags or {})
-        self.host = host
-        self.align_idle_ms = align_idle_ms
-        self.align_max_idle_ms = align_max_idle_ms
+        self.config = AppConfig.from_options(
+            id,
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
+            broker=broker,
+            commit_interval=commit_interval,
+            processing_guarantee=processing_guarantee,
+            standby_replicas=standby_replicas,
+            state_dir=state_dir,
+            group_instance_id=group_instance_id,
+            topic_partitions=topic_partitions,
+            topic_replication_factor=topic_replication_factor,
+            client_options=client_options,
+            consumer_options=consumer_options,
+            producer_options=producer_options,
+            capacity=capacity,
+            tags=tags,
+            host=host,
+            align_idle_ms=align_idle_ms,
+            align_max_idle_ms=align_max_idle_ms,
+        )
+        #: how declarations reach the running worker (connected while it runs)
+        self._link = RuntimeLink()
         self.topics: dict[str, Topic] = {}
         self.agents: dict[str, Agent] = {}
         self.tables: dict[str, Table] = {}
@@ -162,8 +121,98 @@ class App:
         self.table_sources: dict[str, Topic] = {}
         self._table_listeners: dict[str, list[Callable[[Any], Awaitable[None]]]] = {}
         self.copartition_groups: list[tuple[str, ...]] = []
-        self._runner: _Running | None = None
-        self._last_runner: _Running | None = None
+        self._worker: Worker | None = None
+        self._last_worker: Worker | None = None
+
+    # ------------------------------------------------------------------ settings
+
+    def configure(self, **changes: Any) -> None:
+        """Change settings (validated like the constructor's); not while running."""
+        if self._worker is not None:
+            raise ConfigurationError(f"{self!r} is running: stop it before changing settings")
+        self.config = self.config.replace(**changes)
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def broker(self) -> str:
+        """``host:port[,host:port]`` (the URL as parsed)."""
+        return self.config.broker
+
+    @broker.setter
+    def broker(self, value: str) -> None:
+        self.configure(broker=value)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.state_path
+
+    @state_dir.setter
+    def state_dir(self, value: str | os.PathLike[str]) -> None:
+        self.configure(state_dir=value)
+
+    @property
+    def group_instance_id(self) -> str | None:
+        return self.config.group_instance_id
+
+    @group_instance_id.setter
+    def group_instance_id(self, value: str | None) -> None:
+        self.configure(group_instance_id=value)
+
+    @property
+    def key_codec(self) -> Codec:
+        return self.config.key_codec
+
+    @property
+    def value_codec(self) -> Codec:
+        return self.config.value_codec
+
+    @property
+    def commit_interval(self) -> float:
+        return self.config.commit_interval
+
+    @property
+    def processing_guarantee(self) -> str:
+        return self.config.processing_guarantee
+
+    @property
+    def standby_replicas(self) -> int:
+        return self.config.standby_replicas
+
+    @property
+    def topic_partitions(self) -> int:
+        return self.config.topic_partitions
+
+    @property
+    def topic_replication_factor(self) -> int:
+        return self.config.topic_replication_factor
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """The options every Kafka client gets (credentials included: do not log them)."""
+        return self.config.client_kwargs()
+
+    @property
+    def capacity(self) -> int:
+        return self.config.capacity
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self.config.tags)
+
+    @property
+    def host(self) -> str | None:
+        return self.config.host
+
+    @property
+    def align_idle_ms(self) -> int:
+        return self.config.align_idle_ms
+
+    @property
+    def align_max_idle_ms(self) -> int:
+        return self.config.align_max_idle_ms
 
     def __repr__(self) -> str:  # no client options: they may hold credentials
         return f"App(id={self.id!r}, broker={self.broker!r})"
@@ -211,6 +260,7 @@ class App:
             partitions=partitions,
             replication_factor=replication_factor or self.topic_replication_factor,
             config=dict(config or {}),
+            link=self._link,
         )
         self.topics[name] = topic
         return topic
@@ -320,10 +370,19 @@ class App:
         writer_names = frozenset(t.name for t in writer_topics)
         table: Table
         if window is None:
-            table = Table(name, key_codec, value_codec, changelog, default, writer_names)
+            table = Table(
+                name, key_codec, value_codec, changelog, default, writer_names, link=self._link
+            )
         else:
             table = WindowedTable(
-                name, key_codec, value_codec, changelog, default, writer_names, windows=window
+                name,
+                key_codec,
+                value_codec,
+                changelog,
+                default,
+                writer_names,
+                link=self._link,
+                windows=window,
             )
         self.tables[name] = table
         if writer_topics:
@@ -406,8 +465,6 @@ class App:
         Event time is the record timestamp unless ``left_timestamp``/``right_timestamp``
         extract it from the event.
         """
-        from streamjoin.joins.api import declare_join
-
         if how not in ("inner", "left", "outer"):
             raise ConfigurationError(f"how must be 'inner', 'left' or 'outer', got {how!r}")
         return declare_join(
@@ -485,93 +542,82 @@ class App:
     # ------------------------------------------------------------------ running
 
     @property
+    def runtime_link(self) -> RuntimeLink:
+        """How this app's declarations reach a running worker (for runners and test drivers)."""
+        return self._link
+
+    def topology(self) -> Topology:
+        """The declarations, frozen: what a worker (or a Spark job) runs."""
+        return Topology.freeze(
+            self.id,
+            topics=self.topics,
+            agents=self.agents,
+            tables=self.tables,
+            joins=self.joins,
+            table_sources=self.table_sources,
+            copartition_groups=self.copartition_groups,
+        )
+
+    @property
     def running(self) -> bool:
-        return self._runner is not None
+        return self._worker is not None and not self._worker.finished
 
     def resolve_partitions(self, existing: Mapping[str, int]) -> None:
-        """Fill in partition counts nobody declared: an existing topic keeps its count, a topic
-        co-partitioned with others takes theirs, anything else gets ``topic_partitions``."""
-        for topic in self.topics.values():
-            if topic.partitions is None and topic.name in existing:
-                topic.partitions = existing[topic.name]
-        for group in self.copartition_groups:
-            members = [self.topics[name] for name in group]
-            known = {t.partitions for t in members if t.partitions is not None}
-            if len(known) == 1:
-                count = known.pop()
-                for t in members:
-                    if t.partitions is None:
-                        t.partitions = count
-        for topic in self.topics.values():
-            if topic.partitions is None:
-                topic.partitions = self.topic_partitions
-
-    async def prepare_topics(self) -> dict[str, int]:
-        """Create missing declared topics and verify partition counts; returns the counts."""
-        existing = await fetch_partition_counts(
-            self.broker, list(self.topics), **self.client_options
-        )
-        self.resolve_partitions(existing)
-        declared = {t.name: t.partitions or self.topic_partitions for t in self.topics.values()}
-        self.check_copartitioning({**declared, **existing})
-        specs = [t.spec(self.topic_partitions) for t in self.topics.values()]
-        created = await ensure_topics(self.broker, specs, **self.client_options)
-        if created:
-            log.info("created topics: %s", ", ".join(sorted(created)))
-        counts = await fetch_partition_counts(self.broker, list(self.topics), **self.client_options)
-        self.check_copartitioning(counts)
-        return counts
+        """Fill in partition counts nobody declared (see :meth:`Topology.resolve_partitions`)."""
+        self.topology().resolve_partitions(existing, self.topic_partitions)
 
     def check_copartitioning(self, counts: Mapping[str, int]) -> None:
-        for group in self.copartition_groups:
-            by_count: dict[int, list[str]] = {}
-            for name in group:
-                by_count.setdefault(counts[name], []).append(name)
-            if len(by_count) > 1:
-                detail = "; ".join(
-                    f"{n} partitions: {', '.join(names)}" for n, names in sorted(by_count.items())
-                )
-                raise CopartitioningError(
-                    f"topics declared co-partitioned have different partition counts ({detail}). "
-                    "Partition p of each must hold the same keys: recreate them with one count, "
-                    "or repartition one side with app.group_by(topic, key, name=..., "
-                    "partitions=N) and join that instead."
-                )
+        self.topology().check_copartitioning(counts)
 
     def source_topics(self) -> set[str]:
-        return {t.name for a in self.agents.values() for t in a.topics}
+        return set(self.topology().source_topics)
 
     def aligned_groups(self) -> list[tuple[str, ...]]:
         """Source topics read together by one agent: consumed in timestamp order per partition."""
-        return [tuple(t.name for t in a.topics) for a in self.agents.values() if a.more_topics]
+        return self.topology().aligned_groups()
 
     async def start(self) -> None:
         """Create topics, start the producer, the agents and the consumer."""
-        if self._runner is not None:
-            raise RuntimeError(f"{self!r} is already running")
-        from streamjoin.runtime.worker import KafkaRunner
+        if self._worker is not None:
+            raise ConfigurationError(f"{self!r} is already running")
+        from streamjoin.runtime.worker import Worker
 
-        runner = KafkaRunner(self)
-        await runner.start()
-        self._runner = runner
+        worker = Worker(self.topology(), self.config, link=self._link)
+        await worker.start()
+        self._worker = worker
 
     async def stop(self) -> None:
         """Finish in-flight events, commit, leave the group (unless static), stop clients."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            self._last_runner = runner
-            await runner.stop()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self._last_worker = worker
+            await worker.stop()
 
     async def wait(self) -> None:
         """Until the app stops; re-raises the error that made it stop, if any."""
-        runner = self._runner or self._last_runner
-        if runner is not None:
-            await runner.wait_stopped()
+        worker = self._worker or self._last_worker
+        if worker is None:
+            return
+        try:
+            await worker.wait_stopped()
+        finally:
+            if self._worker is worker:
+                self._worker, self._last_worker = None, worker
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
         """Partitions this worker owns right now (active)."""
-        return set() if self._runner is None else self._runner.assignment
+        return set() if self._worker is None else self._worker.assignment
+
+    def join_stats(self, name: str) -> JoinStats:
+        """Counters of the stream-stream join ``name`` on this worker (running or last run)."""
+        if name not in self.joins:
+            raise ConfigurationError(
+                f"app {self.id!r} has no join {name!r} (joins: {', '.join(self.joins) or 'none'})"
+            )
+        worker = self._worker or self._last_worker
+        found = None if worker is None else worker.shared_values.get(f"join:{name}")
+        return found if isinstance(found, JoinStats) else JoinStats()
 
     async def __aenter__(self) -> App:
         await self.start()
@@ -585,34 +631,9 @@ class App:
     ) -> None:
         await self.stop()
 
-    # used by runners -------------------------------------------------------------
-
-    def attach_sender(self, sender: Sender | None) -> None:
-        for topic in self.topics.values():
-            topic.sender = sender
-
-    def build_runtime(
-        self, sender: Sender, on_crash: Callable[[BaseException], None], queue_size: int
-    ) -> AgentRuntime:
-        return AgentRuntime(self.agents.values(), sender, on_crash=on_crash, queue_size=queue_size)
-
-    @property
-    def client_id(self) -> str:
-        return f"{self.id}-{self.group_instance_id or socket.gethostname()}-{os.getpid()}"
-
-
-class _Running(Protocol):
-    """What a started app holds (implemented by the Kafka runner)."""
-
-    @property
-    def assignment(self) -> set[tuple[str, int]]: ...
-
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-    async def wait_stopped(self) -> None: ...
-
 
 __all__ = [
+    "PROCESSING_GUARANTEES",
     "App",
     "ConfigurationError",
     "CopartitioningError",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from streamjoin.app import App, ConfigurationError, parse_broker_url
+from streamjoin.app import App
+from streamjoin.errors import ConfigurationError
 from streamjoin.loader import AppNotFound, load_app
 
 app_option = click.option(
@@ -28,7 +29,7 @@ def _load(app_spec: str, broker: str | None) -> App:
     try:
         app = load_app(app_spec)
         if broker:
-            app.broker = parse_broker_url(broker)
+            app.configure(broker=broker)
     except (AppNotFound, ConfigurationError) as exc:
         raise click.ClickException(str(exc)) from exc
     return app
@@ -70,10 +71,15 @@ def worker(
     from streamjoin.runtime.run import run_worker
 
     app = _load(app_spec, broker)
+    overrides: dict[str, object] = {}
     if state_dir is not None:
-        app.state_dir = state_dir
+        overrides["state_dir"] = state_dir
     if instance_id is not None:
-        app.group_instance_id = instance_id
+        overrides["group_instance_id"] = instance_id
+    try:
+        app.configure(**overrides)  # validated like the App's own settings
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
     raise SystemExit(run_worker(app, loglevel))
 
 

@@ -3,54 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from streamjoin.codecs import Codec
+from streamjoin.context import Headers, RuntimeLink, Sender, current_event
+from streamjoin.errors import TransportNotReady
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.admin import TopicSpec
 
-if TYPE_CHECKING:
-    from streamjoin.runtime.streams import Stream
-
-Headers = Sequence[tuple[str, bytes]]
-
-
-class Sender(Protocol):
-    """Where encoded records go: the Kafka producer, or the in-memory test driver."""
-
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
-        """Enqueue a record; the returned future resolves once the broker acknowledged it."""
-
-    async def send_many(
-        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
-    ) -> Awaitable[int]:
-        """Enqueue keyed records for one partition, in order, without headers or timestamps
-        (changelog writes); the awaitable gives the last record's offset once every one of
-        them is acknowledged. Much cheaper per record than :meth:`send`."""
-
-    async def partition_count(self, topic: str) -> int:
-        """How many partitions ``topic`` has (for the key partitioner)."""
-
-
-class TransportNotReady(RuntimeError):
-    """A send before the app was started (or after it stopped)."""
-
-
-#: The stream whose current event is being processed in this task, so sends made
-#: while processing it delay that event's acknowledgement until they are acked.
-current_stream: ContextVar[Stream | None] = ContextVar("streamjoin_current_stream", default=None)
+__all__ = ["Headers", "Sender", "Topic", "TransportNotReady"]
 
 
 @dataclass(eq=False)
@@ -63,17 +25,8 @@ class Topic:
     partitions: int | None = None
     replication_factor: int = 1
     config: Mapping[str, str] = field(default_factory=dict)
-    #: set by the App at start; None when not running
-    sender: Sender | None = field(default=None, repr=False)
-
-    def spec(self, default_partitions: int) -> TopicSpec:
-        """What to create when the topic is missing."""
-        return TopicSpec(
-            self.name,
-            self.partitions or default_partitions,
-            self.replication_factor,
-            dict(self.config),
-        )
+    #: how the running worker's sender is reached (set by the App)
+    link: RuntimeLink = field(default_factory=RuntimeLink, repr=False)
 
     async def send(
         self,
@@ -90,17 +43,13 @@ class Topic:
         client. Inside an agent, the event being processed is not committed until
         this record is acknowledged (at-least-once).
         """
-        if self.sender is None:
-            raise TransportNotReady(
-                f"cannot send to {self.name!r}: the app is not running "
-                "(use `async with app:` or `await app.start()`)"
-            )
+        sender = self.link.require_sender(self.name)
         key_bytes = self.key_codec.dumps(key)
         value_bytes = self.value_codec.dumps(value)
         if partition is None and key_bytes is not None:
-            count = self.partitions or await self.sender.partition_count(self.name)
+            count = self.partitions or await sender.partition_count(self.name)
             partition = partition_for_key(key_bytes, count)
-        future = await self.sender.send(
+        future = await sender.send(
             self.name,
             key_bytes,
             value_bytes,
@@ -108,7 +57,7 @@ class Topic:
             headers=tuple(headers),
             timestamp_ms=timestamp_ms,
         )
-        stream = current_stream.get()
-        if stream is not None:
-            stream.track_send(future)
+        event = current_event.get()
+        if event is not None:
+            event.track_send(future)
         return future

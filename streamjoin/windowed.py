@@ -18,9 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sortedcontainers import SortedDict
-
-from streamjoin.runtime.streams import current_record
+from streamjoin.context import current_record
 from streamjoin.state.keys import (
     encode_uint64,
     length_prefixed,
@@ -28,8 +26,9 @@ from streamjoin.state.keys import (
     window_key,
     window_key_prefix,
 )
+from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import WindowSpec
-from streamjoin.tables import Table, TableAccessError, TableView
+from streamjoin.tables import Table, TableAccessError
 
 DATA = b"\x00"
 INDEX = b"\x01"
@@ -51,16 +50,14 @@ class WindowedTable(Table):
             raise TableAccessError(f"windowed table {self.name!r} has no window spec")
         return self.windows
 
-    def _event_context(self) -> tuple[TableView, int]:
+    def _event_context(self) -> tuple[TablePartition, int]:
         record = current_record()
         if record is None:
             raise TableAccessError(
                 f"windowed table {self.name!r} is used from agents (the event gives the window); "
                 "use windows(key, from_ms, to_ms) elsewhere"
             )
-        key_probe = b""
-        partition = self._partition(key_probe, writing=False)
-        view = TableView(self, partition)
+        view = self._state(None, writing=False)
         _advance_stream_time(view, record.timestamp)
         return view, record.timestamp
 
@@ -104,8 +101,7 @@ class WindowedTable(Table):
     def windows_of(self, key: Any, from_ms: int, to_ms: int) -> list[tuple[int, Any]]:
         """(window start, value) of ``key`` for windows starting in [from_ms, to_ms]."""
         key_bytes = self._encode_key(key)
-        partition = self._partition(key_bytes, writing=False)
-        view = TableView(self, partition)
+        view = self._state(key_bytes, writing=False)
         prefix = DATA + window_key_prefix(key_bytes)
         out = []
         for data_key, raw in view.scan(
@@ -117,42 +113,43 @@ class WindowedTable(Table):
 
     def local_items(self, partition: int | None = None) -> Iterator[tuple[Any, Any]]:
         """((key, window start), value) of the local windows."""
-        partitions = sorted(self.ready) if partition is None else [partition]
+        partitions = self.active_partitions() if partition is None else [partition]
         for p in partitions:
             # materialized: the caller may write to the table while iterating
-            for data_key, raw in list(TableView(self, p).scan(DATA, INDEX)):
+            for data_key, raw in list(self.active_partition(p).scan(DATA, INDEX)):
                 key_bytes, start = split_window_key(data_key[1:])
                 yield (self.key_codec.loads(key_bytes), start), self.value_codec.loads(raw)
 
     def expire(self) -> int:
-        """Delete windows past retention in every ready partition; returns how many."""
+        """Delete windows past retention in every active partition; returns how many."""
+        return sum(
+            self.expire_partition(self.active_partition(p)) for p in self.active_partitions()
+        )
+
+    def before_flush(self, state: TablePartition) -> None:
+        self.expire_partition(state)
+
+    def expire_partition(self, view: TablePartition) -> int:
+        """Delete the partition's windows past retention; returns how many."""
         spec = self._spec()
-        removed = 0
-        for p in sorted(self.ready):
-            view = TableView(self, p)
-            raw_time = view.get(STREAM_TIME)
-            if raw_time is None:
-                continue
-            stream_time = int(raw_time)
-            # expired: start + size + retention <= stream_time
-            cutoff = stream_time - spec.size_ms - spec.retention_ms
-            if cutoff < 0:
-                continue
-            expired = list(view.scan(INDEX, INDEX + encode_uint64(cutoff + 1)))
-            for index_key, _ in expired:
-                start = int.from_bytes(index_key[1:9], "big")
-                key_bytes = index_key[9 + 4 :]
-                view.delete(DATA + window_key(key_bytes, start))
-                view.delete(index_key)
-            removed += len(expired)
-        return removed
-
-    def take_pending(self) -> dict[int, SortedDict[bytes, bytes | None]]:
-        self.expire()
-        return super().take_pending()
+        raw_time = view.get(STREAM_TIME)
+        if raw_time is None:
+            return 0
+        stream_time = int(raw_time)
+        # expired: start + size + retention <= stream_time
+        cutoff = stream_time - spec.size_ms - spec.retention_ms
+        if cutoff < 0:
+            return 0
+        expired = list(view.scan(INDEX, INDEX + encode_uint64(cutoff + 1)))
+        for index_key, _ in expired:
+            start = int.from_bytes(index_key[1:9], "big")
+            key_bytes = index_key[9 + 4 :]
+            view.delete(DATA + window_key(key_bytes, start))
+            view.delete(index_key)
+        return len(expired)
 
 
-def _advance_stream_time(view: TableView, timestamp_ms: int) -> None:
+def _advance_stream_time(view: TablePartition, timestamp_ms: int) -> None:
     current = view.get(STREAM_TIME)
     if current is None or int(current) < timestamp_ms:
         view.put(STREAM_TIME, str(timestamp_ms).encode())

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
+from streamjoin.context import EventContext, current_event
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
 from streamjoin.joins.core import JoinInput, JoinOutput, JoinSpec, StreamStreamJoin
-from streamjoin.runtime.streams import Stream, current_record
+from streamjoin.stream import Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
-
-if TYPE_CHECKING:
-    from streamjoin.app import App
 
 log = logging.getLogger("streamjoin.joins")
 
@@ -52,6 +51,39 @@ async def _call(fun: JoinFunction, key: Any, left: Any, right: Any) -> Any:
     return result
 
 
+class Declarations(Protocol):
+    """What declaring a join needs from the App (the facade implements it)."""
+
+    table_sources: dict[str, Topic]
+    joins: dict[str, Any]
+
+    def topic(self, name: str) -> Topic: ...
+
+    def table(
+        self, name: str, *, copartitioned_with: Any = (), value_serializer: Any = None
+    ) -> Table: ...
+
+    def agent(
+        self, topic: Any, *, name: str | None = None, on_error: Any = "stop"
+    ) -> Callable[[Any], Any]: ...
+
+    def attach_reader(self, table: Table, topic: Topic) -> None: ...
+
+    def on_table_update(self, table: Table, listener: Callable[[Any], Awaitable[None]]) -> None: ...
+
+
+@dataclass
+class JoinStats:
+    """A join's counters on this worker since it started (kept by the worker, not here)."""
+
+    #: results passed to the join function
+    emitted: int = 0
+    #: inputs dropped because their window had closed
+    late: int = 0
+    #: inputs accepted beyond the grace period (their partners may be gone)
+    beyond_grace: int = 0
+
+
 @dataclass(eq=False)
 class StreamStreamJoinDecl:
     """A declared windowed join of two co-partitioned streams."""
@@ -65,22 +97,19 @@ class StreamStreamJoinDecl:
     fun: JoinFunction
     left_timestamp: TimestampExtractor | None = None
     right_timestamp: TimestampExtractor | None = None
-    emitted: int = 0
-    #: inputs dropped because their window had closed / accepted beyond the grace period
-    late: int = 0
-    beyond_grace: int = 0
-    _cores: dict[int, StreamStreamJoin] = field(default_factory=dict, repr=False)
 
     async def handle(self, side: Literal["left", "right"], event: Event) -> None:
-        record = current_record()
-        if record is None:
-            raise RuntimeError("join sides run inside agents")
+        context = current_event.get()
+        if context is None:
+            raise ConfigurationError(f"join {self.name!r}: join sides run inside agents")
+        record = context.record
         if record.key is None:
             log.warning("join %s: %s has no key; it cannot join", self.name, event.position)
             return
         extractor = self.left_timestamp if side == "left" else self.right_timestamp
         timestamp = extractor(event) if extractor is not None else event.timestamp
-        core = self._core(event.partition)
+        core = self._core(context)
+        counters: JoinStats = context.worker_value(f"join:{self.name}", JoinStats)
         stats = core.stats
         late, beyond_grace = stats.late, stats.beyond_grace
         outputs = core.process(
@@ -88,8 +117,8 @@ class StreamStreamJoinDecl:
         )
         if stats.late != late or stats.beyond_grace != beyond_grace:
             dropped = stats.late != late
-            self.late += stats.late - late
-            self.beyond_grace += stats.beyond_grace - beyond_grace
+            counters.late += stats.late - late
+            counters.beyond_grace += stats.beyond_grace - beyond_grace
             log.warning(
                 "join %s: %s (event time %d) is %s; stream time of partition %d is %s",
                 self.name,
@@ -101,13 +130,21 @@ class StreamStreamJoinDecl:
             )
         for out in outputs:
             await self._emit(out)
+            counters.emitted += 1
 
-    def _core(self, partition: int) -> StreamStreamJoin:
-        """The join core over the buffer's partition (kept: all its state is in the view)."""
-        core = self._cores.get(partition)
-        if core is None or partition not in self.buffer.ready:
-            # the view checks that the partition is active (and restored) here
-            core = self._cores[partition] = StreamStreamJoin(self.spec, self.buffer.view(partition))
+    def _core(self, context: EventContext) -> StreamStreamJoin:
+        """The task's join core over its buffer partition (made once per task)."""
+
+        def make() -> StreamStreamJoin:
+            view = context.table_partition(self.buffer.name)
+            if view is None:
+                raise ConfigurationError(
+                    f"join {self.name!r}: its buffer is not in the task of "
+                    f"{context.record.topic}[{context.record.partition}]"
+                )
+            return StreamStreamJoin(self.spec, view)
+
+        core: StreamStreamJoin = context.task_value(f"join:{self.name}", make)
         return core
 
     async def _emit(self, out: JoinOutput) -> None:
@@ -117,11 +154,10 @@ class StreamStreamJoinDecl:
         result = await _call(self.fun, key, left, right)
         if result is not None and self.output is not None:
             await self.output.send(key=key, value=result, timestamp_ms=out.timestamp_ms)
-        self.emitted += 1
 
 
 def declare_join(
-    app: App,
+    app: Declarations,
     left: Topic | Table,
     right: Topic | Table,
     *,
@@ -141,7 +177,7 @@ def declare_join(
         join_name = name or fun.__name__
         if isinstance(left, Topic) and isinstance(right, Topic):
             if window is None:
-                raise ValueError(f"join {join_name!r}: a stream-stream join needs window=")
+                raise ConfigurationError(f"join {join_name!r}: a stream-stream join needs window=")
             _stream_stream(
                 app,
                 join_name,
@@ -159,7 +195,7 @@ def declare_join(
         elif isinstance(left, Table) and isinstance(right, Table):
             _table_table(app, join_name, left, right, how, out_topic, fun, on_error)
         else:
-            raise TypeError(
+            raise ConfigurationError(
                 "app.join takes (topic, topic), (topic, table) or (table, table); "
                 f"got ({type(left).__name__}, {type(right).__name__})"
             )
@@ -169,7 +205,7 @@ def declare_join(
 
 
 def _stream_stream(
-    app: App,
+    app: Declarations,
     name: str,
     left: Topic,
     right: Topic,
@@ -195,7 +231,7 @@ def _stream_stream(
 
 
 def _stream_table(
-    app: App,
+    app: Declarations,
     name: str,
     stream: Topic,
     table: Table,
@@ -205,7 +241,7 @@ def _stream_table(
     on_error: Literal["stop", "skip", "dead_letter"],
 ) -> None:
     if how == "outer":
-        raise ValueError(f"join {name!r}: a stream-table join is inner or left, not outer")
+        raise ConfigurationError(f"join {name!r}: a stream-table join is inner or left, not outer")
     app.attach_reader(table, stream)
 
     async def enrich(events: Stream) -> None:
@@ -221,7 +257,7 @@ def _stream_table(
 
 
 def _table_table(
-    app: App,
+    app: Declarations,
     name: str,
     left: Table,
     right: Table,
@@ -233,7 +269,7 @@ def _table_table(
     left_source = app.table_sources.get(left.name)
     right_source = app.table_sources.get(right.name)
     if left_source is None or right_source is None:
-        raise ValueError(
+        raise ConfigurationError(
             f"join {name!r}: a table-table join needs tables read from topics "
             "(declare them with app.topic_table(topic))"
         )

@@ -43,7 +43,8 @@ from streamjoin.assignor.protocol import (
 )
 
 if TYPE_CHECKING:
-    from streamjoin.app import App
+    from streamjoin.config import AppConfig
+    from streamjoin.topology import Topology
 
 log = logging.getLogger("streamjoin.assignor")
 
@@ -93,17 +94,19 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self._load_membership()
 
     @classmethod
-    def for_app(cls, app: App, lag_provider: LagProvider | None = None) -> StreamjoinAssignor:
+    def for_topology(
+        cls, topology: Topology, config: AppConfig, lag_provider: LagProvider | None = None
+    ) -> StreamjoinAssignor:
         return cls(
             lag_provider=lag_provider,
-            copartition=app.copartition_groups,
-            changelog_topics=app.changelog_topics,
-            config=AssignorConfig(standby_replicas=app.standby_replicas),
-            capacity=app.capacity,
-            tags=app.tags,
-            host=app.host,
-            group_instance_id=app.group_instance_id,
-            membership_file=app.state_dir / "membership.json",
+            copartition=topology.copartition_groups,
+            changelog_topics=topology.changelog_topics,
+            config=AssignorConfig(standby_replicas=config.standby_replicas),
+            capacity=config.capacity,
+            tags=config.tags,
+            host=config.host,
+            group_instance_id=config.group_instance_id,
+            membership_file=config.state_path / "membership.json",
         )
 
     @property

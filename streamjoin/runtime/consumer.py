@@ -1,12 +1,15 @@
-"""The Kafka consumer as a mode service: fetch, hand records to agents, commit.
+"""The Kafka consumer as a mode service: fetch, hand records to tasks' agents, commit.
 
-At-least-once: offsets are committed from the :class:`OffsetTracker`, i.e.
-only up to events that were processed and whose sends were acknowledged;
-commits happen every ``commit_interval`` seconds, when partitions are revoked
-and when the worker stops. Nothing slow happens inside the rebalance callbacks
-(aiokafka stops heartbeating until they return): revocation waits a bounded
-time for in-flight events, and state restoration (later) runs in a background
-service after assignment.
+At-least-once: offsets are committed from each task's offset ledger, i.e. only
+up to events that were processed and whose sends were acknowledged, right after
+the tables those events wrote were flushed; commits happen every
+``commit_interval`` seconds, when partitions are revoked and when the worker
+stops. Revocation suspends the revoked tasks first (nothing more is dispatched
+or started), waits a bounded time for their in-flight events and sends, then
+flushes and commits exactly what they processed, and only then forgets them. A
+member that was fenced out of the group (its session expired) loses its tasks
+instead: nothing of theirs is flushed or committed, their next owner replays.
+State restoration runs in a background service after assignment.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.runtime.tasks import Task, TaskManager, TaskState
 
 log = logging.getLogger("streamjoin.consumer")
 
+#: aiokafka's generation after it reset a fenced member (OffsetCommitRequest.DEFAULT_GENERATION_ID)
+_NO_GENERATION = -1
 #: pause an aligned partition when the aligner holds this many of its records; resume below LOW
 _ALIGN_HIGH = 5_000
 _ALIGN_LOW = 1_000
@@ -56,6 +62,7 @@ class KafkaConsumerService(Service):
         group_id: str,
         client_id: str,
         runtime: AgentRuntime,
+        tasks: TaskManager,
         sender: KafkaSender,
         assignor: AbstractPartitionAssignor,
         commit_interval: float,
@@ -65,21 +72,20 @@ class KafkaConsumerService(Service):
         revoke_timeout: float = 10.0,
         on_assignment: Callable[[set[tuple[str, int]]], None] | None = None,
         on_revoke: Callable[[], None] | None = None,
-        before_commit: Callable[[], Awaitable[object]] | None = None,
-        blocked: Callable[[str, int], bool] | None = None,
+        flush_tables: Callable[[list[Task]], Awaitable[object]] | None = None,
         aligned_groups: Iterable[Iterable[str]] = (),
         align_max_idle_ms: int = 5_000,
         align_idle_ms: int = 0,
     ) -> None:
         super().__init__()
         self._runtime = runtime
+        self._task_manager = tasks
         self._sender = sender
         self._commit_interval = commit_interval
         self._revoke_timeout = revoke_timeout
         self._on_assignment = on_assignment
         self._on_revoke = on_revoke
-        self._before_commit = before_commit
-        self._blocked = blocked
+        self._flush_tables = flush_tables
         self._options: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
             "group_id": group_id,
@@ -118,9 +124,14 @@ class KafkaConsumerService(Service):
     async def shutdown(self) -> None:
         """Ordered stop: no more fetching, finish in-flight events, flush sends, commit, leave."""
         await self._stop_futures()  # cancels the fetch and commit loops
+        tasks = self._task_manager.live()
+        self._task_manager.suspend(tasks)
+        if not await self._runtime.wait_idle(tasks, self._revoke_timeout):
+            log.warning("agents still busy %.0fs after stop was requested", self._revoke_timeout)
         await self._runtime.stop()
         await self._sender.flush()
-        await self.commit()
+        await self.commit(tasks)
+        self._task_manager.close(tasks)
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -140,18 +151,21 @@ class KafkaConsumerService(Service):
             except IllegalStateError:
                 await self.sleep(0.1)  # not subscribed/assigned yet
                 continue
-            # getmany only returns records of the current assignment; if a rebalance
-            # starts while this batch is handed out, the rest of it is dropped and
-            # refetched from the committed offsets by whoever owns the partition next.
-            epoch = self._runtime.epoch
+            # The task of each partition, taken now: if a rebalance starts while this batch
+            # is handed out, those tasks stop running and the rest of the batch is dropped
+            # (read again from the committed offsets by whoever owns the partition next);
+            # a task created meanwhile for the same partition never gets these records.
+            owners = {tp: self._task_manager.task_for(tp.topic, tp.partition) for tp in batches}
             for tp, records in batches.items():
-                if not records:
+                task = owners[tp]
+                if not records or task is None:
                     continue
-                if self._blocked is not None and self._blocked(tp.topic, tp.partition):
-                    # Its tables are still restoring: read these records again later.
-                    consumer.seek(tp, records[0].offset)
-                    self._delivered_to.pop(tp, None)
-                    self._pause(tp, "restore")
+                if not task.running:
+                    if task.state is TaskState.RESTORING:
+                        # Its tables are still restoring: read these records again later.
+                        consumer.seek(tp, records[0].offset)
+                        self._delivered_to.pop(tp, None)
+                        self._pause(tp, "restore")
                     continue
                 self._delivered_to[tp] = records[-1].offset + 1
                 raws = [
@@ -171,17 +185,25 @@ class KafkaConsumerService(Service):
                     if self._aligner.buffered((tp.topic, tp.partition)) >= _ALIGN_HIGH:
                         self._pause(tp, "align")
                     continue
-                if not await self._dispatch(raws, epoch):
-                    break
-            if self._runtime.epoch == epoch:
-                await self._release_aligned(consumer, epoch)
+                await self._runtime.dispatch_many(raws, task)
+            await self._release_aligned(consumer)
 
-    async def _dispatch(self, raws: list[RawRecord], epoch: int) -> bool:
-        """Hand records to the agents; False when a rebalance started meanwhile."""
-        await self._runtime.dispatch_many(raws, epoch)
-        return self._runtime.epoch == epoch
+    async def _dispatch_released(self, released: list[RawRecord]) -> None:
+        """Hand records the aligner released to their tasks (it only holds records of
+        running tasks: a suspended task's buffers are dropped at once)."""
+        by_task: dict[int, tuple[Task, list[RawRecord]]] = {}
+        for raw in released:
+            task = self._task_manager.task_for(raw.topic, raw.partition)
+            if task is None:
+                continue
+            entry = by_task.get(id(task))
+            if entry is None:
+                entry = by_task[id(task)] = (task, [])
+            entry[1].append(raw)
+        for task, raws in by_task.values():
+            await self._runtime.dispatch_many(raws, task)
 
-    async def _release_aligned(self, consumer: AIOKafkaConsumer, epoch: int) -> None:
+    async def _release_aligned(self, consumer: AIOKafkaConsumer) -> None:
         # For each empty partition holding a group back: when aiokafka last heard from the
         # broker about it, and whether it had fetched everything up to the high watermark.
         fetched_all_at: dict[tuple[str, int], float | None] = {}
@@ -229,7 +251,7 @@ class KafkaConsumerService(Service):
                 self._aligner.max_idle_ms / 1000,
             )
         self._aligner.forced.clear()
-        await self._dispatch(released, epoch)
+        await self._dispatch_released(released)
         for tp, reasons in list(self._pauses.items()):
             if "align" in reasons and self._aligner.buffered((tp.topic, tp.partition)) < _ALIGN_LOW:
                 self._resume(tp, "align")
@@ -256,18 +278,29 @@ class KafkaConsumerService(Service):
             await self.sleep(self._commit_interval)
             await self.commit()
 
-    async def commit(self) -> None:
-        """Commit what the tracker says is safe, for partitions we still own."""
+    async def commit(self, tasks: list[Task] | None = None) -> None:
+        """Flush the tables of ``tasks`` (default: every live task), then commit the offsets
+        of exactly the events whose writes were flushed."""
         consumer = self._consumer
         if consumer is None:
             return
         async with self._commit_lock:
-            positions = self._runtime.tracker.committable()
+            chosen = self._task_manager.live() if tasks is None else tasks
+            if not self._member_in_good_standing():
+                log.warning(
+                    "not committing: this worker is rejoining the group (its partitions may "
+                    "have moved); their next owner resumes from the last commit"
+                )
+                return
+            # Positions first, then the writes, with no await in between: every write taken
+            # belongs to an event at or before a committed position, or to an event still in
+            # flight (only a crash before the next commit replays those on top).
+            positions = self._task_manager.committable(chosen)
+            if self._flush_tables is not None:
+                # State and changelog first, then the source offsets (at-least-once).
+                await self._flush_tables(chosen)
             owned = self.assigned
             positions = {tp: pos for tp, pos in positions.items() if tp in owned}
-            if self._before_commit is not None:
-                # State and changelog first, then the source offsets (at-least-once).
-                await self._before_commit()
             if not positions:
                 return
             try:
@@ -281,20 +314,45 @@ class KafkaConsumerService(Service):
             except KafkaError as exc:
                 log.error("commit failed: %r", exc)
                 return
-            self._runtime.tracker.mark_committed(positions)
+            self._task_manager.mark_committed(positions)
+
+    def _member_in_good_standing(self) -> bool:
+        """False once aiokafka knows this member was fenced out (its generation was reset):
+        flushing state then would write changelog records for partitions it no longer owns."""
+        consumer = self._consumer
+        coordinator = None if consumer is None else getattr(consumer, "_coordinator", None)
+        generation = getattr(coordinator, "generation", None)
+        return generation is None or generation != _NO_GENERATION
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._runtime.begin_revoke()
-        if not await self._runtime.wait_idle(self._revoke_timeout):
+        tps = {(tp.topic, tp.partition) for tp in revoked}
+        tasks = self._task_manager.tasks_of(tps)
+        # Before any await: nothing more of these tasks is dispatched or started.
+        self._task_manager.suspend(tasks)
+        self._aligner.drop(tps)
+        fenced = not self._member_in_good_standing()
+        idle = fenced or await self._runtime.wait_idle(tasks, self._revoke_timeout)
+        if fenced or not idle:
+            if not fenced:
+                busy = self._runtime.busy_with(tasks)
+                log.warning(
+                    "agents still busy %.0fs after partitions were revoked (%s); their tasks "
+                    "are given up without a commit and their next owner replays them",
+                    self._revoke_timeout,
+                    ", ".join(busy) or "sends not acknowledged",
+                )
+            dropped = self._task_manager.lose(tasks)
             log.warning(
-                "agents still busy %.0fs after partitions were revoked; their current events "
-                "will be reprocessed by the next owner",
-                self._revoke_timeout,
+                "%s %d tasks without committing (%d unflushed table writes dropped); their "
+                "next owner replays from the last commit",
+                "fenced out of the group: lost" if fenced else "lost",
+                len(tasks),
+                dropped,
             )
-        await self._sender.flush()
-        await self.commit()
-        self._runtime.forget((tp.topic, tp.partition) for tp in revoked)
-        self._aligner.drop((tp.topic, tp.partition) for tp in revoked)
+        else:
+            await self._sender.flush()
+            await self.commit(tasks)
+            self._task_manager.close(tasks)
         self._pauses.clear()  # a new assignment starts unpaused
         self._delivered_to.clear()
         self._assigned = set()
@@ -310,10 +368,10 @@ class KafkaConsumerService(Service):
         )
         if self._on_assignment is not None:
             self._on_assignment(self.assigned)
-        if self._blocked is not None:
-            for tp in assigned:
-                if self._blocked(tp.topic, tp.partition):
-                    self._pause(tp, "restore")
+        for tp in assigned:
+            task = self._task_manager.task_for(tp.topic, tp.partition)
+            if task is not None and task.state is TaskState.RESTORING:
+                self._pause(tp, "restore")
 
     def resume(self, topic: str, partition: int) -> None:
         """Start fetching a partition again (its tables finished restoring)."""

@@ -1,4 +1,8 @@
-"""Run an App as a worker process until SIGINT/SIGTERM or a fatal error (the CLI's engine)."""
+"""Run an app as a worker process until SIGINT/SIGTERM or a fatal error (the CLI's engine).
+
+It takes anything that starts, stops and waits like an App (:class:`Runnable`), so the
+runtime never imports the App.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import gc
 import logging
 import signal
 import sys
+from typing import Protocol
 
-from streamjoin.app import App, ConfigurationError
+from streamjoin.errors import ConfigurationError
 from streamjoin.runtime.admin import TopicAdminError
 
 log = logging.getLogger("streamjoin.worker")
@@ -16,6 +21,22 @@ log = logging.getLogger("streamjoin.worker")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
+
+
+class Runnable(Protocol):
+    """What :func:`serve` runs (``streamjoin.App`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def wait(self) -> None: ...
 
 
 def configure_logging(level: str) -> None:
@@ -30,7 +51,7 @@ def configure_logging(level: str) -> None:
         logging.getLogger("mode").setLevel(logging.WARNING)
 
 
-async def serve(app: App) -> int:
+async def serve(app: Runnable) -> int:
     """Start ``app``, run until a signal or a fatal error, stop it cleanly; the exit code."""
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
@@ -78,7 +99,7 @@ def tune_gc_for_worker() -> None:
     gc.set_threshold(WORKER_GC_THRESHOLD, second, third)
 
 
-def run_worker(app: App, loglevel: str = "info") -> int:
+def run_worker(app: Runnable, loglevel: str = "info") -> int:
     """The ``streamjoin worker`` process (embedded apps keep their host's GC settings)."""
     configure_logging(loglevel)
     tune_gc_for_worker()

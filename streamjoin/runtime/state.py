@@ -29,7 +29,9 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from mode import Service
+from sortedcontainers import SortedDict
 
+from streamjoin.context import Sender
 from streamjoin.runtime.changelog_reader import (
     ChangelogChunk,
     ChangelogOffsetOutOfRange,
@@ -39,8 +41,8 @@ from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition, un
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
 from streamjoin.state.rocksdb import RocksDBStorePartition, open_or_rebuild
+from streamjoin.state.table_partition import TablePartition
 from streamjoin.tables import Table
-from streamjoin.topics import Sender
 
 log = logging.getLogger("streamjoin.state")
 
@@ -48,27 +50,35 @@ TaskKey = tuple[str, int]  # (table name, partition)
 
 
 class TableStores:
-    """The stores of every table partition this worker holds, and flushing into them."""
+    """The open stores of every table partition this worker holds, and flushing into them."""
 
     def __init__(self, tables: Mapping[str, Table], state_dir: Path | None) -> None:
         self.tables = dict(tables)
         self.state_dir = state_dir
         self._by_changelog = {t.changelog.name: t for t in self.tables.values()}
+        self._open: dict[TaskKey, StorePartition] = {}
 
     def table_for_changelog(self, topic: str) -> Table:
         return self._by_changelog[topic]
 
     def path(self, table: str, partition: int) -> Path:
         if self.state_dir is None:
-            raise RuntimeError("in-memory stores have no path")
+            raise StoreError("in-memory stores have no path")
         return self.state_dir / "tables" / table / str(partition)
 
+    def get(self, table: str, partition: int) -> StorePartition | None:
+        """The partition's store if it is open."""
+        return self._open.get((table, partition))
+
+    def open_keys(self) -> list[TaskKey]:
+        return sorted(self._open)
+
     def open(self, table: Table, partition: int) -> StorePartition:
-        store = table.stores.get(partition)
+        store = self._open.get((table.name, partition))
         if store is not None:
             return store
         if self.state_dir is None:
-            store = MemoryStorePartition()
+            store = MemoryStorePartition(table=table.name, partition=partition)
         else:
 
             def corrupt(exc: StoreCorrupted) -> None:
@@ -79,12 +89,11 @@ class TableStores:
             store = open_or_rebuild(
                 self.path(table.name, partition), table.name, partition, corrupt
             )
-        table.stores[partition] = store
+        self._open[(table.name, partition)] = store
         return store
 
     def close(self, table: Table, partition: int) -> None:
-        table.drop_partition(partition)
-        store = table.stores.pop(partition, None)
+        store = self._open.pop((table.name, partition), None)
         if store is not None:
             store.close()
 
@@ -96,9 +105,8 @@ class TableStores:
         return self.open(table, partition)
 
     def close_all(self) -> None:
-        for table in self.tables.values():
-            for partition in list(table.stores):
-                self.close(table, partition)
+        for name, partition in list(self._open):
+            self.close(self.tables[name], partition)
 
     def on_disk(self) -> list[TaskKey]:
         """Table partitions with a store directory under the state dir (any owner, any age)."""
@@ -120,7 +128,7 @@ class TableStores:
         Read-only in effect: a corrupt or locked store raises :class:`StoreError` and is left
         alone (the restore path, not lag reporting, decides to rebuild it).
         """
-        store = table.stores.get(partition)
+        store = self._open.get((table.name, partition))
         if store is not None:
             return store.changelog_offset()
         probe = RocksDBStorePartition(
@@ -131,46 +139,54 @@ class TableStores:
         finally:
             probe.close()
 
-    async def flush(
-        self, sender: Sender, before_changelog: Callable[[], Awaitable[object]] | None = None
-    ) -> int:
-        """Changelog first (acknowledged), then stores with their offsets; returns records sent.
 
-        ``before_changelog`` runs after the buffered writes were taken and before they are
-        sent: the worker flushes the producer there, so every output record produced from
-        this state is acknowledged before the state itself becomes durable (otherwise a
-        crash could leave a closed join window in the changelog whose output was lost).
-        """
+async def flush_partitions(
+    states: Iterable[TablePartition],
+    tables: Mapping[str, Table],
+    sender: Sender,
+    before_changelog: Callable[[], Awaitable[object]] | None = None,
+) -> int:
+    """Flush table partitions: changelog first (acknowledged), then each store with its
+    changelog offset; returns the records sent.
+
+    ``before_changelog`` runs after the buffered writes were taken and before they are
+    sent: the worker flushes the producer there, so every output record produced from
+    this state is acknowledged before the state itself becomes durable (otherwise a
+    crash could leave a closed join window in the changelog whose output was lost).
+    """
+    taken: list[tuple[TablePartition, bool, SortedDict[bytes, bytes | None]]] = []
+    for state in states:
+        tables[state.table].before_flush(state)
         # Deletes of keys the store never had (written and deleted again since the last
         # flush, as join buffers do when windows close during catch-up) need no tombstone:
         # the changelog holds nothing for them. Only safe when the last flush completed
         # (otherwise its writes may be in the changelog and not in the store).
-        clean = {table.name: not table.flushing for table in self.tables.values()}
-        taken = [(table, table.take_pending()) for table in self.tables.values()]
-        if before_changelog is not None:
-            await before_changelog()
-        sends: list[tuple[Table, int, Awaitable[int]]] = []
-        sent = 0
-        for table, pending in taken:
-            for partition, writes in pending.items():
-                store = table.stores.get(partition)
-                pairs = unordered_items(writes)  # the changelog needs no key order
-                if clean[table.name] and store is not None:
-                    records = [(k, v) for k, v in pairs if v is not None or store.contains(k)]
-                else:
-                    records = list(pairs)
-                if not records:
-                    continue
-                future = await sender.send_many(table.changelog.name, partition, records)
-                sends.append((table, partition, future))
-                sent += len(records)
-        results = await asyncio.gather(*(f for _, _, f in sends))
-        offsets: dict[str, dict[int, int]] = {}
-        for (table, partition, _), last in zip(sends, results, strict=True):
-            offsets.setdefault(table.name, {})[partition] = last
-        for table in self.tables.values():
-            table.finish_flush(offsets.get(table.name, {}))
-        return sent
+        clean = not state.flush_interrupted
+        writes = state.take_pending()
+        if writes:
+            taken.append((state, clean, writes))
+    if before_changelog is not None:
+        await before_changelog()
+    sends: list[tuple[TablePartition, Awaitable[int] | None]] = []
+    sent = 0
+    for state, clean, writes in taken:
+        pairs = unordered_items(writes)  # the changelog needs no key order
+        store = state.store
+        if clean:
+            records = [(k, v) for k, v in pairs if v is not None or store.contains(k)]
+        else:
+            records = list(pairs)
+        if not records:
+            sends.append((state, None))
+            continue
+        changelog = tables[state.table].changelog.name
+        sends.append((state, await sender.send_many(changelog, state.partition, records)))
+        sent += len(records)
+    results = await asyncio.gather(*(f for _, f in sends if f is not None))
+    last_offsets = iter(results)
+    for state, sent_to in sends:
+        state.finish_flush(next(last_offsets) if sent_to is not None else None)
+    return sent
 
 
 @dataclass
@@ -191,9 +207,9 @@ class _Restore:
     writes: dict[bytes, bytes | None] = field(default_factory=dict)
     last_offset: int | None = None
 
-    def flush(self) -> None:
+    def flush(self, stores: TableStores) -> None:
         """Write what was collected into the partition's store (if it is still open)."""
-        store = self.table.stores.get(self.partition)
+        store = stores.get(self.table.name, self.partition)
         if store is None:
             return
         if self.last_offset is not None:
@@ -211,7 +227,7 @@ class StateService(Service):
         *,
         bootstrap_servers: str,
         client_options: Mapping[str, Any],
-        on_ready: Callable[[str, int], None],
+        on_ready: Callable[[str, int, StorePartition], None],
         on_crash: Callable[[BaseException], None] | None = None,
         progress_interval: float = 2.0,
         lag_refresh_interval: float = 5.0,
@@ -234,6 +250,8 @@ class StateService(Service):
         self._changed = asyncio.Event()
         self._restores: dict[TaskKey, _Restore] = {}
         self._lags: dict[str, dict[int, int]] = {}
+        #: active partitions restored here (caught up by definition)
+        self._ready: set[TaskKey] = set()
         self.restored_records = 0
 
     # ------------------------------------------------------------------ public
@@ -245,9 +263,8 @@ class StateService(Service):
         here are caught up by definition, even before the next refresh sees them.
         """
         out = {t: dict(ps) for t, ps in self._lags.items()}
-        for table in self.stores.tables.values():
-            for partition in table.ready:
-                out.setdefault(table.changelog.name, {})[partition] = 0
+        for name, partition in self._ready:
+            out.setdefault(self.stores.tables[name].changelog.name, {})[partition] = 0
         return out
 
     def set_assignment(
@@ -256,13 +273,14 @@ class StateService(Service):
         """Called on assignment (must be quick: the rebalance callback is waiting)."""
         self._wanted_active = {t: set(ps) for t, ps in active.items()}
         self._wanted_standby = {t: set(ps) for t, ps in standby.items()}
-        for table in self.stores.tables.values():
-            table.ready.clear()
+        self._ready.clear()
         self._changed.set()
 
     def revoke_all(self) -> None:
-        for table in self.stores.tables.values():
-            table.ready.clear()
+        self._ready.clear()
+
+    def is_ready(self, table: str, partition: int) -> bool:
+        return (table, partition) in self._ready
 
     @property
     def restoring(self) -> list[TaskKey]:
@@ -326,10 +344,9 @@ class StateService(Service):
         active = {(t, p) for t, ps in self._wanted_active.items() for p in ps}
         standby = {(t, p) for t, ps in self._wanted_standby.items() for p in ps} - active
         self._flush_pending()  # progress of interrupted restores is kept, not read again
-        for table in self.stores.tables.values():
-            for partition in list(table.stores):
-                if (table.name, partition) not in active | standby:
-                    self.stores.close(table, partition)
+        for name, partition in self.stores.open_keys():
+            if (name, partition) not in active | standby:
+                self.stores.close(self.stores.tables[name], partition)
         wanted = sorted(active | standby)
         self._restores = {}
         if not wanted:
@@ -385,12 +402,12 @@ class StateService(Service):
             table = self.stores.table_for_changelog(tp.topic)
             key = (table.name, tp.partition)
             restore = self._restores.get(key)
-            if restore is None or tp.partition not in table.stores:
+            if restore is None or self.stores.get(table.name, tp.partition) is None:
                 continue
             self._collect(restore, tp, chunk)
             # standbys apply every fetch (they must stay fresh); restores batch up
             if restore.standby or len(restore.writes) >= self._restore_write_batch:
-                restore.flush()
+                restore.flush(self.stores)
             if not restore.standby and chunk.next_offset >= restore.end:
                 self._finish(key)
 
@@ -410,11 +427,11 @@ class StateService(Service):
     def _flush_pending(self) -> None:
         """Write what the current restores collected into their stores (still open ones)."""
         for restore in self._restores.values():
-            restore.flush()
+            restore.flush(self.stores)
 
     def _finish(self, key: TaskKey) -> None:
         restore = self._restores.pop(key)
-        restore.flush()
+        restore.flush(self.stores)
         self._require().unassign(TopicPartition(restore.table.changelog.name, restore.partition))
         elapsed = max(time.monotonic() - restore.started, 1e-6)
         if restore.applied:
@@ -429,8 +446,11 @@ class StateService(Service):
         self._mark_ready(restore.table, restore.partition)
 
     def _mark_ready(self, table: Table, partition: int) -> None:
-        table.ready.add(partition)
-        self._on_ready(table.name, partition)
+        store = self.stores.get(table.name, partition)
+        if store is None:  # closed meanwhile (a newer assignment)
+            return
+        self._ready.add((table.name, partition))
+        self._on_ready(table.name, partition, store)
 
     def _log_progress(self) -> None:
         for name, partition in self.restoring:

@@ -1,74 +1,68 @@
 """Runs agents over records handed in by a transport (Kafka consumer or in-memory driver).
 
 Each agent actor has a bounded queue (backpressure on fetching) and a
-:class:`Stream` its function iterates. An event counts as processed when the
-function asks for the next one; it is acknowledged to the :class:`OffsetTracker`
-once the records sent while processing it were acknowledged by the broker.
-Rebalances bump an epoch so records buffered for revoked partitions are dropped
-(they will be refetched from the committed offset by their next owner).
+:class:`~streamjoin.stream.Stream` its function iterates. Records are queued with
+their :class:`~streamjoin.runtime.tasks.Task`; an event counts as processed when
+the function asks for the next one, and is acknowledged to its task's offset
+ledger once the records sent while processing it were acknowledged by the broker.
+A record whose task stopped running (revocation began) is dropped when it reaches
+the agent: it was never acknowledged, so its next owner reads it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
+from streamjoin.context import Sender, current_event, current_record
+from streamjoin.errors import AgentFailed
 from streamjoin.events import Event, RawRecord
-from streamjoin.runtime.offsets import OffsetTracker, TopicPartition
 from streamjoin.runtime.record_queue import RecordQueue
-from streamjoin.topics import Sender, current_stream
+from streamjoin.runtime.tasks import Task
+from streamjoin.state.table_partition import TablePartition
+from streamjoin.stream import Stream
+
+__all__ = ["AgentFailed", "AgentRunner", "AgentRuntime", "Stream", "current_record"]
 
 log = logging.getLogger("streamjoin.agents")
 
 _STOP = object()
 
 
-class AgentFailed(RuntimeError):
-    """An agent hit an error under the ``stop`` policy; the worker must stop."""
-
-
-@dataclass
 class _InFlight:
-    raw: RawRecord
-    epoch: int
-    sends: list[asyncio.Future[Any]] = field(default_factory=list)
+    """The event an actor is processing: the runtime's side of :mod:`streamjoin.context`."""
 
+    __slots__ = ("raw", "runtime", "sends", "task")
 
-def current_record() -> RawRecord | None:
-    """The record whose event the calling agent is processing (None outside agents)."""
-    stream = current_stream.get()
-    if stream is None:
-        return None
-    current = stream._runner.current
-    return None if current is None else current.raw
+    def __init__(self, raw: RawRecord, task: Task, runtime: AgentRuntime) -> None:
+        self.raw = raw
+        self.task = task
+        self.runtime = runtime
+        self.sends: list[asyncio.Future[Any]] = []
 
-
-class Stream:
-    """``async for event in stream`` yields :class:`Event`; ``stream.items()`` (key, value)."""
-
-    def __init__(self, runner: AgentRunner) -> None:
-        self._runner = runner
-
-    def __aiter__(self) -> Stream:
-        return self
-
-    async def __anext__(self) -> Event:
-        return await self._runner.next_event()
-
-    async def items(self) -> AsyncIterator[tuple[Any, Any]]:
-        async for event in self:
-            yield event.key, event.value
+    @property
+    def record(self) -> RawRecord:
+        return self.raw
 
     def track_send(self, future: asyncio.Future[Any]) -> None:
-        """Delay the current event's acknowledgement until ``future`` completes."""
-        current = self._runner.current
-        if current is not None:
-            current.sends.append(future)
+        self.sends.append(future)
+
+    def table_partition(self, table: str) -> TablePartition | None:
+        return self.task.tables.get(table)
+
+    def task_value(self, key: str, make: Callable[[], Any]) -> Any:
+        return self.task.value(key, make)
+
+    def worker_value(self, key: str, make: Callable[[], Any]) -> Any:
+        shared = self.runtime.shared_values
+        found = shared.get(key)
+        if found is None:
+            found = shared[key] = make()
+        return found
 
 
 class AgentRunner:
@@ -91,7 +85,7 @@ class AgentRunner:
         return f"{self.agent.name}#{self.index}"
 
     def clear(self) -> None:
-        """Drop buffered records (after a revoke or before stopping)."""
+        """Drop buffered records (before stopping)."""
         self.queue.clear()
 
     async def next_event(self) -> Event:
@@ -104,26 +98,28 @@ class AgentRunner:
                 item = await queue.get()
             if item is _STOP:
                 raise StopAsyncIteration
-            epoch, raw = _unpack(item)
-            if epoch != self.runtime.epoch:
-                continue
+            task, raw = _unpack(item)
+            if not task.running:
+                continue  # revocation began: its next owner reads it again
             self.idle.clear()
+            inflight = _InFlight(raw, task, self.runtime)
             try:
                 event = self.agent.decode(raw)
             except DecodeError as exc:
-                await self.runtime.handle_failure(self, _InFlight(raw, epoch), exc, "decode")
+                await self.runtime.handle_failure(self, inflight, exc, "decode")
                 continue
-            self.current = _InFlight(raw, epoch)
+            self.current = inflight
+            current_event.set(inflight)
             return event
 
     def _finish_current(self) -> None:
         current, self.current = self.current, None
         if current is not None:
+            current_event.set(None)
             self.processed += 1
             self.runtime.complete(current)
 
     async def run(self) -> None:
-        current_stream.set(self.stream)
         while True:
             try:
                 await self.agent(self.stream)
@@ -131,6 +127,7 @@ class AgentRunner:
                 raise
             except Exception as exc:
                 current, self.current = self.current, None
+                current_event.set(None)
                 if current is None:
                     raise AgentFailed(
                         f"agent {self.name} raised outside of event processing: {exc!r}"
@@ -146,7 +143,7 @@ class AgentRunner:
 
 
 class AgentRuntime:
-    """All agent actors of an app, the routing of records to them, and their offsets."""
+    """All agent actors of an app, the routing of records to them, and their acknowledgements."""
 
     def __init__(
         self,
@@ -157,10 +154,10 @@ class AgentRuntime:
         queue_size: int = 1000,
     ) -> None:
         self.sender = sender
-        self.tracker = OffsetTracker()
-        self.epoch = 0
         self.stopping = False
         self._on_crash = on_crash
+        #: values agents keep for the worker's lifetime (join counters), by key
+        self.shared_values: dict[str, Any] = {}
         self.runners: list[AgentRunner] = []
         self._routes: dict[str, list[list[AgentRunner]]] = {}
         for agent in agents:
@@ -206,19 +203,16 @@ class AgentRuntime:
 
     # -- records in
 
-    async def dispatch(self, raw: RawRecord, epoch: int) -> None:
-        """Hand one fetched record to every agent reading its topic (may wait: backpressure)."""
-        await self.dispatch_many((raw,), epoch)
-
-    async def dispatch_many(self, raws: Iterable[RawRecord], epoch: int) -> None:
-        """Hand fetched records, in order, to every agent reading their topics: registered
-        with the offset tracker first, then queued a batch per actor (may wait while an
-        actor's queue is full)."""
-        if epoch != self.epoch:
+    async def dispatch_many(self, raws: Iterable[RawRecord], task: Task) -> None:
+        """Hand fetched records of one task, in order, to every agent reading their topics:
+        registered with the task's offset ledger first, then queued a batch per actor (may
+        wait while an actor's queue is full). Nothing is handed over once the task stopped
+        running (the records are read again by its next owner)."""
+        if not task.running:
             return
         routes = self._routes
-        register = self.tracker.register
-        batches: dict[AgentRunner, list[tuple[int, RawRecord]]] = {}
+        register = task.tracker.register
+        batches: dict[AgentRunner, list[tuple[Task, RawRecord]]] = {}
         for raw in raws:
             targets = [actors[raw.partition % len(actors)] for actors in routes.get(raw.topic, ())]
             register((raw.topic, raw.partition), raw.offset, len(targets))
@@ -226,60 +220,71 @@ class AgentRuntime:
                 batch = batches.get(runner)
                 if batch is None:
                     batch = batches[runner] = []
-                batch.append((epoch, raw))
+                batch.append((task, raw))
         for runner, batch in batches.items():
-            if epoch != self.epoch:
-                return  # a rebalance began while waiting for room: the rest is refetched
+            if _stopped(task):
+                return  # revocation began while waiting for room: the rest is read again
             await runner.queue.put_many(batch)
 
-    def begin_revoke(self) -> None:
-        """Start of a rebalance: drop everything buffered from the old assignment."""
-        self.epoch += 1
-        for runner in self.runners:
-            runner.clear()
+    def busy_with(self, tasks: Iterable[Task]) -> list[str]:
+        """Actors processing an event of one of ``tasks`` right now."""
+        wanted = set(map(id, tasks))
+        return [
+            r.name for r in self.runners if r.current is not None and id(r.current.task) in wanted
+        ]
 
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no actor is inside an event; False on timeout."""
-        waits = [asyncio.create_task(r.idle.wait()) for r in self.runners if not r.idle.is_set()]
-        if not waits:
-            return True
-        _, pending = await asyncio.wait(waits, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        return not pending
-
-    def forget(self, tps: Iterable[TopicPartition]) -> None:
-        self.tracker.forget(tps)
+    async def wait_idle(self, tasks: Iterable[Task], timeout: float) -> bool:
+        """Wait until no actor is inside an event of ``tasks`` and every finished event's
+        sends were acknowledged (so its offset counts); False on timeout."""
+        tasks = list(tasks)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.busy_with(tasks) or any(t.awaiting_sends for t in tasks):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     # -- acknowledgements
 
     def complete(self, inflight: _InFlight) -> None:
         """Acknowledge an event once its sends are acknowledged."""
-        pending = [f for f in inflight.sends if not f.done()]
-        failed = next((f for f in inflight.sends if f.done() and _failed(f)), None)
+        sends = inflight.sends
+        if not sends:
+            self._ack(inflight)
+            return
+        pending = [f for f in sends if not f.done()]
+        failed = next((f for f in sends if f.done() and _failed(f)), None)
         if failed is not None:
             self._send_failed(inflight, failed)
             return
         if not pending:
             self._ack(inflight)
             return
+        task = inflight.task
+        task.awaiting_sends += 1
         remaining = [len(pending)]
 
         def one_done(future: asyncio.Future[Any]) -> None:
+            if remaining[0] <= 0:
+                return
             if _failed(future):
+                remaining[0] = 0
+                task.awaiting_sends -= 1
                 self._send_failed(inflight, future)
                 return
             remaining[0] -= 1
             if remaining[0] == 0:
+                task.awaiting_sends -= 1
                 self._ack(inflight)
 
         for future in pending:
             future.add_done_callback(one_done)
 
     def _ack(self, inflight: _InFlight) -> None:
-        if inflight.epoch == self.epoch:
+        task = inflight.task
+        if task.accepts_acks:
             raw = inflight.raw
-            self.tracker.ack((raw.topic, raw.partition), raw.offset)
+            task.tracker.ack((raw.topic, raw.partition), raw.offset)
 
     def _send_failed(self, inflight: _InFlight, future: asyncio.Future[Any]) -> None:
         raw = inflight.raw
@@ -335,12 +340,17 @@ class AgentRuntime:
         self._ack(inflight)
 
 
+def _stopped(task: Task) -> bool:
+    """Whether ``task`` stopped running (a function: the state changes across awaits)."""
+    return not task.running
+
+
 def _failed(future: asyncio.Future[Any]) -> bool:
     return future.cancelled() or future.exception() is not None
 
 
-def _unpack(item: object) -> tuple[int, RawRecord]:
-    """Queue items are ``(epoch, record)`` pairs (or the stop sentinel, handled by the caller)."""
+def _unpack(item: object) -> tuple[Task, RawRecord]:
+    """Queue items are ``(task, record)`` pairs (or the stop sentinel, handled by the caller)."""
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], RawRecord):
-        return int(item[0]), item[1]
-    raise TypeError(f"unexpected item in an agent queue: {item!r}")
+        return item[0], item[1]
+    raise AgentFailed(f"unexpected item in an agent queue: {item!r}")

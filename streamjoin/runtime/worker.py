@@ -1,39 +1,115 @@
-"""Runs a started App on Kafka: topics, producer, agents and consumer as one mode service.
+"""The Worker: the one composition root that runs a Topology with an AppConfig on Kafka.
 
-Start order: topics (create/verify), producer, agents, consumer. Stop order is
-the reverse and loses nothing: stop fetching, let in-flight events finish,
-flush sends, commit, leave the group (static members stay), stop the producer.
-An agent failure under the ``stop`` policy stops the app; ``App.wait()``
-re-raises it so the CLI can exit non-zero.
+It builds the producer, the state service, the task manager, the agent runtime,
+the assignor adapter and the consumer, wires them with plain callbacks, and runs
+them as one mode service. The CLI, embedding (``App.start``) and the Spark jobs
+all go through it or through the Topology; the in-memory test driver runs the
+same task manager and agent runtime over in-memory transports. Nothing here
+imports the App: everything comes in as parameters.
+
+Start order: topics (create/verify), producer, state service, agents, consumer.
+Stop order is the reverse and loses nothing: stop fetching, let in-flight events
+finish, flush sends, commit, leave the group (static members stay), stop the
+producer. An agent failure under the ``stop`` policy stops the worker;
+:meth:`Worker.wait_stopped` re-raises it so the CLI can exit non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import os
+import socket
+from typing import Any
 
 from mode import Service
 
+from streamjoin.config import AppConfig
+from streamjoin.context import RuntimeLink, Sender
+from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.producer import KafkaSender
-from streamjoin.runtime.state import StateService, TableStores
+from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
-
-if TYPE_CHECKING:
-    from streamjoin.app import App
+from streamjoin.runtime.tasks import Task, TaskManager, TaskState
+from streamjoin.state.base import StorePartition
+from streamjoin.state.table_partition import TablePartition
+from streamjoin.topology import Topology
 
 log = logging.getLogger("streamjoin.worker")
 
 
-class KafkaRunner(Service):
-    """The running side of one :class:`~streamjoin.app.App` on a Kafka cluster."""
+def client_id_for(config: AppConfig) -> str:
+    """``<app id>-<instance id or host>-<pid>``: unique per process, readable in broker logs."""
+    return f"{config.id}-{config.group_instance_id or socket.gethostname()}-{os.getpid()}"
 
-    def __init__(self, app: App, queue_size: int = 1000) -> None:
+
+async def prepare_topics(topology: Topology, config: AppConfig) -> dict[str, int]:
+    """Create missing declared topics and verify partition counts; returns the counts."""
+    client = config.client_kwargs()
+    names = list(topology.topics)
+    existing = await fetch_partition_counts(config.broker, names, **client)
+    topology.resolve_partitions(existing, config.topic_partitions)
+    declared = {t.name: t.partitions or config.topic_partitions for t in topology.topics.values()}
+    topology.check_copartitioning({**declared, **existing})
+    specs = [
+        TopicSpec(
+            t.name,
+            t.partitions or config.topic_partitions,
+            t.replication_factor,
+            dict(t.config),
+        )
+        for t in topology.topics.values()
+    ]
+    created = await ensure_topics(config.broker, specs, **client)
+    if created:
+        log.info("created topics: %s", ", ".join(sorted(created)))
+    counts = await fetch_partition_counts(config.broker, names, **client)
+    topology.check_copartitioning(counts)
+    return counts
+
+
+class WorkerTables:
+    """The worker's table partitions as declarations see them (reads outside agents)."""
+
+    def __init__(self, tasks: TaskManager, held: TableStores | None) -> None:
+        self._tasks = tasks
+        self._held = held
+
+    def active_partition(self, table: str, partition: int) -> TablePartition | None:
+        for task in self._tasks.table_tasks(table):
+            if task.partition == partition and task.running:
+                return task.tables.get(table)
+        return None
+
+    def active_partitions(self, table: str) -> list[int]:
+        return sorted(
+            t.partition for t in self._tasks.table_tasks(table) if t.running and table in t.tables
+        )
+
+    def held_partition(self, table: str, partition: int) -> bool:
+        return self._held is not None and self._held.get(table, partition) is not None
+
+
+class Worker(Service):
+    """Runs one :class:`Topology` with one :class:`AppConfig` on a Kafka cluster."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        config: AppConfig,
+        *,
+        link: RuntimeLink | None = None,
+        queue_size: int = 1000,
+    ) -> None:
         super().__init__()
-        self.app = app
+        self.topology = topology
+        self.config = config
+        self.link = link or RuntimeLink()
         self.queue_size = queue_size
+        self.client_id = client_id_for(config)
+        self.tasks = TaskManager(topology)
         self.sender: KafkaSender | None = None
         self.runtime: AgentRuntime | None = None
         self.consumer: KafkaConsumerService | None = None
@@ -48,58 +124,74 @@ class KafkaRunner(Service):
     def assignment(self) -> set[tuple[str, int]]:
         return set() if self.consumer is None else self.consumer.assigned
 
+    @property
+    def finished(self) -> bool:
+        """True once the worker stopped (after a stop request or a fatal error)."""
+        return self._done.is_set()
+
+    @property
+    def shared_values(self) -> dict[str, Any]:
+        """Values agents keep for the worker's lifetime (join counters)."""
+        return {} if self.runtime is None else self.runtime.shared_values
+
     async def on_start(self) -> None:
-        app = self.app
-        await app.prepare_topics()
+        topology, config = self.topology, self.config
+        await prepare_topics(topology, config)
         self.sender = KafkaSender(
-            app.broker,
-            client_options=app.client_options,
-            producer_options=app.producer_options,
-            client_id=app.client_id,
+            config.broker,
+            client_options=config.client_kwargs(),
+            producer_options=config.producer_options,
+            client_id=self.client_id,
         )
         await self.sender.start()
-        app.attach_sender(self.sender)
-        if app.tables:
-            self.stores = TableStores(app.tables, app.state_dir)
+        if topology.tables:
+            self.stores = TableStores(topology.tables, config.state_path)
             self.state_service = StateService(
                 self.stores,
-                bootstrap_servers=app.broker,
-                client_options=app.client_options,
+                bootstrap_servers=config.broker,
+                client_options=config.client_kwargs(),
                 on_ready=self._table_ready,
                 on_crash=self._on_crash,
             )
             await self.state_service.start()
-        self.runtime = app.build_runtime(self.sender, self._on_crash, self.queue_size)
+        self.link.connect(self.sender, WorkerTables(self.tasks, self.stores))
+        self.runtime = AgentRuntime(
+            topology.agents.values(),
+            self.sender,
+            on_crash=self._on_crash,
+            queue_size=self.queue_size,
+        )
         self.runtime.start()
         if self.runtime.topics:
-            self.assignor = StreamjoinAssignor.for_app(
-                app,
+            self.assignor = StreamjoinAssignor.for_topology(
+                topology,
+                config,
                 lag_provider=self.state_service.lags if self.state_service is not None else None,
             )
             self.consumer = KafkaConsumerService(
-                app.broker,
-                group_id=app.id,
-                client_id=app.client_id,
+                config.broker,
+                group_id=config.id,
+                client_id=self.client_id,
                 runtime=self.runtime,
+                tasks=self.tasks,
                 sender=self.sender,
                 assignor=self.assignor,
-                commit_interval=app.commit_interval,
-                group_instance_id=app.group_instance_id,
-                client_options=app.client_options,
-                consumer_options=app.consumer_options,
+                commit_interval=config.commit_interval,
+                group_instance_id=config.group_instance_id,
+                client_options=config.client_kwargs(),
+                consumer_options=config.consumer_options,
                 on_assignment=self._assigned,
                 on_revoke=self.state_service.revoke_all if self.state_service is not None else None,
-                before_commit=self._flush_tables if self.stores is not None else None,
-                blocked=self._blocked if self.stores is not None else None,
-                aligned_groups=app.aligned_groups(),
-                align_idle_ms=app.align_idle_ms,
-                align_max_idle_ms=app.align_max_idle_ms,
+                flush_tables=self._flush_tables if self.stores is not None else None,
+                aligned_groups=topology.aligned_groups(),
+                align_idle_ms=config.align_idle_ms,
+                align_max_idle_ms=config.align_max_idle_ms,
             )
             await self.consumer.start()
         log.info(
             "app %s started: %d agents on %s",
-            app.id,
-            len(app.agents),
+            config.id,
+            len(topology.agents),
             ", ".join(sorted(self.runtime.topics)) or "no topics",
         )
 
@@ -118,47 +210,47 @@ class KafkaRunner(Service):
             if self.sender is not None:
                 await self.sender.stop()
         finally:
-            self.app.attach_sender(None)
+            self.link.disconnect()
             self._done.set()
 
     # -- tables
 
-    async def _flush_tables(self) -> None:
-        if self.stores is not None and self.sender is not None:
-            await self.stores.flush(self.sender, before_changelog=self.sender.flush)
-
-    def _blocked(self, topic: str, partition: int) -> bool:
-        """True while a table co-partitioned with ``topic`` is restoring ``partition``."""
-        return any(
-            topic in t.writers and partition not in t.ready for t in self.app.tables.values()
-        )
+    async def _flush_tables(self, tasks: list[Task]) -> None:
+        sender = self.sender
+        if sender is None:
+            return
+        states = [state for task in tasks for state in task.tables.values()]
+        await flush_partitions(states, self.topology.tables, sender, before_changelog=sender.flush)
 
     def _assigned(self, assigned: set[tuple[str, int]]) -> None:
         if self.assignor is not None:
             self.assignor.record_active(assigned)
+        self.tasks.assign(assigned)
         if self.state_service is None or self.assignor is None:
             return
-        active: dict[str, set[int]] = {}
+        active = self.tasks.active_table_partitions()
         standby: dict[str, set[int]] = {}
-        for table in self.app.tables.values():
-            active[table.name] = {p for t, p in assigned if t in table.writers}
+        for table in self.topology.tables.values():
             standby[table.name] = set(self.assignor.standby.get(table.changelog.name, ()))
         self.state_service.set_assignment(active, standby)
 
-    def _table_ready(self, table: str, partition: int) -> None:
-        if self.consumer is None:
+    def _table_ready(self, table: str, partition: int, store: StorePartition) -> None:
+        task = self.tasks.table_ready(table, partition, TablePartition(table, partition, store))
+        if task is None or self.consumer is None:
             return
-        for topic in self.app.tables[table].writers:
-            if not self._blocked(topic, partition):
-                self.consumer.resume(topic, partition)
+        for topic, p in task.source_partitions:
+            self.consumer.resume(topic, p)
 
     def _on_crash(self, exc: BaseException) -> None:
         if self.failure is None:
             self.failure = exc
-            log.error("stopping app %s after a fatal error: %s", self.app.id, exc)
-            asyncio.get_running_loop().create_task(self.app.stop())
+            log.error("stopping app %s after a fatal error: %s", self.config.id, exc)
+            asyncio.get_running_loop().create_task(self.stop())
 
     async def wait_stopped(self) -> None:
         await self._done.wait()
         if self.failure is not None:
             raise self.failure
+
+
+__all__ = ["Sender", "TaskState", "Worker", "client_id_for", "prepare_topics"]

@@ -9,6 +9,12 @@ Records are encoded and decoded with the topics' codecs, keyed records land on
 ``murmur2(key) % partitions`` as on Kafka, records sent to a topic that an
 agent reads are delivered to it (agents can be chained), and offsets are
 tracked exactly as in the worker, so at-least-once behaviour can be tested.
+
+It runs the worker's own task manager, agent runtime and table flushing over
+in-memory transports: every task is assigned to it, every table partition is
+an in-memory store, ready at once. :meth:`TestDriver.revoke` takes tasks
+through the worker's revocation path (suspend, finish in-flight events, flush,
+commit) and :meth:`TestDriver.assign` gives them back.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from streamjoin.errors import ConfigurationError, StreamjoinError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.state import TableStores
+from streamjoin.runtime.state import TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.worker import WorkerTables
+from streamjoin.state.table_partition import TablePartition
+from streamjoin.topology import Topology
 
 if TYPE_CHECKING:
     from streamjoin.app import App
@@ -50,7 +61,11 @@ class TestDriver:
         self._logs: dict[str, dict[int, list[RawRecord]]] = {}
         self.runtime: AgentRuntime | None = None
         self.stores: TableStores | None = None
+        self.tasks: TaskManager | None = None
+        self.topology: Topology | None = None
         self.failure: BaseException | None = None
+        #: offsets committed by revocations, per source partition
+        self.committed: dict[tuple[str, int], int] = {}
 
     # -- Sender protocol
 
@@ -72,13 +87,17 @@ class TestDriver:
         if partition is None:
             partition = 0 if key is None else partition_for_key(key, count)
         if not 0 <= partition < count:
-            raise ValueError(f"{topic!r} has {count} partitions; partition {partition} is invalid")
+            raise ConfigurationError(
+                f"{topic!r} has {count} partitions; partition {partition} is invalid"
+            )
         log = self._logs.setdefault(topic, {}).setdefault(partition, [])
         timestamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
         raw = RawRecord(topic, partition, len(log), timestamp, key, value, tuple(headers))
         log.append(raw)
-        if self.runtime is not None and topic in self.runtime.topics:
-            await self.runtime.dispatch(raw, self.runtime.epoch)
+        if self.runtime is not None and self.tasks is not None and topic in self.runtime.topics:
+            task = self.tasks.task_for(topic, partition)
+            if task is not None:
+                await self.runtime.dispatch_many((raw,), task)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result(RecordMetadata(topic, partition, raw.offset, timestamp))
         return future
@@ -93,7 +112,7 @@ class TestDriver:
             )
             last = future.result()
         if last is None:
-            raise ValueError("send_many needs at least one record")
+            raise ConfigurationError("send_many needs at least one record")
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         done.set_result(last.offset)
         return done
@@ -113,7 +132,7 @@ class TestDriver:
         """Produce one record to ``topic`` with its codecs, as a Kafka producer would."""
         declared = self.app.topics.get(topic)
         if declared is None:
-            raise KeyError(f"topic {topic!r} is not declared by app {self.app.id!r}")
+            raise ConfigurationError(f"topic {topic!r} is not declared by app {self.app.id!r}")
         future = await declared.send(
             key=key, value=value, headers=headers, partition=partition, timestamp_ms=timestamp_ms
         )
@@ -148,10 +167,43 @@ class TestDriver:
                 raise TimeoutError(f"agents still busy after {timeout}s")
             await asyncio.sleep(0.001)
 
-    async def flush(self) -> None:
+    async def flush(self, tasks: list[Task] | None = None) -> None:
         """What a worker does before committing: table writes to changelogs and stores."""
-        if self.stores is not None:
-            await self.stores.flush(self)
+        if self.tasks is None or self.topology is None:
+            return
+        chosen = self.tasks.live() if tasks is None else tasks
+        states = [state for task in chosen for state in task.tables.values()]
+        await flush_partitions(states, self.topology.tables, self)
+
+    async def revoke(self, partitions: Sequence[tuple[str, int]], timeout: float = 5.0) -> None:
+        """Revoke the tasks of ``partitions`` as a worker does: suspend them, let in-flight
+        events finish, flush their tables and commit exactly what they processed
+        (:attr:`committed`), then close them."""
+        manager = self._require_tasks()
+        runtime = self._require()
+        tasks = manager.tasks_of(partitions)
+        manager.suspend(tasks)
+        if not await runtime.wait_idle(tasks, timeout):
+            raise StreamjoinError(f"agents still busy with {tasks} after {timeout}s")
+        positions = manager.committable(tasks)
+        await self.flush(tasks)
+        self.committed.update(positions)
+        manager.close(tasks)
+
+    async def assign(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Give the tasks of ``partitions`` back (their tables as they were flushed; records
+        sent to them from now on are processed again)."""
+        manager = self._require_tasks()
+        stores = self.stores
+        topology = self.topology
+        if stores is None or topology is None:
+            raise StreamjoinError("the test driver is not started")
+        for task in manager.assign(partitions):
+            for name in task.group.tables:
+                store = stores.open(topology.tables[name], task.partition)
+                manager.table_ready(
+                    name, task.partition, TablePartition(name, task.partition, store)
+                )
 
     def raw_records(self, topic: str) -> list[RawRecord]:
         """Everything written to ``topic``, by partition then offset."""
@@ -170,29 +222,45 @@ class TestDriver:
 
     def committable(self) -> dict[tuple[str, int], int]:
         """Per source partition, the offset a worker would commit now."""
-        return self._require().tracker.committable()
+        return self._require_tasks().committable()
 
     # -- lifecycle
 
     def _require(self) -> AgentRuntime:
         if self.runtime is None:
-            raise RuntimeError("the test driver is not started: use `async with TestDriver(app)`")
+            raise StreamjoinError(
+                "the test driver is not started: use `async with TestDriver(app)`"
+            )
         return self.runtime
+
+    def _require_tasks(self) -> TaskManager:
+        if self.tasks is None:
+            raise StreamjoinError(
+                "the test driver is not started: use `async with TestDriver(app)`"
+            )
+        return self.tasks
 
     def _on_crash(self, exc: BaseException) -> None:
         if self.failure is None:
             self.failure = exc
 
     async def __aenter__(self) -> TestDriver:
-        self.app.resolve_partitions({})
-        self.app.attach_sender(self)
+        topology = self.topology = self.app.topology()
+        topology.resolve_partitions({}, self.app.config.topic_partitions)
+        self.tasks = TaskManager(topology)
         # Every table partition is local, in memory, and ready at once.
-        self.stores = TableStores(self.app.tables, state_dir=None)
-        for table in self.app.tables.values():
-            for partition in range(table.partitions):
-                self.stores.open(table, partition)
-                table.ready.add(partition)
-        self.runtime = self.app.build_runtime(self, self._on_crash, queue_size=0)
+        self.stores = TableStores(topology.tables, state_dir=None)
+        self.app.runtime_link.connect(self, WorkerTables(self.tasks, self.stores))
+        self.runtime = AgentRuntime(
+            topology.agents.values(), self, on_crash=self._on_crash, queue_size=0
+        )
+        every = [
+            (topic, partition)
+            for group in topology.task_groups()
+            for topic in group.topics
+            for partition in range(topology.topics[topic].partitions or self.default_partitions)
+        ]
+        await self.assign(every)
         self.runtime.start()
         return self
 
@@ -206,4 +274,4 @@ class TestDriver:
             await self.runtime.stop(timeout=5.0)
         if self.stores is not None:
             self.stores.close_all()
-        self.app.attach_sender(None)
+        self.app.runtime_link.disconnect()

@@ -7,6 +7,8 @@ Each restore is checked for exact store contents and stored changelog offsets.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import time
 import uuid
@@ -59,7 +61,7 @@ async def restore(
     ready: set[int] = set()
     all_ready = asyncio.Event()
 
-    def on_ready(name: str, partition: int) -> None:
+    def on_ready(name: str, partition: int, store: Any) -> None:
         ready.add(partition)
         if ready >= partitions:
             all_ready.set()
@@ -74,8 +76,10 @@ async def restore(
     return service, stores
 
 
-def contents(app: App, partition: int) -> dict[bytes, bytes]:
-    return dict(app.tables[TABLE].stores[partition].items())
+def contents(stores: TableStores, partition: int) -> dict[bytes, bytes]:
+    store = stores.get(TABLE, partition)
+    assert store is not None, f"partition {partition} is not open"
+    return dict(store.items())
 
 
 async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
@@ -134,23 +138,24 @@ async def test_restore_across_transaction_markers_and_tombstones(
 
     ends = await end_offsets(kafka_bootstrap, topic)
     expected = expected_state(writes)
-    service, _ = await restore(app, {0, 1})
+    service, stores = await restore(app, {0, 1})
     try:
         assert service.restored_records == len(writes)  # data records only, not markers
         for partition in range(PARTITIONS):
-            store = app.tables[TABLE].stores[partition]
-            assert contents(app, partition) == expected[partition]
+            store = stores.get(TABLE, partition)
+            assert store is not None
+            assert contents(stores, partition) == expected[partition]
             # the trailing marker counts as read: the store is caught up, not one behind
             assert store.changelog_offset() == ends[partition] - 1
     finally:
         await service.stop()
 
     # a restart on the same state finds nothing to replay and reports no lag
-    again, _ = await restore(app, {0, 1})
+    again, stores = await restore(app, {0, 1})
     try:
         assert again.restored_records == 0
         assert again.lags()[topic] == {0: 0, 1: 0}
-        assert contents(app, 1) == expected[1]
+        assert contents(stores, 1) == expected[1]
     finally:
         await again.stop()
 
@@ -168,7 +173,7 @@ async def test_a_standby_follows_the_changelog_across_markers(
     )
     txn = producers(transactional_id=f"tx-{uuid.uuid4().hex}")
     await txn.start()
-    service, _ = await restore(app, set(), standby={0})
+    service, stores = await restore(app, set(), standby={0})
     try:
         async with txn.transaction():
             await txn.send(topic, b"v1", key=b"a", partition=0)
@@ -179,12 +184,12 @@ async def test_a_standby_follows_the_changelog_across_markers(
         deadline = time.monotonic() + 30
         store = None
         while time.monotonic() < deadline:
-            store = app.tables[TABLE].stores.get(0)
+            store = stores.get(TABLE, 0)
             if store is not None and store.changelog_offset() == end - 1:
                 break
             await asyncio.sleep(0.1)
         assert store is not None and store.changelog_offset() == end - 1
-        assert contents(app, 0) == {b"b": b"v2"}
+        assert contents(stores, 0) == {b"b": b"v2"}
     finally:
         await service.stop()
 
@@ -238,12 +243,13 @@ async def test_restore_of_a_compacted_changelog(
     assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
 
     ends = await end_offsets(kafka_bootstrap, topic)
-    service, _ = await restore(app, {0, 1})
+    service, stores = await restore(app, {0, 1})
     try:
         expected = expected_state(writes)
         for partition in range(PARTITIONS):
-            assert contents(app, partition) == expected[partition]
-            store = app.tables[TABLE].stores[partition]
+            assert contents(stores, partition) == expected[partition]
+            store = stores.get(TABLE, partition)
+            assert store is not None
             assert store.changelog_offset() == ends[partition] - 1
     finally:
         await service.stop()

@@ -200,10 +200,10 @@ async def test_align_idle_ms_waits_for_a_side_written_late(
         finally:
             await producer.stop()
         for _ in range(150):
-            if matched or app.joins["late-left"].late:
+            if matched or app.join_stats("late-left").late:
                 break
             await asyncio.sleep(0.1)
     if idle_ms:
         assert matched == ["a"]
     else:
-        assert matched == [] and app.joins["late-left"].late == 1
+        assert matched == [] and app.join_stats("late-left").late == 1

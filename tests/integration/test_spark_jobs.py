@@ -189,12 +189,12 @@ async def test_bootstrapped_table_is_served_without_changelog_replay(
 
     async with app:
         deadline = time.monotonic() + 60
-        while table.ready != set(range(partitions)):
+        while set(table.active_partitions()) != set(range(partitions)):
             assert time.monotonic() < deadline, "table partitions never became ready"
             await asyncio.sleep(0.2)
-        runner = app._runner
-        assert runner is not None and runner.state_service is not None  # type: ignore[attr-defined]
-        assert runner.state_service.restored_records == 0  # type: ignore[attr-defined]
+        worker = app._worker
+        assert worker is not None and worker.state_service is not None
+        assert worker.state_service.restored_records == 0
         for user, value in expected.items():
             assert table.get(user) == value
         for i in range(0, 60, 5):

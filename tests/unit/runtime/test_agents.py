@@ -12,7 +12,18 @@ from streamjoin import App
 from streamjoin.events import RawRecord
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
+from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.worker import WorkerTables
 from streamjoin.testing.driver import TestDriver
+
+
+def _one_task(app: App, topic: str, partition: int = 0) -> tuple[TaskManager, Task]:
+    """A task manager holding the running task of ``topic[partition]``."""
+    manager = TaskManager(app.topology())
+    manager.assign([(topic, partition)])
+    task = manager.task_for(topic, partition)
+    assert task is not None and task.running
+    return manager, task
 
 
 def make_app(**kwargs: Any) -> App:
@@ -257,28 +268,29 @@ async def test_offsets_wait_for_send_acknowledgements() -> None:
     sender = _ManualSender()
     crashes: list[BaseException] = []
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
-    app.attach_sender(sender)
+    manager, task = _one_task(app, "in")
+    app.runtime_link.connect(sender, WorkerTables(manager, None))
     runtime.start()
     try:
         for offset in range(3):
-            await runtime.dispatch(RawRecord("in", 0, offset, 0, None, b"1"), runtime.epoch)
+            await runtime.dispatch_many([RawRecord("in", 0, offset, 0, None, b"1")], task)
         for _ in range(10):
             await asyncio.sleep(0)
         assert len(sender.futures) == 3
-        assert runtime.tracker.committable() == {}
+        assert task.tracker.committable() == {}
         sender.futures[1].set_result(None)  # out of order: still nothing committable
         await asyncio.sleep(0)
-        assert runtime.tracker.committable() == {}
+        assert task.tracker.committable() == {}
         sender.futures[0].set_result(None)
         await asyncio.sleep(0)
-        assert runtime.tracker.committable() == {("in", 0): 2}
+        assert task.tracker.committable() == {("in", 0): 2}
         sender.futures[2].set_exception(RuntimeError("broker said no"))
         await asyncio.sleep(0)
         assert crashes and "was not acknowledged" in str(crashes[0])
-        assert runtime.tracker.committable() == {("in", 0): 2}
+        assert task.tracker.committable() == {("in", 0): 2}
     finally:
         await runtime.stop(timeout=1)
-        app.attach_sender(None)
+        app.runtime_link.disconnect()
 
 
 async def test_revoke_drops_buffered_records() -> None:
@@ -295,15 +307,23 @@ async def test_revoke_drops_buffered_records() -> None:
 
     sender = _ManualSender()
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=lambda e: None)
+    manager, task = _one_task(app, "t")
     runtime.start()
     try:
         for offset in range(5):
-            await runtime.dispatch(RawRecord("t", 0, offset, 0, None, b"0"), runtime.epoch)
+            await runtime.dispatch_many([RawRecord("t", 0, offset, 0, None, b"0")], task)
         await asyncio.sleep(0)
-        runtime.begin_revoke()
+        manager.suspend([task])  # revocation begins while offset 0 is being processed
         gate.set()
-        assert await runtime.wait_idle(1.0)
-        runtime.forget([("t", 0)])
+        assert await runtime.wait_idle([task], 1.0)
         assert seen == [0]  # the in-flight event finished; buffered ones were dropped
+        # ...and it counts: the revocation commit covers it, so its next owner does not
+        # process it again (acknowledgements after revocation began used to be dropped)
+        assert manager.committable([task]) == {("t", 0): 1}
+        await runtime.dispatch_many([RawRecord("t", 0, 5, 0, None, b"0")], task)
+        await asyncio.sleep(0.01)
+        assert seen == [0]  # nothing new reaches a suspended task
+        manager.close([task])
+        assert manager.task_for("t", 0) is None
     finally:
         await runtime.stop(timeout=1)

@@ -88,7 +88,7 @@ def one_table_service(**options: Any) -> tuple[StateService, Table, TopicPartiti
     app = App("svc", broker="kafka://127.0.0.1:9")
     app.table("t", partitions=1)
     table = app.tables["t"]
-    options.setdefault("on_ready", lambda name, partition: None)
+    options.setdefault("on_ready", lambda name, partition, store: None)
     service = StateService(
         TableStores(app.tables, None), bootstrap_servers=app.broker, client_options={}, **options
     )
@@ -100,7 +100,7 @@ async def test_records_deleted_under_a_replay_rebuild_the_store(
 ) -> None:
     ready = asyncio.Event()
     service, table, tp = one_table_service(
-        on_ready=lambda name, partition: ready.set(),
+        on_ready=lambda name, partition, store: ready.set(),
         restore_write_batch=1,  # flush every read: the partial restore reaches the store
     )
     await service.start()
@@ -112,7 +112,8 @@ async def test_records_deleted_under_a_replay_rebuild_the_store(
         service.set_assignment({"t": {0}}, {})
         await asyncio.wait_for(ready.wait(), timeout=5)
     finally:
-        store = table.stores[0]
+        store = service.stores.get(table.name, 0)
+        assert store is not None
         contents = dict(store.items())
         offset = store.changelog_offset()
         await service.stop()
@@ -143,4 +144,4 @@ async def test_an_unreadable_changelog_stops_the_worker_with_the_error(
         await service.stop()
     assert isinstance(error, ChangelogReadError)
     assert "CORRUPT_MESSAGE" in str(error)
-    assert 0 not in table.ready  # never marked restored
+    assert not service.is_ready(table.name, 0)  # never marked restored

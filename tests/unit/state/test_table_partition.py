@@ -1,4 +1,4 @@
-"""A table partition's byte-level view merges buffered writes over the store, in order."""
+"""A table partition merges its buffered writes over its store, in order, through flushes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sortedcontainers import SortedDict
 
-import streamjoin
 from streamjoin.state.memory import MemoryStorePartition
+from streamjoin.state.table_partition import TablePartition
 
 keys = st.binary(min_size=0, max_size=3)
 ops = st.lists(
@@ -24,11 +24,7 @@ ops = st.lists(
 def test_scan_matches_a_dict_model(
     operations: list[tuple[str, bytes, bytes]], lo: bytes, hi: bytes | None
 ) -> None:
-    app = streamjoin.App("view-test")
-    table = app.table("t", partitions=1)
-    table.stores[0] = MemoryStorePartition()
-    table.ready.add(0)
-    view = table.view(0)
+    view = TablePartition("t", 0, MemoryStorePartition())
     model: dict[bytes, bytes] = {}
     offset = 0
     for op, key, value in operations:
@@ -39,14 +35,14 @@ def test_scan_matches_a_dict_model(
             view.delete(key)
             model.pop(key, None)
         elif op == "take":  # a flush has started: writes so far are in the flushing layer
-            table.take_pending()
+            view.take_pending()
         else:
-            table.take_pending()
+            view.take_pending()
             offset += 1
-            table.finish_flush({0: offset})
+            view.finish_flush(offset)
         assert view.get(key) == model.get(key)
     if len(operations) % 2:  # sometimes scan in the middle of a flush
-        table.take_pending()
+        view.take_pending()
     expected = sorted((k, v) for k, v in model.items() if k >= lo and (hi is None or k < hi))
     assert list(view.scan(lo, hi)) == expected
 
@@ -68,11 +64,24 @@ def _counting_layer(keys: Iterator[bytes], counter: list[int]) -> SortedDict[byt
 def test_scan_reads_only_what_it_is_asked_for() -> None:
     """The first item of a range costs a few steps however many writes are buffered in it
     (the join core asks for the next expiring entry once per event)."""
-    app = streamjoin.App("view-test")
-    table = app.table("t", partitions=1)
-    table.stores[0] = MemoryStorePartition()
-    table.ready.add(0)
+    view = TablePartition("t", 0, MemoryStorePartition())
     taken = [0]
-    table.pending[0] = _counting_layer((i.to_bytes(2, "big") for i in range(5000)), taken)
-    assert next(iter(table.view(0).scan(b"", None))) == (bytes(2), b"v")
+    view.pending = _counting_layer((i.to_bytes(2, "big") for i in range(5000)), taken)
+    assert next(iter(view.scan(b"", None))) == (bytes(2), b"v")
     assert taken[0] <= 2
+
+
+def test_abandon_forgets_unflushed_writes_and_keeps_the_store() -> None:
+    """A lost partition's writes never reach the store (its next owner replays them)."""
+    store = MemoryStorePartition()
+    view = TablePartition("t", 0, store)
+    view.put(b"a", b"1")
+    view.take_pending()
+    view.finish_flush(0)
+    view.put(b"a", b"2")
+    view.put(b"b", b"3")
+    view.take_pending()  # a flush began and did not finish
+    view.put(b"c", b"4")
+    assert view.abandon() == 3
+    assert dict(view.scan(b"", None)) == {b"a": b"1"}
+    assert store.changelog_offset() == 0

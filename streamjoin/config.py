@@ -1,0 +1,211 @@
+"""An app's settings, validated once into a frozen value (pure: no I/O).
+
+``App(...)`` keywords, the CLI's overrides (``--broker``, ``--state-dir``,
+``--instance-id``) and embedding code all go through :meth:`AppConfig.replace`,
+so a setting is checked the same way wherever it comes from. Credentials in the
+client options are held as :class:`Secret` and never appear in a repr or a log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from streamjoin.codecs import Codec, resolve_codec
+from streamjoin.errors import ConfigurationError
+
+__all__ = ["PROCESSING_GUARANTEES", "AppConfig", "Secret", "parse_broker_url"]
+
+PROCESSING_GUARANTEES = ("at_least_once",)
+_APP_ID = re.compile(r"[A-Za-z0-9._-]+")
+_BROKER_SCHEME = re.compile(r"^(kafka|tcp)://", re.IGNORECASE)
+#: client option names whose values are credentials
+_SECRET_OPTION = re.compile(r"password|secret|token|credential", re.IGNORECASE)
+
+
+class Secret:
+    """A credential: usable by the client, invisible in reprs, logs and error messages."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def reveal(self) -> Any:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("secret", id(self)))
+
+
+def parse_broker_url(broker: str) -> str:
+    """``kafka://h1:9092,h2:9092`` (scheme optional, per host or once) -> ``h1:9092,h2:9092``."""
+    if not isinstance(broker, str):
+        raise ConfigurationError(
+            f"broker must be a string like 'kafka://host:9092', got {broker!r}"
+        )
+    servers = []
+    for part in broker.split(","):
+        part = _BROKER_SCHEME.sub("", part.strip()).rstrip("/")
+        if not part:
+            continue
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigurationError(
+                f"broker {broker!r}: expected host:port entries like 'kafka://127.0.0.1:9092', "
+                f"got {part!r}"
+            )
+        servers.append(part)
+    if not servers:
+        raise ConfigurationError(f"broker {broker!r} names no host:port")
+    return ",".join(servers)
+
+
+def _hide_secrets(options: Mapping[str, Any] | None, what: str) -> Mapping[str, Any]:
+    if options is None:
+        return MappingProxyType({})
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(f"{what} must be a mapping of option names, got {options!r}")
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if not isinstance(name, str):
+            raise ConfigurationError(f"{what}: option names are strings, got {name!r}")
+        hidden = _SECRET_OPTION.search(name) and value is not None
+        out[name] = Secret(value) if hidden and not isinstance(value, Secret) else value
+    return MappingProxyType(out)
+
+
+def reveal(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options as the Kafka clients take them (secrets revealed)."""
+    return {k: v.reveal() if isinstance(v, Secret) else v for k, v in options.items()}
+
+
+def _int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigurationError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """Every setting of an App (see :class:`streamjoin.App` for what each one means)."""
+
+    id: str
+    broker: str = "kafka://127.0.0.1:9092"
+    key_codec: Codec = field(default_factory=lambda: resolve_codec("raw"))
+    value_codec: Codec = field(default_factory=lambda: resolve_codec("json"))
+    commit_interval: float = 1.0
+    processing_guarantee: str = "at_least_once"
+    standby_replicas: int = 0
+    state_dir: Path | None = None
+    group_instance_id: str | None = None
+    topic_partitions: int = 8
+    topic_replication_factor: int = 1
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+    consumer_options: Mapping[str, Any] = field(default_factory=dict)
+    producer_options: Mapping[str, Any] = field(default_factory=dict)
+    capacity: int = 1
+    tags: Mapping[str, str] = field(default_factory=dict)
+    host: str | None = None
+    align_idle_ms: int = 0
+    align_max_idle_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalized values are written once, here
+        if not isinstance(self.id, str) or not _APP_ID.fullmatch(self.id):
+            raise ConfigurationError(
+                f"app id {self.id!r} must be non-empty and use only letters, digits, '.', '_', "
+                "'-' (it names the consumer group and internal topics)"
+            )
+        set_(self, "broker", parse_broker_url(self.broker))
+        if self.processing_guarantee not in PROCESSING_GUARANTEES:
+            raise ConfigurationError(
+                f"processing_guarantee {self.processing_guarantee!r} is not supported; "
+                f"choose one of {PROCESSING_GUARANTEES}"
+            )
+        interval = self.commit_interval
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+            raise ConfigurationError(f"commit_interval must be > 0 (seconds), got {interval!r}")
+        _int("standby_replicas", self.standby_replicas, 0)
+        _int("capacity", self.capacity, 1)
+        _int("topic_partitions", self.topic_partitions, 1)
+        _int("topic_replication_factor", self.topic_replication_factor, 1)
+        _int("align_idle_ms", self.align_idle_ms, 0)
+        _int("align_max_idle_ms", self.align_max_idle_ms, 0)
+        state_dir = self.state_dir if self.state_dir is not None else f"{self.id}-data"
+        if not isinstance(state_dir, str | os.PathLike):
+            raise ConfigurationError(f"state_dir must be a path, got {state_dir!r}")
+        set_(self, "state_dir", Path(state_dir))
+        for name in ("group_instance_id", "host"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
+        if self.tags is None:
+            set_(self, "tags", {})
+        if not isinstance(self.tags, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.tags.items()
+        ):
+            raise ConfigurationError(f"tags must map strings to strings, got {self.tags!r}")
+        set_(self, "tags", MappingProxyType(dict(self.tags)))
+        for name in ("client_options", "consumer_options", "producer_options"):
+            set_(self, name, _hide_secrets(getattr(self, name), name))
+        for name in ("key_codec", "value_codec"):
+            if not isinstance(getattr(self, name), Codec):
+                raise ConfigurationError(f"{name} must be a Codec, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_options(
+        cls,
+        id: str,
+        *,
+        key_serializer: str | Codec | type | None = "raw",
+        value_serializer: str | Codec | type | None = "json",
+        **settings: Any,
+    ) -> AppConfig:
+        """The config for ``App(id, **options)``: serializers resolved to codecs."""
+        try:
+            key_codec = resolve_codec(key_serializer, default="raw")
+            value_codec = resolve_codec(value_serializer, default="json")
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigurationError):
+                raise
+            raise ConfigurationError(str(exc)) from exc
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigurationError(f"unknown App settings: {', '.join(unknown)}")
+        return cls(id=id, key_codec=key_codec, value_codec=value_codec, **settings)
+
+    def replace(self, **changes: Any) -> AppConfig:
+        """A copy with ``changes`` applied and validated like the original."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigurationError(f"unknown App settings: {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.broker
+
+    @property
+    def state_path(self) -> Path:
+        """``state_dir`` as a Path (always set after validation)."""
+        return self.state_dir if self.state_dir is not None else Path(f"{self.id}-data")
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """The options every Kafka client gets, credentials revealed."""
+        return reveal(self.client_options)

@@ -1,0 +1,126 @@
+"""The one door between declarations and the running worker (no asyncio, no Kafka).
+
+Declarations (topics, tables, joins) are plain values; at run time they need three
+things from the worker: where to send records, which task the event being processed
+belongs to, and the local table partitions for reads outside agents. The runtime
+provides them through this module, so declarations never import the runtime and the
+runtime never imports the app:
+
+* :data:`current_event` is set by the agent runtime for the duration of each event: it
+  knows the record, the task, and delays the event's acknowledgement until the records
+  sent while processing it are acknowledged;
+* a :class:`RuntimeLink` is created by the App for its declarations and connected by the
+  worker while it runs (a sender, and the worker's table partitions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
+
+from streamjoin.errors import TransportNotReady
+from streamjoin.events import RawRecord
+
+if TYPE_CHECKING:
+    from streamjoin.state.table_partition import TablePartition
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class Sender(Protocol):
+    """Where encoded records go: the Kafka producer, or the in-memory test driver."""
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Headers,
+        timestamp_ms: int | None,
+    ) -> asyncio.Future[Any]:
+        """Enqueue a record; the returned future resolves once the broker acknowledged it."""
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> Awaitable[int]:
+        """Enqueue keyed records for one partition, in order, without headers or timestamps
+        (changelog writes); the awaitable gives the last record's offset once every one of
+        them is acknowledged. Much cheaper per record than :meth:`send`."""
+
+    async def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (for the key partitioner)."""
+
+
+class EventContext(Protocol):
+    """The event an agent is processing right now, as the runtime sees it."""
+
+    @property
+    def record(self) -> RawRecord: ...
+
+    def track_send(self, future: asyncio.Future[Any]) -> None:
+        """Delay this event's acknowledgement until ``future`` completes."""
+
+    def table_partition(self, table: str) -> TablePartition | None:
+        """This event's task's partition of ``table`` (None: not co-partitioned)."""
+
+    def task_value(self, key: str, make: Callable[[], Any]) -> Any:
+        """A value the task keeps for ``key`` (join cores), made on first use; dropped with
+        the task, so nothing outlives the partition's ownership."""
+
+    def worker_value(self, key: str, make: Callable[[], Any]) -> Any:
+        """A value the worker keeps for ``key`` while it runs (counters), made on first use."""
+
+
+#: The event being processed in this asyncio task (None outside agents).
+current_event: ContextVar[EventContext | None] = ContextVar(
+    "streamjoin_current_event", default=None
+)
+
+
+def current_record() -> RawRecord | None:
+    """The record whose event the calling agent is processing (None outside agents)."""
+    event = current_event.get()
+    return None if event is None else event.record
+
+
+class TablePartitions(Protocol):
+    """The worker's table partitions, for reads outside agents."""
+
+    def active_partition(self, table: str, partition: int) -> TablePartition | None:
+        """The partition's state when it is active here and restored; else None."""
+
+    def active_partitions(self, table: str) -> list[int]:
+        """Partitions of ``table`` active and restored here, sorted."""
+
+    def held_partition(self, table: str, partition: int) -> bool:
+        """Whether this worker holds the partition at all (active restoring, or standby)."""
+
+
+class RuntimeLink:
+    """What an App's declarations reach while a worker runs them; empty otherwise."""
+
+    __slots__ = ("sender", "tables")
+
+    def __init__(self) -> None:
+        self.sender: Sender | None = None
+        self.tables: TablePartitions | None = None
+
+    def connect(self, sender: Sender, tables: TablePartitions) -> None:
+        self.sender = sender
+        self.tables = tables
+
+    def disconnect(self) -> None:
+        self.sender = None
+        self.tables = None
+
+    def require_sender(self, topic: str) -> Sender:
+        if self.sender is None:
+            raise TransportNotReady(
+                f"cannot send to {topic!r}: the app is not running "
+                "(use `async with app:` or `await app.start()`)"
+            )
+        return self.sender

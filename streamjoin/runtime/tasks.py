@@ -1,0 +1,227 @@
+"""Tasks: partition *p* of one co-partition group, as the runtime holds it (no Kafka).
+
+Like Kafka Streams' ``StreamTask``, a :class:`Task` owns everything about its
+partition: its table partitions (store plus unflushed writes), its join cores,
+its offset ledger. The :class:`TaskManager` creates tasks from an assignment and
+takes them through their lifecycle::
+
+    created -> restoring -> running -> suspended -> closed
+                     \\__________\\________________-> lost
+
+* **restoring**: its tables are being restored; its source partitions are paused;
+* **running**: events of its source partitions are dispatched to agents;
+* **suspended** (revocation began): nothing new is dispatched or started; events
+  already being processed finish and are acknowledged; then its writes are flushed
+  and its offsets committed, exactly up to what was flushed;
+* **closed**: handed back (stores stay open only as standbys);
+* **lost** (fenced out of the group, or an agent did not finish in time): its
+  unflushed writes are forgotten and nothing is committed: the next owner replays.
+
+Records queued for an agent carry their task; a record whose task is no longer
+running is dropped when it reaches the agent (its offset was never acknowledged,
+so the next owner reads it again).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from streamjoin.runtime.offsets import OffsetTracker, TopicPartition
+from streamjoin.state.table_partition import TablePartition
+from streamjoin.topology import TaskGroup, TaskId, Topology
+
+log = logging.getLogger("streamjoin.tasks")
+
+
+class TaskState(enum.Enum):
+    CREATED = "created"
+    RESTORING = "restoring"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    CLOSED = "closed"
+    LOST = "lost"
+
+
+class Task:
+    """Partition ``partition`` of task group ``group`` on this worker."""
+
+    __slots__ = (
+        "awaiting_sends",
+        "group",
+        "id",
+        "partition",
+        "restoring",
+        "state",
+        "tables",
+        "tracker",
+        "values",
+    )
+
+    def __init__(self, group: TaskGroup, partition: int) -> None:
+        self.group = group
+        self.partition = partition
+        self.id: TaskId = (group.index, partition)
+        self.state = TaskState.CREATED
+        #: table name -> its partition state (set when the store is open and restored)
+        self.tables: dict[str, TablePartition] = {}
+        #: tables still restoring
+        self.restoring: set[str] = set(group.tables)
+        self.tracker = OffsetTracker()
+        #: per-task values made on first use (join cores)
+        self.values: dict[str, Any] = {}
+        #: processed events whose sends are not acknowledged yet
+        self.awaiting_sends = 0
+
+    def __repr__(self) -> str:
+        return f"Task({self.name}, {self.state.value})"
+
+    @property
+    def name(self) -> str:
+        topics = ",".join(self.group.sources or self.group.topics)
+        return f"{topics}[{self.partition}]"
+
+    @property
+    def source_partitions(self) -> list[TopicPartition]:
+        return [(topic, self.partition) for topic in self.group.sources]
+
+    @property
+    def running(self) -> bool:
+        return self.state is TaskState.RUNNING
+
+    @property
+    def accepts_acks(self) -> bool:
+        """Acknowledgements still count (running, or suspended until its commit)."""
+        return self.state is TaskState.RUNNING or self.state is TaskState.SUSPENDED
+
+    def table_partition(self, table: str) -> TablePartition | None:
+        return self.tables.get(table)
+
+    def value(self, key: str, make: Callable[[], Any]) -> Any:
+        found = self.values.get(key)
+        if found is None:
+            found = self.values[key] = make()
+        return found
+
+
+class TaskManager:
+    """The tasks of this worker: created from assignments, suspended, closed or lost."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._group_of = topology.group_of_topic()
+        self.tasks: dict[TaskId, Task] = {}
+        #: source partition -> its task, for every task not closed or lost
+        self._by_source: dict[TopicPartition, Task] = {}
+        #: what happened to tasks, for tests and logs
+        self.history: list[tuple[str, TaskId]] = []
+
+    # ------------------------------------------------------------------ lookups
+
+    def task_for(self, topic: str, partition: int) -> Task | None:
+        return self._by_source.get((topic, partition))
+
+    def tasks_of(self, tps: Iterable[TopicPartition]) -> list[Task]:
+        """The live tasks owning any of ``tps`` (each once, in id order)."""
+        found = {t.id: t for tp in tps if (t := self._by_source.get(tp)) is not None}
+        return [found[k] for k in sorted(found)]
+
+    def live(self) -> list[Task]:
+        """Tasks that are neither closed nor lost, in id order."""
+        return [self.tasks[k] for k in sorted(self.tasks)]
+
+    def table_tasks(self, table: str) -> list[Task]:
+        return [t for t in self.live() if table in t.group.tables]
+
+    def active_table_partitions(self) -> dict[str, set[int]]:
+        """Table name -> partitions of live tasks (what the state service must restore)."""
+        out: dict[str, set[int]] = {name: set() for name in self.topology.tables}
+        for task in self.live():
+            for table in task.group.tables:
+                out[table].add(task.partition)
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def assign(self, tps: Iterable[TopicPartition]) -> list[Task]:
+        """Create tasks for newly assigned source partitions; returns the new tasks.
+
+        A task with tables starts restoring; one without starts running.
+        """
+        created: list[Task] = []
+        for topic, partition in sorted(set(tps)):
+            group = self._group_of.get(topic)
+            if group is None:
+                log.warning("assigned %s[%d], which no agent reads; ignored", topic, partition)
+                continue
+            key = (group.index, partition)
+            task = self.tasks.get(key)
+            if task is None:
+                task = self.tasks[key] = Task(group, partition)
+                created.append(task)
+                self.history.append(("created", key))
+                task.state = TaskState.RESTORING if group.tables else TaskState.RUNNING
+            self._by_source[(topic, partition)] = task
+        return created
+
+    def table_ready(self, table: str, partition: int, state: TablePartition) -> Task | None:
+        """A table partition finished restoring; returns its task if it is now running."""
+        for task in self.table_tasks(table):
+            if task.partition != partition:
+                continue
+            task.tables[table] = state
+            task.restoring.discard(table)
+            if task.state is TaskState.RESTORING and not task.restoring:
+                task.state = TaskState.RUNNING
+                self.history.append(("running", task.id))
+                return task
+        return None
+
+    def suspend(self, tasks: Iterable[Task]) -> None:
+        """Revocation began: stop dispatching to ``tasks`` (events in flight still finish)."""
+        for task in tasks:
+            if task.state in (TaskState.CLOSED, TaskState.LOST):
+                continue
+            task.state = TaskState.SUSPENDED
+            self.history.append(("suspended", task.id))
+
+    def close(self, tasks: Iterable[Task]) -> None:
+        """Revocation finished (flushed and committed): forget ``tasks``."""
+        self._remove(tasks, TaskState.CLOSED)
+
+    def lose(self, tasks: Iterable[Task]) -> int:
+        """The tasks were lost: forget their unflushed writes; returns how many were dropped."""
+        dropped = 0
+        for task in tasks:
+            for state in task.tables.values():
+                dropped += state.abandon()
+        self._remove(tasks, TaskState.LOST)
+        return dropped
+
+    def _remove(self, tasks: Iterable[Task], final: TaskState) -> None:
+        for task in list(tasks):
+            if self.tasks.get(task.id) is not task:
+                continue
+            task.state = final
+            task.values.clear()
+            del self.tasks[task.id]
+            for tp in task.source_partitions:
+                if self._by_source.get(tp) is task:
+                    del self._by_source[tp]
+            self.history.append((final.value, task.id))
+
+    def committable(self, tasks: Iterable[Task] | None = None) -> dict[TopicPartition, int]:
+        """Offsets safe to commit for ``tasks`` (default: every live task)."""
+        out: dict[TopicPartition, int] = {}
+        for task in self.live() if tasks is None else tasks:
+            if task.accepts_acks:
+                out.update(task.tracker.committable())
+        return out
+
+    def mark_committed(self, positions: Mapping[TopicPartition, int]) -> None:
+        for tp, position in positions.items():
+            task = self._by_source.get(tp)
+            if task is not None:
+                task.tracker.mark_committed({tp: position})

@@ -1,0 +1,158 @@
+"""The declarations of an app frozen into one value, and the tasks they make (pure).
+
+The App collects declarations (topics, agents, tables, joins, co-partition groups)
+while its module is imported; ``app.topology()`` freezes them into a
+:class:`Topology`, which is all the runtime (and the Spark jobs) get: nothing in it
+holds run-time state, and nothing in the runtime reaches back into the App.
+
+A *task* is partition *p* of one co-partition group (:class:`TaskGroup`): the
+unit the assignor places, and the unit the runtime creates, suspends and closes.
+It covers partition *p* of every source topic of the group and of every table
+whose changelog is in the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from streamjoin.agents import Agent
+from streamjoin.errors import CopartitioningError
+from streamjoin.tables import Table
+from streamjoin.topics import Topic
+
+__all__ = ["TaskGroup", "TaskId", "Topology"]
+
+#: (group index, partition)
+TaskId = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TaskGroup:
+    """Topics whose partition *p* is processed together, and the tables they hold."""
+
+    index: int
+    #: source topics of the group (consumed by agents), sorted
+    sources: tuple[str, ...]
+    #: tables whose changelog is in the group, sorted by name
+    tables: tuple[str, ...]
+    #: every topic of the group (sources, changelogs, others), sorted
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Everything an app declares, frozen; what the Worker runs."""
+
+    app_id: str
+    topics: Mapping[str, Topic]
+    agents: Mapping[str, Agent]
+    tables: Mapping[str, Table]
+    joins: Mapping[str, Any]
+    #: tables materialized from a topic (``app.topic_table``): table name -> topic
+    table_sources: Mapping[str, Topic]
+    copartition_groups: tuple[tuple[str, ...], ...]
+
+    @classmethod
+    def freeze(
+        cls,
+        app_id: str,
+        *,
+        topics: Mapping[str, Topic],
+        agents: Mapping[str, Agent],
+        tables: Mapping[str, Table],
+        joins: Mapping[str, Any],
+        table_sources: Mapping[str, Topic],
+        copartition_groups: list[tuple[str, ...]],
+    ) -> Topology:
+        return cls(
+            app_id,
+            MappingProxyType(dict(topics)),
+            MappingProxyType(dict(agents)),
+            MappingProxyType(dict(tables)),
+            MappingProxyType(dict(joins)),
+            MappingProxyType(dict(table_sources)),
+            tuple(tuple(g) for g in copartition_groups),
+        )
+
+    # ------------------------------------------------------------------ topics
+
+    @property
+    def source_topics(self) -> frozenset[str]:
+        """Topics some agent reads."""
+        return frozenset(t.name for a in self.agents.values() for t in a.topics)
+
+    @property
+    def changelog_topics(self) -> frozenset[str]:
+        return frozenset(t.changelog.name for t in self.tables.values())
+
+    def aligned_groups(self) -> list[tuple[str, ...]]:
+        """Source topics read together by one agent: consumed in timestamp order per partition."""
+        return [tuple(t.name for t in a.topics) for a in self.agents.values() if a.more_topics]
+
+    def resolve_partitions(self, existing: Mapping[str, int], default: int) -> None:
+        """Fill in partition counts nobody declared: an existing topic keeps its count, a topic
+        co-partitioned with others takes theirs, anything else gets ``default``."""
+        for topic in self.topics.values():
+            if topic.partitions is None and topic.name in existing:
+                topic.partitions = existing[topic.name]
+        for group in self.copartition_groups:
+            members = [self.topics[name] for name in group]
+            known = {t.partitions for t in members if t.partitions is not None}
+            if len(known) == 1:
+                count = known.pop()
+                for t in members:
+                    if t.partitions is None:
+                        t.partitions = count
+        for topic in self.topics.values():
+            if topic.partitions is None:
+                topic.partitions = default
+
+    def check_copartitioning(self, counts: Mapping[str, int]) -> None:
+        """Raise :class:`CopartitioningError` naming every group whose counts differ."""
+        for group in self.copartition_groups:
+            by_count: dict[int, list[str]] = {}
+            for name in group:
+                if name in counts:
+                    by_count.setdefault(counts[name], []).append(name)
+            if len(by_count) > 1:
+                detail = "; ".join(
+                    f"{n} partitions: {', '.join(names)}" for n, names in sorted(by_count.items())
+                )
+                raise CopartitioningError(
+                    f"topics declared co-partitioned have different partition counts ({detail}). "
+                    "Partition p of each must hold the same keys: recreate them with one count, "
+                    "or repartition one side with app.group_by(topic, key, name=..., "
+                    "partitions=N) and join that instead."
+                )
+
+    # ------------------------------------------------------------------ tasks
+
+    def task_groups(self) -> tuple[TaskGroup, ...]:
+        """The co-partition groups as tasks see them: declared groups first, then each
+        source topic and table changelog that is in no group, alone."""
+        groups: list[set[str]] = [set(g) for g in self.copartition_groups]
+        grouped = set().union(*groups) if groups else set()
+        for name in sorted(self.source_topics | self.changelog_topics):
+            if name not in grouped:
+                groups.append({name})
+                grouped.add(name)
+        by_changelog = {t.changelog.name: t.name for t in self.tables.values()}
+        sources = self.source_topics
+        out = []
+        for index, group in enumerate(groups):
+            out.append(
+                TaskGroup(
+                    index,
+                    tuple(sorted(group & sources)),
+                    tuple(sorted(by_changelog[n] for n in group if n in by_changelog)),
+                    tuple(sorted(group)),
+                )
+            )
+        return tuple(out)
+
+    def group_of_topic(self) -> dict[str, TaskGroup]:
+        """Every grouped topic -> its task group."""
+        return {name: g for g in self.task_groups() for name in g.topics}

@@ -1,0 +1,159 @@
+"""The package's layers, checked from the source: no import cycles (``TYPE_CHECKING`` and
+function-level imports count), the runtime never imports the App, declarations and pure
+cores never import the runtime."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import streamjoin
+
+PACKAGE = Path(streamjoin.__file__).parent
+
+#: what users declare with, and what it is built on: none of it may import the runtime
+DECLARATIONS = (
+    "streamjoin.agents",
+    "streamjoin.config",
+    "streamjoin.context",
+    "streamjoin.errors",
+    "streamjoin.events",
+    "streamjoin.joins.api",
+    "streamjoin.stream",
+    "streamjoin.tables",
+    "streamjoin.topics",
+    "streamjoin.topology",
+    "streamjoin.windowed",
+)
+#: pure cores: no runtime, no declarations, no asyncio, no Kafka client
+PURE = (
+    "streamjoin.assignor",
+    "streamjoin.codecs",
+    "streamjoin.joins.core",
+    "streamjoin.joins.state",
+    "streamjoin.partitioner",
+    "streamjoin.state.keys",
+    "streamjoin.state.restore",
+    "streamjoin.state.table_partition",
+    "streamjoin.state.windows",
+    "streamjoin.runtime.alignment",
+    "streamjoin.runtime.offsets",
+)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports, anywhere in its source."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {
+        name: {dep for dep in _imports(name, path) if dep in modules and dep != name}
+        for name, path in modules.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in sorted(graph[node]):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_runtime_never_imports_the_app() -> None:
+    offenders = {
+        name: deps & {"streamjoin.app"}
+        for name, deps in _graph().items()
+        if name.startswith("streamjoin.runtime") and "streamjoin.app" in deps
+    }
+    assert offenders == {}
+
+
+def test_declarations_never_import_the_runtime_or_the_app() -> None:
+    offenders = {
+        name: sorted(d for d in deps if _under(d, ("streamjoin.runtime", "streamjoin.app")))
+        for name, deps in _graph().items()
+        if _under(name, DECLARATIONS)
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_pure_cores_import_only_pure_modules() -> None:
+    allowed_streamjoin = PURE + ("streamjoin.errors", "streamjoin.events", "streamjoin.state")
+    graph = _graph()
+    offenders = {}
+    for name, path in _modules().items():
+        if not _under(name, PURE):
+            continue
+        bad = sorted(d for d in graph[name] if not _under(d, allowed_streamjoin))
+        third_party = sorted(
+            d
+            for d in _imports(name, path)
+            if d.split(".")[0] in ("asyncio", "aiokafka", "mode", "pyspark", "rocksdict")
+        )
+        if bad or third_party:
+            offenders[name] = bad + third_party
+    assert offenders == {}
