@@ -153,7 +153,8 @@ class AppConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
-        if self.tags is None:
+        tags: object = self.tags
+        if tags is None:  # App(tags=None) means none
             set_(self, "tags", {})
         if not isinstance(self.tags, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.tags.items()

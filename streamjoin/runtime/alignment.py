@@ -109,6 +109,10 @@ class TimestampAligner:
                 out.append(first.popleft())
         return out
 
+    def holding(self) -> int:
+        """Records buffered across every partition (waiting to be released)."""
+        return sum(len(b) for b in self._buffers.values())
+
     def drop(self, tps: Iterable[TopicPartition]) -> None:
         """Forget buffered records of revoked partitions (their owner refetches them)."""
         for tp in tps:

@@ -14,7 +14,6 @@ State restoration runs in a background service after assignment.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -28,6 +27,7 @@ from mode import Service
 
 from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.processing import TaskProcessing
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager, TaskState
@@ -103,6 +103,16 @@ class KafkaConsumerService(Service):
         self._aligner = TimestampAligner(
             aligned_groups, max_idle_ms=align_max_idle_ms, idle_ms=align_idle_ms
         )
+        self.processing = TaskProcessing(
+            tasks,
+            runtime,
+            self._aligner,
+            flush_tables=flush_tables,
+            flush_sends=sender.flush,
+            commit_offsets=self._commit_offsets,
+            member_ok=self._member_in_good_standing,
+            revoke_timeout=revoke_timeout,
+        )
         #: why each partition is paused ("restore": its tables are restoring, "align": the
         #: aligner holds enough of it); it is resumed when no reason is left
         self._pauses: dict[TopicPartition, set[str]] = {}
@@ -110,7 +120,6 @@ class KafkaConsumerService(Service):
         #: position() can run ahead of that (it counts records fetched into its buffer but
         #: not handed out yet), which would make a partition look caught up too early.
         self._delivered_to: dict[TopicPartition, int] = {}
-        self._commit_lock = asyncio.Lock()
 
     @property
     def assigned(self) -> set[tuple[str, int]]:
@@ -124,14 +133,7 @@ class KafkaConsumerService(Service):
     async def shutdown(self) -> None:
         """Ordered stop: no more fetching, finish in-flight events, flush sends, commit, leave."""
         await self._stop_futures()  # cancels the fetch and commit loops
-        tasks = self._task_manager.live()
-        self._task_manager.suspend(tasks)
-        if not await self._runtime.wait_idle(tasks, self._revoke_timeout):
-            log.warning("agents still busy %.0fs after stop was requested", self._revoke_timeout)
-        await self._runtime.stop()
-        await self._sender.flush()
-        await self.commit(tasks)
-        self._task_manager.close(tasks)
+        await self.processing.stop()
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -180,28 +182,9 @@ class KafkaConsumerService(Service):
                     )
                     for r in records
                 ]
-                if self._aligner.aligned(tp.topic):
-                    self._aligner.add(raws)
-                    if self._aligner.buffered((tp.topic, tp.partition)) >= _ALIGN_HIGH:
-                        self._pause(tp, "align")
-                    continue
-                await self._runtime.dispatch_many(raws, task)
+                if await self.processing.deliver(task, raws) >= _ALIGN_HIGH:
+                    self._pause(tp, "align")
             await self._release_aligned(consumer)
-
-    async def _dispatch_released(self, released: list[RawRecord]) -> None:
-        """Hand records the aligner released to their tasks (it only holds records of
-        running tasks: a suspended task's buffers are dropped at once)."""
-        by_task: dict[int, tuple[Task, list[RawRecord]]] = {}
-        for raw in released:
-            task = self._task_manager.task_for(raw.topic, raw.partition)
-            if task is None:
-                continue
-            entry = by_task.get(id(task))
-            if entry is None:
-                entry = by_task[id(task)] = (task, [])
-            entry[1].append(raw)
-        for task, raws in by_task.values():
-            await self._runtime.dispatch_many(raws, task)
 
     async def _release_aligned(self, consumer: AIOKafkaConsumer) -> None:
         # For each empty partition holding a group back: when aiokafka last heard from the
@@ -241,17 +224,7 @@ class KafkaConsumerService(Service):
             at = fetched_all_at.get((topic, partition))
             return at is not None and at >= since_ms
 
-        released = self._aligner.release(caught_up, time.time() * 1000)
-        for topic, partition in dict.fromkeys(self._aligner.forced):
-            log.warning(
-                "no data from %s[%d] for %.1fs: processing its co-partitioned topics without "
-                "waiting for it (events it delivers later may be late for joins)",
-                topic,
-                partition,
-                self._aligner.max_idle_ms / 1000,
-            )
-        self._aligner.forced.clear()
-        await self._dispatch_released(released)
+        await self.processing.release(caught_up, time.time() * 1000)
         for tp, reasons in list(self._pauses.items()):
             if "align" in reasons and self._aligner.buffered((tp.topic, tp.partition)) < _ALIGN_LOW:
                 self._resume(tp, "align")
@@ -281,40 +254,27 @@ class KafkaConsumerService(Service):
     async def commit(self, tasks: list[Task] | None = None) -> None:
         """Flush the tables of ``tasks`` (default: every live task), then commit the offsets
         of exactly the events whose writes were flushed."""
+        if self._consumer is not None:
+            await self.processing.commit(tasks)
+
+    async def _commit_offsets(self, positions: Mapping[tuple[str, int], int]) -> bool:
         consumer = self._consumer
-        if consumer is None:
-            return
-        async with self._commit_lock:
-            chosen = self._task_manager.live() if tasks is None else tasks
-            if not self._member_in_good_standing():
-                log.warning(
-                    "not committing: this worker is rejoining the group (its partitions may "
-                    "have moved); their next owner resumes from the last commit"
-                )
-                return
-            # Positions first, then the writes, with no await in between: every write taken
-            # belongs to an event at or before a committed position, or to an event still in
-            # flight (only a crash before the next commit replays those on top).
-            positions = self._task_manager.committable(chosen)
-            if self._flush_tables is not None:
-                # State and changelog first, then the source offsets (at-least-once).
-                await self._flush_tables(chosen)
-            owned = self.assigned
-            positions = {tp: pos for tp, pos in positions.items() if tp in owned}
-            if not positions:
-                return
-            try:
-                await consumer.commit(
-                    {TopicPartition(t, p): pos for (t, p), pos in positions.items()}
-                )
-            except (CommitFailedError, IllegalStateError) as exc:
-                # The group rebalanced under us; the new owner restarts from the last commit.
-                log.warning("commit of %d partitions skipped: %s", len(positions), exc)
-                return
-            except KafkaError as exc:
-                log.error("commit failed: %r", exc)
-                return
-            self._task_manager.mark_committed(positions)
+        owned = self.assigned
+        offsets = {
+            TopicPartition(t, p): pos for (t, p), pos in positions.items() if (t, p) in owned
+        }
+        if consumer is None or not offsets:
+            return consumer is not None
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The group rebalanced under us; the new owner restarts from the last commit.
+            log.warning("commit of %d partitions skipped: %s", len(offsets), exc)
+            return False
+        except KafkaError as exc:
+            log.error("commit failed: %r", exc)
+            return False
+        return True
 
     def _member_in_good_standing(self) -> bool:
         """False once aiokafka knows this member was fenced out (its generation was reset):
@@ -325,34 +285,8 @@ class KafkaConsumerService(Service):
         return generation is None or generation != _NO_GENERATION
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        tps = {(tp.topic, tp.partition) for tp in revoked}
-        tasks = self._task_manager.tasks_of(tps)
-        # Before any await: nothing more of these tasks is dispatched or started.
-        self._task_manager.suspend(tasks)
-        self._aligner.drop(tps)
         fenced = not self._member_in_good_standing()
-        idle = fenced or await self._runtime.wait_idle(tasks, self._revoke_timeout)
-        if fenced or not idle:
-            if not fenced:
-                busy = self._runtime.busy_with(tasks)
-                log.warning(
-                    "agents still busy %.0fs after partitions were revoked (%s); their tasks "
-                    "are given up without a commit and their next owner replays them",
-                    self._revoke_timeout,
-                    ", ".join(busy) or "sends not acknowledged",
-                )
-            dropped = self._task_manager.lose(tasks)
-            log.warning(
-                "%s %d tasks without committing (%d unflushed table writes dropped); their "
-                "next owner replays from the last commit",
-                "fenced out of the group: lost" if fenced else "lost",
-                len(tasks),
-                dropped,
-            )
-        else:
-            await self._sender.flush()
-            await self.commit(tasks)
-            self._task_manager.close(tasks)
+        await self.processing.revoke({(tp.topic, tp.partition) for tp in revoked}, fenced=fenced)
         self._pauses.clear()  # a new assignment starts unpaused
         self._delivered_to.clear()
         self._assigned = set()

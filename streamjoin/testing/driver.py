@@ -10,18 +10,22 @@ Records are encoded and decoded with the topics' codecs, keyed records land on
 agent reads are delivered to it (agents can be chained), and offsets are
 tracked exactly as in the worker, so at-least-once behaviour can be tested.
 
-It runs the worker's own task manager, agent runtime and table flushing over
-in-memory transports: every task is assigned to it, every table partition is
-an in-memory store, ready at once. :meth:`TestDriver.revoke` takes tasks
-through the worker's revocation path (suspend, finish in-flight events, flush,
-commit) and :meth:`TestDriver.assign` gives them back.
+It runs the worker's own task manager, agent runtime, timestamp alignment of
+co-partitioned inputs, table flushing and commit/revocation sequencing
+(:class:`~streamjoin.runtime.processing.TaskProcessing`) over in-memory
+transports: every task is assigned to it, every table partition is an in-memory
+store, ready at once, and every partition counts as caught up (what was put is
+delivered). :meth:`TestDriver.revoke` takes tasks through the worker's
+revocation path (suspend, finish in-flight events, flush, commit),
+:meth:`TestDriver.lose` through the fenced path (no flush, no commit), and
+:meth:`TestDriver.assign` gives them back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -29,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from streamjoin.errors import ConfigurationError, StreamjoinError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
+from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.processing import TaskProcessing
 from streamjoin.runtime.state import TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
@@ -62,6 +68,7 @@ class TestDriver:
         self.runtime: AgentRuntime | None = None
         self.stores: TableStores | None = None
         self.tasks: TaskManager | None = None
+        self.processing: TaskProcessing | None = None
         self.topology: Topology | None = None
         self.failure: BaseException | None = None
         #: offsets committed by revocations, per source partition
@@ -94,10 +101,11 @@ class TestDriver:
         timestamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
         raw = RawRecord(topic, partition, len(log), timestamp, key, value, tuple(headers))
         log.append(raw)
-        if self.runtime is not None and self.tasks is not None and topic in self.runtime.topics:
+        if self.processing is not None and self.tasks is not None:
             task = self.tasks.task_for(topic, partition)
-            if task is not None:
-                await self.runtime.dispatch_many((raw,), task)
+            if task is not None and topic in self.processing.runtime.topics:
+                await self.processing.deliver(task, [raw])
+                await self._release()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result(RecordMetadata(topic, partition, raw.offset, timestamp))
         return future
@@ -156,7 +164,10 @@ class TestDriver:
         while True:
             if self.failure is not None:
                 raise self.failure
+            await self._release()
             busy = any(not r.queue.empty() or not r.idle.is_set() for r in runtime.runners)
+            held = self.processing is not None and self.processing.aligner.holding() > 0
+            busy = busy or held
             if not busy:
                 await asyncio.sleep(0)  # let acknowledgement callbacks run
                 if self.failure is not None:
@@ -175,20 +186,32 @@ class TestDriver:
         states = [state for task in chosen for state in task.tables.values()]
         await flush_partitions(states, self.topology.tables, self)
 
-    async def revoke(self, partitions: Sequence[tuple[str, int]], timeout: float = 5.0) -> None:
+    async def revoke(self, partitions: Sequence[tuple[str, int]]) -> list[Task]:
         """Revoke the tasks of ``partitions`` as a worker does: suspend them, let in-flight
         events finish, flush their tables and commit exactly what they processed
         (:attr:`committed`), then close them."""
-        manager = self._require_tasks()
-        runtime = self._require()
-        tasks = manager.tasks_of(partitions)
-        manager.suspend(tasks)
-        if not await runtime.wait_idle(tasks, timeout):
-            raise StreamjoinError(f"agents still busy with {tasks} after {timeout}s")
-        positions = manager.committable(tasks)
-        await self.flush(tasks)
+        return await self._require_processing().revoke(partitions, fenced=False)
+
+    async def lose(self, partitions: Sequence[tuple[str, int]]) -> list[Task]:
+        """Lose the tasks of ``partitions`` as a fenced worker does: nothing is flushed or
+        committed, unflushed table writes are dropped."""
+        return await self._require_processing().revoke(partitions, fenced=True)
+
+    async def _commit_offsets(self, positions: Mapping[tuple[str, int], int]) -> bool:
         self.committed.update(positions)
-        manager.close(tasks)
+        return True
+
+    async def _flush_sends(self) -> None:
+        """Every in-memory send is acknowledged at once."""
+
+    async def _release(self) -> None:
+        if self.processing is not None:
+            await self.processing.release(lambda topic, partition, since: True, time.time() * 1000)
+
+    async def commit(self) -> dict[tuple[str, int], int]:
+        """What a worker's periodic commit does: flush every task's tables, then commit the
+        positions of the events they cover (into :attr:`committed`); returns them."""
+        return await self._require_processing().commit()
 
     async def assign(self, partitions: Sequence[tuple[str, int]]) -> None:
         """Give the tasks of ``partitions`` back (their tables as they were flushed; records
@@ -233,6 +256,13 @@ class TestDriver:
             )
         return self.runtime
 
+    def _require_processing(self) -> TaskProcessing:
+        if self.processing is None:
+            raise StreamjoinError(
+                "the test driver is not started: use `async with TestDriver(app)`"
+            )
+        return self.processing
+
     def _require_tasks(self) -> TaskManager:
         if self.tasks is None:
             raise StreamjoinError(
@@ -254,6 +284,18 @@ class TestDriver:
         self.runtime = AgentRuntime(
             topology.agents.values(), self, on_crash=self._on_crash, queue_size=0
         )
+        self.processing = TaskProcessing(
+            self.tasks,
+            self.runtime,
+            TimestampAligner(
+                topology.aligned_groups(),
+                max_idle_ms=self.app.config.align_max_idle_ms,
+                idle_ms=self.app.config.align_idle_ms,
+            ),
+            flush_tables=self.flush,
+            flush_sends=self._flush_sends,
+            commit_offsets=self._commit_offsets,
+        )
         every = [
             (topic, partition)
             for group in topology.task_groups()
@@ -270,8 +312,8 @@ class TestDriver:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.runtime is not None:
-            await self.runtime.stop(timeout=5.0)
+        if self.processing is not None:
+            await self.processing.stop()
         if self.stores is not None:
             self.stores.close_all()
         self.app.runtime_link.disconnect()

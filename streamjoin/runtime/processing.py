@@ -1,0 +1,176 @@
+"""What happens to fetched records, commits and revocations, whatever the transport.
+
+The Kafka consumer and the in-memory test driver both hand records to
+:class:`TaskProcessing` and let it order commits and revocations, so the
+alignment of co-partitioned inputs and the exactness of revocation are the same
+code in tests without a broker and in workers:
+
+* :meth:`deliver` queues a task's records for its agents, through the
+  timestamp aligner when its topic is read together with others;
+* :meth:`release` hands over what the aligner may release now;
+* :meth:`commit` takes committable positions and the tables' writes with no await
+  in between, flushes the writes (changelog, then store), then commits the
+  positions through the transport;
+* :meth:`revoke` suspends tasks before any await, lets their in-flight events
+  finish, then commits exactly what they processed and closes them, or loses
+  them (no flush, no commit) when the member was fenced or an agent is stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+
+from streamjoin.events import RawRecord
+from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.offsets import TopicPartition
+from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.runtime.tasks import Task, TaskManager
+
+log = logging.getLogger("streamjoin.processing")
+
+#: flushes the tables of tasks (changelog, then store)
+FlushTables = Callable[[list[Task]], Awaitable[object]]
+#: commits source offsets; False when the group refused (the member was fenced)
+CommitOffsets = Callable[[Mapping[TopicPartition, int]], Awaitable[bool]]
+
+
+class TaskProcessing:
+    """Records in, commits and revocations out, for the tasks of one worker."""
+
+    def __init__(
+        self,
+        tasks: TaskManager,
+        runtime: AgentRuntime,
+        aligner: TimestampAligner,
+        *,
+        flush_tables: FlushTables | None,
+        flush_sends: Callable[[], Awaitable[object]],
+        commit_offsets: CommitOffsets,
+        member_ok: Callable[[], bool] = lambda: True,
+        revoke_timeout: float = 10.0,
+    ) -> None:
+        self.tasks = tasks
+        self.runtime = runtime
+        self.aligner = aligner
+        self._flush_tables = flush_tables
+        self._flush_sends = flush_sends
+        self._commit_offsets = commit_offsets
+        self._member_ok = member_ok
+        self.revoke_timeout = revoke_timeout
+        self._commit_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ records in
+
+    async def deliver(self, task: Task, raws: list[RawRecord]) -> int:
+        """Queue ``raws`` (one partition's records, in offset order) for ``task``'s agents;
+        returns how many records of that partition the aligner now holds (0 when the topic
+        is not aligned: they went straight to the agents)."""
+        if not raws or not task.running:
+            return 0
+        first = raws[0]
+        if self.aligner.aligned(first.topic):
+            self.aligner.add(raws)
+            return self.aligner.buffered((first.topic, first.partition))
+        await self.runtime.dispatch_many(raws, task)
+        return 0
+
+    async def release(self, caught_up: Callable[[str, int, float], bool], now_ms: float) -> None:
+        """Hand the agents what the aligner may release now (see :class:`TimestampAligner`)."""
+        released = self.aligner.release(caught_up, now_ms)
+        for topic, partition in dict.fromkeys(self.aligner.forced):
+            log.warning(
+                "no data from %s[%d] for %.1fs: processing its co-partitioned topics without "
+                "waiting for it (events it delivers later may be late for joins)",
+                topic,
+                partition,
+                self.aligner.max_idle_ms / 1000,
+            )
+        self.aligner.forced.clear()
+        # The aligner holds only records of running tasks (a suspended task's buffers are
+        # dropped at once), so the current owner of each partition is the one they were
+        # fetched for.
+        by_task: dict[int, tuple[Task, list[RawRecord]]] = {}
+        for raw in released:
+            task = self.tasks.task_for(raw.topic, raw.partition)
+            if task is None:
+                continue
+            entry = by_task.get(id(task))
+            if entry is None:
+                entry = by_task[id(task)] = (task, [])
+            entry[1].append(raw)
+        for task, raws in by_task.values():
+            await self.runtime.dispatch_many(raws, task)
+
+    # ------------------------------------------------------------------ commits
+
+    async def commit(self, tasks: list[Task] | None = None) -> dict[TopicPartition, int]:
+        """Flush the tables of ``tasks`` (default: every live task), then commit the offsets
+        of exactly the events whose writes were flushed; returns what was committed."""
+        async with self._commit_lock:
+            chosen = self.tasks.live() if tasks is None else tasks
+            if not self._member_ok():
+                log.warning(
+                    "not committing: this worker is rejoining the group (its partitions may "
+                    "have moved); their next owner resumes from the last commit"
+                )
+                return {}
+            # Positions first, then the writes, with no await in between: every write taken
+            # belongs to an event at or before a committed position, or to an event still in
+            # flight (only a crash before the next commit replays those on top).
+            positions = self.tasks.committable(chosen)
+            if self._flush_tables is not None:
+                # State and changelog first, then the source offsets (at-least-once).
+                await self._flush_tables(chosen)
+            if not positions:
+                return {}
+            if not await self._commit_offsets(positions):
+                return {}
+            self.tasks.mark_committed(positions)
+            return positions
+
+    # ------------------------------------------------------------------ revocation
+
+    async def revoke(self, tps: Iterable[TopicPartition], *, fenced: bool) -> list[Task]:
+        """Revoke the tasks owning ``tps``: suspend, finish, flush and commit, close; or, when
+        ``fenced`` or an agent does not finish in time, lose them. Returns the tasks."""
+        tps = set(tps)
+        tasks = self.tasks.tasks_of(tps)
+        # Before any await: nothing more of these tasks is dispatched or started.
+        self.tasks.suspend(tasks)
+        self.aligner.drop(tps)
+        idle = fenced or await self.runtime.wait_idle(tasks, self.revoke_timeout)
+        if fenced or not idle:
+            if not fenced:
+                log.warning(
+                    "agents still busy %.0fs after partitions were revoked (%s); their tasks "
+                    "are given up without a commit",
+                    self.revoke_timeout,
+                    ", ".join(self.runtime.busy_with(tasks)) or "sends not acknowledged",
+                )
+            dropped = self.tasks.lose(tasks)
+            log.warning(
+                "%s %d tasks without committing (%d unflushed table writes dropped); their "
+                "next owner replays from the last commit",
+                "fenced out of the group: lost" if fenced else "lost",
+                len(tasks),
+                dropped,
+            )
+            return tasks
+        await self._flush_sends()
+        await self.commit(tasks)
+        self.tasks.close(tasks)
+        return tasks
+
+    async def stop(self) -> None:
+        """Ordered stop: suspend every task, let in-flight events finish, stop the agents,
+        flush sends, commit, close."""
+        tasks = self.tasks.live()
+        self.tasks.suspend(tasks)
+        if not await self.runtime.wait_idle(tasks, self.revoke_timeout):
+            log.warning("agents still busy %.0fs after stop was requested", self.revoke_timeout)
+        await self.runtime.stop()
+        await self._flush_sends()
+        await self.commit(tasks)
+        self.tasks.close(tasks)

@@ -1,0 +1,231 @@
+"""AppConfig validation and secrets, the frozen Topology and its task groups, and the
+TaskManager's lifecycle (no broker)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import streamjoin
+from streamjoin.cli import cli
+from streamjoin.config import AppConfig, Secret
+from streamjoin.errors import ConfigurationError, StreamjoinError
+from streamjoin.runtime.tasks import TaskManager, TaskState
+from streamjoin.state.memory import MemoryStorePartition
+from streamjoin.state.table_partition import TablePartition
+from streamjoin.stream import Stream
+from streamjoin.testing.driver import TestDriver
+
+# ------------------------------------------------------------------ AppConfig
+
+
+def test_config_is_frozen_and_replace_validates() -> None:
+    config = AppConfig("cfg", commit_interval=0.5)
+    with pytest.raises(AttributeError):
+        config.commit_interval = 2  # type: ignore[misc]
+    assert config.replace(commit_interval=2).commit_interval == 2
+    with pytest.raises(ConfigurationError, match="commit_interval"):
+        config.replace(commit_interval=0)
+    with pytest.raises(ConfigurationError, match="unknown App settings: nope"):
+        config.replace(nope=1)
+    with pytest.raises(ConfigurationError, match="standby_replicas"):
+        config.replace(standby_replicas=-1)
+    with pytest.raises(ConfigurationError, match="broker"):
+        config.replace(broker="not a url")
+
+
+def test_credentials_never_print() -> None:
+    app = streamjoin.App(
+        "secret-app",
+        client_options={"sasl_plain_username": "me", "sasl_plain_password": "hunter2"},
+        producer_options={"ssl_password": "s3cret"},
+    )
+    printed = " ".join([repr(app), repr(app.config), str(app.config)])
+    assert "hunter2" not in printed and "s3cret" not in printed
+    assert isinstance(app.config.client_options["sasl_plain_password"], Secret)
+    # the Kafka clients get the real value
+    assert app.config.client_kwargs()["sasl_plain_password"] == "hunter2"
+    assert app.client_options["sasl_plain_username"] == "me"
+
+
+def test_app_settings_go_through_the_same_validation() -> None:
+    app = streamjoin.App("settings-app")
+    app.broker = "kafka://127.0.0.1:9999"
+    assert app.broker == "127.0.0.1:9999"
+    with pytest.raises(ConfigurationError, match="broker"):
+        app.broker = "kafka://nohost"
+    with pytest.raises(ConfigurationError, match="group_instance_id"):
+        app.group_instance_id = "  "
+    app.state_dir = "/tmp/x"
+    assert app.state_dir == Path("/tmp/x")
+    with pytest.raises(StreamjoinError):
+        app.configure(capacity=0)
+
+
+def test_worker_cli_overrides_are_validated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cfgapp.py").write_text("import streamjoin\napp = streamjoin.App('cfgapp')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(cli, ["worker", "-A", "cfgapp:app", "--instance-id", " "])
+    assert result.exit_code == 2, result.output
+    assert "group_instance_id must be a non-empty string" in result.output
+    result = CliRunner().invoke(cli, ["worker", "-A", "cfgapp:app", "-b", "kafka://x"])
+    assert result.exit_code != 0 and "broker" in result.output
+
+
+# ------------------------------------------------------------------ Topology
+
+
+def _join_app() -> streamjoin.App:
+    app = streamjoin.App("topo")
+    left = app.topic("left", partitions=3)
+    right = app.topic("right", partitions=3)
+    other = app.topic("other", partitions=2)
+    out = app.topic("out", partitions=3)
+
+    @app.join(left, right, window=1000, output=out, name="j")
+    def joined(key: object, a: object, b: object) -> object:
+        return (a, b)
+
+    counts = app.table("counts", default=int, copartitioned_with=other)
+
+    @app.agent(other)
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            counts[event.key] += 1
+
+    return app
+
+
+def test_topology_is_frozen_and_groups_tasks() -> None:
+    topology = _join_app().topology()
+    with pytest.raises(TypeError):
+        topology.tables["x"] = None  # type: ignore[index]
+    groups = {g.sources: g for g in topology.task_groups()}
+    join = groups[("left", "right")]
+    assert join.tables == ("j-buffer",)
+    assert "topo-j-buffer-changelog" in join.topics
+    assert groups[("other",)].tables == ("counts",)
+    assert topology.source_topics == frozenset({"left", "right", "other"})
+    assert topology.aligned_groups() == [("left", "right")]
+
+
+def test_declarations_hold_no_runtime_state() -> None:
+    app = _join_app()
+    table = app.tables["counts"]
+    for attribute in ("stores", "pending", "flushing", "ready"):
+        assert not hasattr(table, attribute)
+    for attribute in ("_cores", "emitted", "late"):
+        assert not hasattr(app.joins["j"], attribute)
+
+
+# ------------------------------------------------------------------ TaskManager
+
+
+def test_task_lifecycle() -> None:
+    topology = _join_app().topology()
+    topology.resolve_partitions({}, 8)
+    manager = TaskManager(topology)
+    created = manager.assign([("left", 1), ("right", 1), ("other", 0)])
+    assert len(created) == 2  # left[1] and right[1] are one task
+    join_task = manager.task_for("left", 1)
+    assert join_task is manager.task_for("right", 1) and join_task is not None
+    assert join_task.state is TaskState.RESTORING  # it has a join buffer to restore
+    state = TablePartition("j-buffer", 1, MemoryStorePartition())
+    assert manager.table_ready("j-buffer", 1, state) is join_task
+    assert join_task.running and join_task.table_partition("j-buffer") is state
+
+    join_task.tracker.register(("left", 1), 10, 1)
+    join_task.tracker.ack(("left", 1), 10)
+    manager.suspend([join_task])
+    assert join_task.state is TaskState.SUSPENDED and join_task.accepts_acks
+    assert manager.committable([join_task]) == {("left", 1): 11}
+    manager.close([join_task])
+    assert join_task.state is TaskState.CLOSED and manager.task_for("left", 1) is None
+
+    other = manager.task_for("other", 0)
+    assert other is not None
+    other.tables["counts"] = TablePartition("counts", 0, MemoryStorePartition())
+    other.tables["counts"].put(b"k", b"1")
+    assert manager.lose([other]) == 1
+    assert other.state is TaskState.LOST and manager.live() == []
+
+
+async def test_driver_revocation_commits_exactly_what_it_flushed() -> None:
+    """The worker's revocation path, in memory: every event processed before the revoke is
+    in the table and committed; nothing is counted twice when the task comes back."""
+    app = streamjoin.App("revoke-driver", topic_partitions=1)
+    clicks = app.topic("clicks", key_serializer="str", value_serializer="json", partitions=1)
+    counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=clicks)
+
+    @app.agent(clicks)
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            counts[event.key] += 1
+
+    async with TestDriver(app) as driver:
+        for _ in range(5):
+            await driver.put("clicks", key="a", value=1)
+        await driver.drain()
+        await driver.revoke([("clicks", 0)])
+        assert driver.committed == {("clicks", 0): 5}
+        await driver.assign([("clicks", 0)])
+        await driver.put("clicks", key="a", value=1)
+        await driver.drain()
+        assert dict(counts.items()) == {"a": 6}
+
+
+async def test_a_lost_task_flushes_and_commits_nothing() -> None:
+    """A fenced member's tasks are lost: their unflushed writes never reach the store or
+    the changelog, and no offset is committed (their next owner replays them)."""
+    app = streamjoin.App("lose-driver", topic_partitions=1)
+    clicks = app.topic("clicks", key_serializer="str", value_serializer="json", partitions=1)
+    counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=clicks)
+
+    @app.agent(clicks)
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            counts[event.key] += 1
+
+    async with TestDriver(app) as driver:
+        await driver.put("clicks", key="a", value=1)
+        await driver.drain()  # flushed: a=1 is durable
+        for _ in range(3):
+            await driver.put("clicks", key="a", value=1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        lost = await driver.lose([("clicks", 0)])
+        assert [t.state for t in lost] == [TaskState.LOST]
+        assert driver.committed == {}
+        changelog = [r.value for r in driver.raw_records("lose-driver-counts-changelog")]
+        assert changelog == [b"1"]
+        await driver.assign([("clicks", 0)])
+        assert dict(counts.items()) == {"a": 1}
+
+
+async def test_the_driver_aligns_co_partitioned_inputs_by_timestamp() -> None:
+    """The driver runs the worker's aligner: an agent over two topics sees both in timestamp
+    order even when one side is put far ahead of the other."""
+    app = streamjoin.App("align-driver", topic_partitions=1, align_idle_ms=300)
+    left = app.topic("l", value_serializer="json", partitions=1)
+    right = app.topic("r", value_serializer="json", partitions=1)
+    seen: list[tuple[str, int]] = []
+
+    @app.agent([left, right])
+    async def both(stream: Stream) -> None:
+        async for event in stream:
+            seen.append((event.topic, event.timestamp))
+
+    async with TestDriver(app) as driver:
+        for ts in (10, 30, 50):
+            await driver.put("l", key=b"k", value=1, timestamp_ms=ts)
+        for ts in (20, 40):
+            await driver.put("r", key=b"k", value=1, timestamp_ms=ts)
+        await driver.drain()
+    # r was empty but caught up: the aligner waited align_idle_ms for it before releasing l
+    assert [ts for _, ts in seen] == [10, 20, 30, 40, 50]
