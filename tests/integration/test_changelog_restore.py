@@ -7,13 +7,12 @@ Each restore is checked for exact store contents and stored changelog offsets.
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition

@@ -142,7 +142,7 @@ def test_declarations_never_import_the_runtime_or_the_app() -> None:
 
 
 def test_pure_cores_import_only_pure_modules() -> None:
-    allowed_streamjoin = PURE + ("streamjoin.errors", "streamjoin.events", "streamjoin.state")
+    allowed_streamjoin = (*PURE, "streamjoin.errors", "streamjoin.events", "streamjoin.state")
     graph = _graph()
     offenders = {}
     for name, path in _modules().items():
