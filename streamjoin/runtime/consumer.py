@@ -110,7 +110,7 @@ class KafkaConsumerService(Service):
             flush_tables=flush_tables,
             flush_sends=sender.flush,
             commit_offsets=self._commit_offsets,
-            member_ok=self._member_in_good_standing,
+            member_ok=self._confirm_membership,
             revoke_timeout=revoke_timeout,
         )
         #: why each partition is paused ("restore": its tables are restoring, "align": the
@@ -275,6 +275,29 @@ class KafkaConsumerService(Service):
             log.error("commit failed: %r", exc)
             return False
         return True
+
+    async def _confirm_membership(self) -> bool:
+        """Ask the group coordinator, right before state is flushed, whether this member is
+        still in the group (a heartbeat). A member stalled past its session timeout (a long
+        GC pause, SIGSTOP, CPU starvation) has been replaced, but aiokafka only learns it
+        at its next heartbeat: flushing before that would write changelog records for
+        partitions it no longer owns. After a successful heartbeat the coordinator keeps
+        the member for a whole session timeout, far longer than a flush takes."""
+        if not self._member_in_good_standing():
+            return False
+        consumer = self._consumer
+        coordinator = None if consumer is None else getattr(consumer, "_coordinator", None)
+        heartbeat = getattr(coordinator, "_do_heartbeat", None)
+        if coordinator is None or heartbeat is None:
+            return True  # not in a group (manual assignment): nothing to confirm
+        if getattr(coordinator, "coordinator_id", None) is None:
+            return False  # the coordinator is being looked up again: commit next time
+        try:
+            confirmed = bool(await heartbeat())
+        except KafkaError as exc:
+            log.warning("could not confirm group membership before committing: %r", exc)
+            return False
+        return confirmed and self._member_in_good_standing()
 
     def _member_in_good_standing(self) -> bool:
         """False once aiokafka knows this member was fenced out (its generation was reset):

@@ -48,7 +48,7 @@ class TaskProcessing:
         flush_tables: FlushTables | None,
         flush_sends: Callable[[], Awaitable[object]],
         commit_offsets: CommitOffsets,
-        member_ok: Callable[[], bool] = lambda: True,
+        member_ok: Callable[[], Awaitable[bool]] | None = None,
         revoke_timeout: float = 10.0,
     ) -> None:
         self.tasks = tasks
@@ -110,7 +110,7 @@ class TaskProcessing:
         of exactly the events whose writes were flushed; returns what was committed."""
         async with self._commit_lock:
             chosen = self.tasks.live() if tasks is None else tasks
-            if not self._member_ok():
+            if self._member_ok is not None and not await self._member_ok():
                 log.warning(
                     "not committing: this worker is rejoining the group (its partitions may "
                     "have moved); their next owner resumes from the last commit"
