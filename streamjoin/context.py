@@ -16,7 +16,7 @@ runtime never imports the app:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -67,12 +67,14 @@ class EventContext(Protocol):
     def table_partition(self, table: str) -> TablePartition | None:
         """This event's task's partition of ``table`` (None: not co-partitioned)."""
 
-    def task_value(self, key: str, make: Callable[[], Any]) -> Any:
-        """A value the task keeps for ``key`` (join cores), made on first use; dropped with
-        the task, so nothing outlives the partition's ownership."""
+    @property
+    def task_values(self) -> dict[str, Any]:
+        """Values the event's task keeps (join cores): dropped with the task, so nothing
+        outlives the partition's ownership."""
 
-    def worker_value(self, key: str, make: Callable[[], Any]) -> Any:
-        """A value the worker keeps for ``key`` while it runs (counters), made on first use."""
+    @property
+    def worker_values(self) -> dict[str, Any]:
+        """Values the worker keeps while it runs (join counters)."""
 
 
 #: The event being processed in this asyncio task (None outside agents).

@@ -108,8 +108,12 @@ class StreamStreamJoinDecl:
             return
         extractor = self.left_timestamp if side == "left" else self.right_timestamp
         timestamp = extractor(event) if extractor is not None else event.timestamp
-        core = self._core(context)
-        counters: JoinStats = context.worker_value(f"join:{self.name}", JoinStats)
+        core = context.task_values.get(self._key)
+        if core is None:
+            core = context.task_values[self._key] = self._new_core(context)
+        counters = context.worker_values.get(self._key)
+        if counters is None:
+            counters = context.worker_values[self._key] = JoinStats()
         stats = core.stats
         late, beyond_grace = stats.late, stats.beyond_grace
         outputs = core.process(
@@ -132,20 +136,19 @@ class StreamStreamJoinDecl:
             await self._emit(out)
             counters.emitted += 1
 
-    def _core(self, context: EventContext) -> StreamStreamJoin:
+    def __post_init__(self) -> None:
+        #: where the task keeps this join's core, and the worker its counters
+        self._key = f"join:{self.name}"
+
+    def _new_core(self, context: EventContext) -> StreamStreamJoin:
         """The task's join core over its buffer partition (made once per task)."""
-
-        def make() -> StreamStreamJoin:
-            view = context.table_partition(self.buffer.name)
-            if view is None:
-                raise ConfigurationError(
-                    f"join {self.name!r}: its buffer is not in the task of "
-                    f"{context.record.topic}[{context.record.partition}]"
-                )
-            return StreamStreamJoin(self.spec, view)
-
-        core: StreamStreamJoin = context.task_value(f"join:{self.name}", make)
-        return core
+        view = context.table_partition(self.buffer.name)
+        if view is None:
+            raise ConfigurationError(
+                f"join {self.name!r}: its buffer is not in the task of "
+                f"{context.record.topic}[{context.record.partition}]"
+            )
+        return StreamStreamJoin(self.spec, view)
 
     async def _emit(self, out: JoinOutput) -> None:
         key = self.left.key_codec.loads(out.key)

@@ -54,15 +54,13 @@ class _InFlight:
     def table_partition(self, table: str) -> TablePartition | None:
         return self.task.tables.get(table)
 
-    def task_value(self, key: str, make: Callable[[], Any]) -> Any:
-        return self.task.value(key, make)
+    @property
+    def task_values(self) -> dict[str, Any]:
+        return self.task.values
 
-    def worker_value(self, key: str, make: Callable[[], Any]) -> Any:
-        shared = self.runtime.shared_values
-        found = shared.get(key)
-        if found is None:
-            found = shared[key] = make()
-        return found
+    @property
+    def worker_values(self) -> dict[str, Any]:
+        return self.runtime.shared_values
 
 
 class AgentRunner:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from streamjoin.runtime.offsets import OffsetTracker, TopicPartition
@@ -98,12 +98,6 @@ class Task:
 
     def table_partition(self, table: str) -> TablePartition | None:
         return self.tables.get(table)
-
-    def value(self, key: str, make: Callable[[], Any]) -> Any:
-        found = self.values.get(key)
-        if found is None:
-            found = self.values[key] = make()
-        return found
 
 
 class TaskManager:
