@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from streamjoin.codecs import DecodeError
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event, RawRecord
 from streamjoin.topics import Topic
 
@@ -48,14 +49,14 @@ class Agent:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise ValueError(f"agent {self.name!r}: concurrency must be >= 1")
+            raise ConfigurationError(f"agent {self.name!r}: concurrency must be >= 1")
         if self.on_error not in ON_ERROR_CHOICES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"agent {self.name!r}: on_error must be one of {ON_ERROR_CHOICES}, "
                 f"got {self.on_error!r}"
             )
         if self.on_error == "dead_letter" and self.dead_letter is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"agent {self.name!r}: on_error='dead_letter' needs a dead-letter topic"
             )
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from streamjoin.agents import Agent, AgentFunction, OnError
 from streamjoin.codecs import Codec, resolve_codec
+from streamjoin.errors import ConfigurationError, CopartitioningError, LifecycleError
 from streamjoin.events import Event
 from streamjoin.runtime.admin import ensure_topics, fetch_partition_counts
 from streamjoin.runtime.streams import AgentRuntime, Stream
@@ -34,14 +35,6 @@ F = TypeVar("F", bound=AgentFunction)
 
 _BROKER_SCHEME = re.compile(r"^(kafka|tcp)://", re.IGNORECASE)
 PROCESSING_GUARANTEES = ("at_least_once",)
-
-
-class ConfigurationError(ValueError):
-    """The app's declarations or settings are inconsistent; the message says how to fix them."""
-
-
-class CopartitioningError(ConfigurationError):
-    """Topics declared co-partitioned have different partition counts."""
 
 
 def parse_broker_url(broker: str) -> str:
@@ -548,7 +541,7 @@ class App:
     async def start(self) -> None:
         """Create topics, start the producer, the agents and the consumer."""
         if self._runner is not None:
-            raise RuntimeError(f"{self!r} is already running")
+            raise LifecycleError(f"{self!r} is already running")
         from streamjoin.runtime.worker import KafkaRunner
 
         runner = KafkaRunner(self)

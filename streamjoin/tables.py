@@ -21,16 +21,13 @@ from typing import Any
 from sortedcontainers import SortedDict
 
 from streamjoin.codecs import Codec
+from streamjoin.errors import TableAccessError as TableAccessError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.streams import current_record
 from streamjoin.state.base import StorePartition
 from streamjoin.topics import Topic
 
 _MISSING = object()
-
-
-class TableAccessError(RuntimeError):
-    """A table was used where its partition is not owned or not co-partitioned."""
 
 
 @dataclass(eq=False)

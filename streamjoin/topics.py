@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streamjoin.codecs import Codec
+from streamjoin.errors import TransportNotReady as TransportNotReady
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.admin import TopicSpec
 
@@ -42,10 +43,6 @@ class Sender(Protocol):
 
     async def partition_count(self, topic: str) -> int:
         """How many partitions ``topic`` has (for the key partitioner)."""
-
-
-class TransportNotReady(RuntimeError):
-    """A send before the app was started (or after it stopped)."""
 
 
 #: The stream whose current event is being processed in this task, so sends made

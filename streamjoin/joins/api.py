@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from streamjoin.errors import ArgumentTypeError, InvalidJoinSpec, TableAccessError
 from streamjoin.events import Event
 from streamjoin.joins.core import JoinInput, JoinOutput, JoinSpec, StreamStreamJoin
 from streamjoin.runtime.streams import Stream, current_record
@@ -74,7 +75,7 @@ class StreamStreamJoinDecl:
     async def handle(self, side: Literal["left", "right"], event: Event) -> None:
         record = current_record()
         if record is None:
-            raise RuntimeError("join sides run inside agents")
+            raise TableAccessError("join sides run inside agents")
         if record.key is None:
             log.warning("join %s: %s has no key; it cannot join", self.name, event.position)
             return
@@ -141,7 +142,7 @@ def declare_join(
         join_name = name or fun.__name__
         if isinstance(left, Topic) and isinstance(right, Topic):
             if window is None:
-                raise ValueError(f"join {join_name!r}: a stream-stream join needs window=")
+                raise InvalidJoinSpec(f"join {join_name!r}: a stream-stream join needs window=")
             _stream_stream(
                 app,
                 join_name,
@@ -159,7 +160,7 @@ def declare_join(
         elif isinstance(left, Table) and isinstance(right, Table):
             _table_table(app, join_name, left, right, how, out_topic, fun, on_error)
         else:
-            raise TypeError(
+            raise ArgumentTypeError(
                 "app.join takes (topic, topic), (topic, table) or (table, table); "
                 f"got ({type(left).__name__}, {type(right).__name__})"
             )
@@ -205,7 +206,7 @@ def _stream_table(
     on_error: Literal["stop", "skip", "dead_letter"],
 ) -> None:
     if how == "outer":
-        raise ValueError(f"join {name!r}: a stream-table join is inner or left, not outer")
+        raise InvalidJoinSpec(f"join {name!r}: a stream-table join is inner or left, not outer")
     app.attach_reader(table, stream)
 
     async def enrich(events: Stream) -> None:
@@ -233,7 +234,7 @@ def _table_table(
     left_source = app.table_sources.get(left.name)
     right_source = app.table_sources.get(right.name)
     if left_source is None or right_source is None:
-        raise ValueError(
+        raise InvalidJoinSpec(
             f"join {name!r}: a table-table join needs tables read from topics "
             "(declare them with app.topic_table(topic))"
         )

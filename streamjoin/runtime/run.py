@@ -8,8 +8,8 @@ import logging
 import signal
 import sys
 
-from streamjoin.app import App, ConfigurationError
-from streamjoin.runtime.admin import TopicAdminError
+from streamjoin.app import App
+from streamjoin.errors import ConfigurationError, ProvisioningError
 
 log = logging.getLogger("streamjoin.worker")
 
@@ -39,7 +39,7 @@ async def serve(app: App) -> int:
     try:
         try:
             await app.start()
-        except (ConfigurationError, TopicAdminError) as exc:
+        except (ConfigurationError, ProvisioningError) as exc:
             log.error("cannot start app %s: %s", app.id, exc)
             return EXIT_CONFIG
         print(f"worker for app {app.id!r} running; Ctrl-C to stop", file=sys.stderr, flush=True)

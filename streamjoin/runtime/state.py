@@ -30,6 +30,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from mode import Service
 
+from streamjoin.errors import InternalError, LifecycleError
 from streamjoin.runtime.changelog_reader import (
     ChangelogChunk,
     ChangelogOffsetOutOfRange,
@@ -60,7 +61,7 @@ class TableStores:
 
     def path(self, table: str, partition: int) -> Path:
         if self.state_dir is None:
-            raise RuntimeError("in-memory stores have no path")
+            raise InternalError("in-memory stores have no path")
         return self.state_dir / "tables" / table / str(partition)
 
     def open(self, table: Table, partition: int) -> StorePartition:
@@ -474,5 +475,5 @@ class StateService(Service):
 
     def _require(self) -> ChangelogReader:
         if self._reader is None:
-            raise RuntimeError("the state service is not started")
+            raise LifecycleError("the state service is not started")
         return self._reader

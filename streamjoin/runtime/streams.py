@@ -18,6 +18,8 @@ from typing import Any
 
 from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
+from streamjoin.errors import AgentFailed as AgentFailed
+from streamjoin.errors import InternalError
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.offsets import OffsetTracker, TopicPartition
 from streamjoin.runtime.record_queue import RecordQueue
@@ -26,10 +28,6 @@ from streamjoin.topics import Sender, current_stream
 log = logging.getLogger("streamjoin.agents")
 
 _STOP = object()
-
-
-class AgentFailed(RuntimeError):
-    """An agent hit an error under the ``stop`` policy; the worker must stop."""
 
 
 @dataclass
@@ -343,4 +341,4 @@ def _unpack(item: object) -> tuple[int, RawRecord]:
     """Queue items are ``(epoch, record)`` pairs (or the stop sentinel, handled by the caller)."""
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], RawRecord):
         return int(item[0]), item[1]
-    raise TypeError(f"unexpected item in an agent queue: {item!r}")
+    raise InternalError(f"unexpected item in an agent queue: {item!r}")

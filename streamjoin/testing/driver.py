@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from streamjoin.errors import ConfigurationError, InternalError, LifecycleError, UnknownTopicError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.state import TableStores
@@ -72,7 +73,9 @@ class TestDriver:
         if partition is None:
             partition = 0 if key is None else partition_for_key(key, count)
         if not 0 <= partition < count:
-            raise ValueError(f"{topic!r} has {count} partitions; partition {partition} is invalid")
+            raise ConfigurationError(
+                f"{topic!r} has {count} partitions; partition {partition} is invalid"
+            )
         log = self._logs.setdefault(topic, {}).setdefault(partition, [])
         timestamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
         raw = RawRecord(topic, partition, len(log), timestamp, key, value, tuple(headers))
@@ -93,7 +96,7 @@ class TestDriver:
             )
             last = future.result()
         if last is None:
-            raise ValueError("send_many needs at least one record")
+            raise InternalError("send_many needs at least one record")
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         done.set_result(last.offset)
         return done
@@ -113,7 +116,7 @@ class TestDriver:
         """Produce one record to ``topic`` with its codecs, as a Kafka producer would."""
         declared = self.app.topics.get(topic)
         if declared is None:
-            raise KeyError(f"topic {topic!r} is not declared by app {self.app.id!r}")
+            raise UnknownTopicError(f"topic {topic!r} is not declared by app {self.app.id!r}")
         future = await declared.send(
             key=key, value=value, headers=headers, partition=partition, timestamp_ms=timestamp_ms
         )
@@ -176,7 +179,7 @@ class TestDriver:
 
     def _require(self) -> AgentRuntime:
         if self.runtime is None:
-            raise RuntimeError("the test driver is not started: use `async with TestDriver(app)`")
+            raise LifecycleError("the test driver is not started: use `async with TestDriver(app)`")
         return self.runtime
 
     def _on_crash(self, exc: BaseException) -> None:
