@@ -2,11 +2,16 @@
 
 ``streamjoin.App`` is imported lazily so that the pure modules (assignor,
 codecs, partitioner) can be used without loading the Kafka runtime.
+``streamjoin.errors`` (every error, under :class:`StreamjoinError`) imports
+nothing and is loaded right away.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from streamjoin import errors
+from streamjoin.errors import StreamjoinError
 
 __version__ = "0.1.0"
 
@@ -15,7 +20,7 @@ if TYPE_CHECKING:
     from streamjoin.events import Event
     from streamjoin.runtime.streams import Stream
 
-__all__ = ["App", "Event", "Stream", "__version__"]
+__all__ = ["App", "Event", "Stream", "StreamjoinError", "__version__", "errors"]
 
 
 def __getattr__(name: str) -> Any:

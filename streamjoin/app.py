@@ -22,7 +22,7 @@ from streamjoin.agents import Agent, AgentFunction, OnError
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
 from streamjoin.context import RuntimeLink
-from streamjoin.errors import ConfigurationError, CopartitioningError
+from streamjoin.errors import ConfigurationError, CopartitioningError, LifecycleError
 from streamjoin.events import Event
 from streamjoin.joins.api import JoinStats, declare_join
 from streamjoin.state.windows import WindowSpec
@@ -129,7 +129,7 @@ class App:
     def configure(self, **changes: Any) -> None:
         """Change settings (validated like the constructor's); not while running."""
         if self._worker is not None:
-            raise ConfigurationError(f"{self!r} is running: stop it before changing settings")
+            raise LifecycleError(f"{self!r} is running: stop it before changing settings")
         self.config = self.config.replace(**changes)
 
     @property
@@ -579,7 +579,7 @@ class App:
     async def start(self) -> None:
         """Create topics, start the producer, the agents and the consumer."""
         if self._worker is not None:
-            raise ConfigurationError(f"{self!r} is already running")
+            raise LifecycleError(f"{self!r} is already running")
         from streamjoin.runtime.worker import Worker
 
         worker = Worker(self.topology(), self.config, link=self._link)

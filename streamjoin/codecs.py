@@ -26,6 +26,14 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
+from streamjoin.errors import (
+    ArgumentTypeError,
+    CodecError,
+    ConfigurationError,
+    DecodeError,
+    EncodeError,
+)
+
 __all__ = [
     "JSON",
     "RAW",
@@ -47,18 +55,6 @@ _Bytes = bytes | bytearray | memoryview
 
 #: How much of an undecodable payload error messages show.
 _PREVIEW_BYTES = 32
-
-
-class CodecError(ValueError):
-    """A value could not be converted to or from record bytes."""
-
-
-class EncodeError(CodecError):
-    """An object could not be serialized (wrong type, not JSON-able, bad text...)."""
-
-
-class DecodeError(CodecError):
-    """Record bytes could not be deserialized (garbage, wrong schema, bad text...)."""
 
 
 @runtime_checkable
@@ -107,7 +103,9 @@ def _utf8(codec: str, text: str) -> bytes:
 def _check_bytes(codec: str, data: object) -> _Bytes:
     # Programming errors (a str handed to loads) are TypeErrors, not bad records.
     if not isinstance(data, _Bytes):
-        raise TypeError(f"{codec} codec loads() expects bytes, got {type(data).__qualname__}")
+        raise ArgumentTypeError(
+            f"{codec} codec loads() expects bytes, got {type(data).__qualname__}"
+        )
     return data
 
 
@@ -174,7 +172,7 @@ def _json_default(obj: Any) -> Any:
         return str(obj)
     if isinstance(obj, set | frozenset):
         return list(obj)
-    raise TypeError(f"Object of type {type(obj).__qualname__} is not JSON serializable")
+    raise EncodeError(f"Object of type {type(obj).__qualname__} is not JSON serializable")
 
 
 def _json_dumps(codec: str, obj: Any) -> bytes:
@@ -311,7 +309,7 @@ class _SchemaCompiler:
         try:
             hints = typing.get_type_hints(cls)
         except Exception as exc:  # NameError etc. from unresolvable annotations
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"cannot read the type hints of dataclass {cls.__qualname__}: {exc}"
             ) from exc
         fields = dataclasses.fields(cls)
@@ -493,7 +491,7 @@ class DataclassJson:
 
     def __init__(self, cls: type) -> None:
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-            raise TypeError(f"DataclassJson needs a dataclass type, got {cls!r}")
+            raise ArgumentTypeError(f"DataclassJson needs a dataclass type, got {cls!r}")
         self.cls = cls
         self.name = f"json[{cls.__qualname__}]"
         self._decode = _SchemaCompiler().compile(cls)
@@ -537,11 +535,13 @@ _REGISTRY: dict[str, Codec] = {c.name: c for c in (RAW, STR, JSON)}
 def register_codec(codec: Codec, *, replace: bool = False) -> None:
     """Make ``codec`` available by its name to :func:`resolve_codec` (and ``app.topic``)."""
     if not isinstance(codec, Codec) or isinstance(codec, type):
-        raise TypeError(f"expected a codec instance with name, dumps and loads, got {codec!r}")
+        raise ArgumentTypeError(
+            f"expected a codec instance with name, dumps and loads, got {codec!r}"
+        )
     if not isinstance(codec.name, str) or not codec.name:
-        raise TypeError(f"codec name must be a non-empty str, got {codec.name!r}")
+        raise ArgumentTypeError(f"codec name must be a non-empty str, got {codec.name!r}")
     if codec.name in _REGISTRY and not replace:
-        raise ValueError(
+        raise ConfigurationError(
             f"a codec named {codec.name!r} is already registered ({_REGISTRY[codec.name]!r}); "
             "pass replace=True to override it"
         )
@@ -565,7 +565,7 @@ def resolve_codec(spec: str | Codec | type | None, *, default: str = "raw") -> C
         try:
             return _REGISTRY[spec]
         except KeyError:
-            raise ValueError(
+            raise ConfigurationError(
                 f"unknown codec {spec!r}; registered codecs: {', '.join(registered_codec_names())}"
             ) from None
     if isinstance(spec, type):
@@ -575,13 +575,13 @@ def resolve_codec(spec: str | Codec | type | None, *, default: str = "raw") -> C
             return RAW
         if spec is str:
             return STR
-        raise TypeError(
+        raise ArgumentTypeError(
             f"cannot make a codec from class {spec.__qualname__}: expected a dataclass, "
             "bytes, str, a codec name or a codec instance"
         )
     if isinstance(spec, Codec):
         return spec
-    raise TypeError(
+    raise ArgumentTypeError(
         "expected a codec name, a codec instance or a dataclass type, "
         f"got {type(spec).__qualname__}"
     )

@@ -1,27 +1,468 @@
-"""Every error streamjoin raises, under one root (imports nothing from streamjoin)."""
+"""Every error streamjoin raises on purpose, under one root: :class:`StreamjoinError`.
+
+This module sits below every other layer and imports nothing from streamjoin, so
+any module can raise these and any caller can import them cheaply. The modules
+that used to define an error re-export it (``from streamjoin.codecs import
+DecodeError`` still works); this is where they live.
+
+Catch :class:`StreamjoinError` for "anything streamjoin refused or failed at",
+or one of the bases below for a family. Where an error used to be (or naturally
+is) a built-in exception, that built-in stays a base, so ``except ValueError``
+or ``except LookupError`` around a call keeps working::
+
+    StreamjoinError
+    ├── ConfigurationError (ValueError)     declarations, settings, argument values
+    │   └── CopartitioningError             co-partitioned inputs disagree
+    ├── ArgumentTypeError (TypeError)       an argument of the wrong type
+    ├── NotFoundError (LookupError)         a named app, table, join, topic or store
+    ├── CodecError (ValueError)             record bytes <-> objects
+    ├── StateError                          local stores, sortable keys, changelogs
+    ├── ProcessingError                     agents, tables and sends while running
+    ├── JoinError (ValueError)              the join core
+    ├── AssignorError                       partition assignment and its userdata
+    ├── ProvisioningError (RuntimeError)    topics, groups, the local dev broker
+    ├── SparkJobError                       the offline Spark jobs
+    └── InternalError (RuntimeError)        a broken invariant: a streamjoin bug
+
+``docs/app.md`` ("Errors") shows the full tree and what callers should catch.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiokafka import TopicPartition
+
+__all__ = [
+    "AgentFailed",
+    "AppNotFound",
+    "ArgumentTypeError",
+    "AssignorError",
+    "BrokerExitedError",
+    "BrokerStartError",
+    "ChangelogOffsetOutOfRange",
+    "ChangelogReadError",
+    "CodecError",
+    "ConfigurationError",
+    "ConnectorResolutionError",
+    "ConsumerGroupError",
+    "CopartitioningError",
+    "CorruptJoinState",
+    "CorruptRecordSet",
+    "DecodeError",
+    "EncodeError",
+    "InternalError",
+    "InvalidAssignmentError",
+    "InvalidChangelogBounds",
+    "InvalidChangelogOffset",
+    "InvalidJoinInput",
+    "InvalidJoinSpec",
+    "InvalidScenarioError",
+    "JavaNotFoundError",
+    "JoinError",
+    "KafkaProvisioningError",
+    "KafkaResolutionError",
+    "KeyEncodingError",
+    "LifecycleError",
+    "MalformedUserdata",
+    "MavenNotFoundError",
+    "NonEmptyChangelog",
+    "NotFoundError",
+    "NullKeyError",
+    "OffsetTrackingError",
+    "ProcessingError",
+    "ProvisioningError",
+    "RecordTooLargeError",
+    "ScanInvalidated",
+    "SparkJobError",
+    "SparkNotInstalled",
+    "StateError",
+    "StoreClosed",
+    "StoreCorrupted",
+    "StoreError",
+    "StoreLocked",
+    "StreamjoinError",
+    "TableAccessError",
+    "TopicAdminError",
+    "TransportNotReady",
+    "UnknownTopicError",
+    "UnsupportedJoin",
+    "UnsupportedTable",
+    "UnsupportedUserdataVersion",
+    "UserdataError",
+    "UserdataOutOfRange",
+    "Violation",
+    "ViolationCode",
+    "WindowError",
+]
 
 
 class StreamjoinError(Exception):
     """Root of every error streamjoin raises on purpose."""
 
 
+# -- configuration and API use ---------------------------------------------------------------
+
+
 class ConfigurationError(StreamjoinError, ValueError):
-    """The app's declarations or settings are inconsistent; the message says how to fix them."""
+    """Invalid declarations, settings or argument values (app, topics, agents, codecs,
+    windows, store options...); the message says how to fix them. Raised when the
+    declaration is made or, for what needs the broker, when the app starts."""
 
 
 class CopartitioningError(ConfigurationError):
-    """Topics declared co-partitioned have different partition counts."""
+    """Inputs that must be co-partitioned are not: topics of one co-partition group (a join,
+    a table and its writers, ``app.copartition``) have different partition counts, an
+    existing topic has another count than declared, or (Spark jobs) a record is not in the
+    partition Kafka's murmur2 of its key gives. Partition *p* of each input would not hold
+    the same keys, so joins and tables would silently miss matches."""
 
 
-class TransportNotReady(StreamjoinError, RuntimeError):
+class ArgumentTypeError(StreamjoinError, TypeError):
+    """An argument has the wrong type: a bug in the calling code, not bad data (a ``str``
+    given to ``Codec.loads``, a non-bytes key written to a store, ``num_partitions`` that is
+    not an int, a class no codec can be made from...)."""
+
+
+class NotFoundError(StreamjoinError, LookupError):
+    """Something named does not exist: a table or join the app does not declare, a topic
+    missing on the broker, a local store missing under the state dir."""
+
+
+class AppNotFound(NotFoundError):
+    """The ``-A module:attribute`` argument does not name a :class:`streamjoin.App`."""
+
+
+class UnknownTopicError(NotFoundError, KeyError):
+    """A topic is not declared by the app (test driver), or does not exist on the broker
+    (Spark jobs). A ``KeyError`` too, as the test driver raised before."""
+
+    def __str__(self) -> str:
+        # the message itself, not KeyError's repr of it
+        return Exception.__str__(self)
+
+
+# -- codecs ----------------------------------------------------------------------------------
+
+
+class CodecError(StreamjoinError, ValueError):
+    """A value could not be converted to or from record bytes."""
+
+
+class EncodeError(CodecError):
+    """An object could not be serialized (wrong type, not JSON-able, bad text...)."""
+
+
+class DecodeError(CodecError):
+    """Record bytes could not be deserialized (garbage, wrong schema, bad text...); agents
+    apply their ``on_error`` policy to the record."""
+
+
+# -- local state and changelogs --------------------------------------------------------------
+
+
+class StateError(StreamjoinError):
+    """Base class of local-state errors: stores, sortable keys, windows, changelogs."""
+
+
+class StoreError(StateError):
+    """Base class of every store (RocksDB or memory) error."""
+
+
+class StoreCorrupted(StoreError):
+    """The store on disk cannot be trusted; the caller wipes it and rebuilds from the changelog."""
+
+    def __init__(self, path: Path | str, cause: str) -> None:
+        super().__init__(f"local store at {path} is corrupted: {cause}")
+        self.path = Path(path)
+        self.cause = cause
+
+
+class StoreLocked(StoreError):
+    """Another process (or another handle in this one) has the store open.
+
+    Kept apart from :class:`StoreCorrupted` on purpose: a locked store is in
+    use, and wiping it would destroy a live worker's state.
+    """
+
+    def __init__(self, path: Path | str, cause: str) -> None:
+        super().__init__(f"local store at {path} is in use by another handle: {cause}")
+        self.path = Path(path)
+        self.cause = cause
+
+
+class StoreClosed(StoreError):
+    """The store was used after ``StorePartition.close()``."""
+
+
+class InvalidChangelogOffset(StoreError):
+    """A write carried a changelog offset older than the one already stored.
+
+    Offsets only move forward for a given store (a rebuilt store starts from
+    None), so a step back means the caller is replaying or mixing partitions.
+    """
+
+
+class KeyEncodingError(StateError, ValueError):
+    """A value cannot be encoded into, or decoded from, a sortable store key."""
+
+
+class WindowError(StateError, ValueError):
+    """Invalid window definition, timestamp or window start."""
+
+
+class InvalidChangelogBounds(StateError, ValueError):
+    """A changelog partition's log start and end offsets make no sense (end before start, or
+    negative) when planning a restore."""
+
+
+class ChangelogReadError(StateError, RuntimeError):
+    """A changelog could not be read (an error that retrying will not fix)."""
+
+
+class ChangelogOffsetOutOfRange(ChangelogReadError):
+    """The broker no longer (or not yet) has the offsets asked for; plan the restore again."""
+
+    def __init__(self, offsets: Mapping[TopicPartition, int]) -> None:
+        listed = ", ".join(f"{tp.topic}[{tp.partition}]@{o}" for tp, o in sorted(offsets.items()))
+        super().__init__(f"changelog offsets out of range: {listed}")
+        self.offsets = dict(offsets)
+
+
+class CorruptRecordSet(StateError, ValueError):
+    """A fetched changelog record batch failed its CRC check or could not be parsed."""
+
+
+class ScanInvalidated(StateError, RuntimeError):
+    """An in-memory key-value view was written while one of its scans was being iterated."""
+
+
+# -- processing ------------------------------------------------------------------------------
+
+
+class ProcessingError(StreamjoinError):
+    """Base class of errors while the app runs: agents, table access, sends, offsets."""
+
+
+class LifecycleError(ProcessingError, RuntimeError):
+    """A component was used in the wrong state: before it was started, after it stopped, or
+    started twice (the app, the producer, the state service, the test driver...)."""
+
+
+class TransportNotReady(LifecycleError):
     """A send before the app was started (or after it stopped)."""
 
 
-class TableAccessError(StreamjoinError, RuntimeError):
-    """A table was used where its partition is not owned or not co-partitioned."""
-
-
-class AgentFailed(StreamjoinError, RuntimeError):
+class AgentFailed(ProcessingError, RuntimeError):
     """An agent hit an error under the ``stop`` policy; the worker must stop."""
+
+
+class TableAccessError(ProcessingError, RuntimeError):
+    """A table (or a join's state) was used where its partition is not owned or not
+    co-partitioned, or outside an agent processing an event."""
+
+
+class OffsetTrackingError(ProcessingError, RuntimeError):
+    """An acknowledgement that does not match a registered record."""
+
+
+class NullKeyError(ProcessingError, TypeError):
+    """A ``None`` key was given to the key partitioner; Kafka never hashes null keys."""
+
+
+class RecordTooLargeError(ProcessingError, ValueError):
+    """A record does not fit in one producer batch; raise the producer's ``max_batch_size``."""
+
+
+# -- joins -----------------------------------------------------------------------------------
+
+
+class JoinError(StreamjoinError, ValueError):
+    """Base class of the join core's errors."""
+
+
+class InvalidJoinSpec(JoinError, ConfigurationError):
+    """A join definition that cannot work (negative window, unknown or unsupported ``how``,
+    a stream-stream join without a window...); raised when the join is declared."""
+
+
+class InvalidJoinInput(JoinError):
+    """An input event the join core cannot place (bad side, timestamp, seq or types)."""
+
+
+class CorruptJoinState(JoinError):
+    """The view holds join state this code cannot read (wrong format or a foreign store)."""
+
+
+# -- assignor --------------------------------------------------------------------------------
+
+
+class AssignorError(StreamjoinError):
+    """Base class of everything the assignor raises on purpose."""
+
+
+class InvalidScenarioError(AssignorError, ValueError):
+    """The scenario cannot be assigned: unknown topic in a group, duplicate member, a negative
+    capacity or lag... (the message names the field)."""
+
+
+class ViolationCode(str, Enum):
+    """Which rule an assignment breaks (see ``docs/assignor.md``)."""
+
+    UNKNOWN_MEMBER = "unknown_member"
+    MISSING_MEMBER = "missing_member"
+    UNKNOWN_PARTITION = "unknown_partition"
+    NOT_SUBSCRIBED = "not_subscribed"
+    DUPLICATE_ACTIVE = "duplicate_active"
+    MISSING_ACTIVE = "missing_active"
+    SPLIT_TASK = "split_task"
+    WRONG_UNASSIGNED = "wrong_unassigned"
+    UNBALANCED = "unbalanced"
+    NOT_MINIMAL = "not_minimal"
+    WRONG_STATS = "wrong_stats"
+    STANDBY_NOT_CHANGELOG = "standby_not_changelog"
+    STANDBY_ON_ACTIVE = "standby_on_active"
+    STANDBY_COUNT = "standby_count"
+    STANDBY_UNBALANCED = "standby_unbalanced"
+    STANDBY_TAG_SPREAD = "standby_tag_spread"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule, with a message naming the member/topic/partition involved."""
+
+    code: ViolationCode
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+
+class InvalidAssignmentError(AssignorError):
+    """An assignment breaks at least one rule; ``violations`` lists them all."""
+
+    def __init__(self, violations: Sequence[Violation]) -> None:
+        self.violations: tuple[Violation, ...] = tuple(violations)
+        shown = "\n  ".join(str(v) for v in self.violations[:20])
+        more = len(self.violations) - 20
+        suffix = f"\n  ... and {more} more" if more > 0 else ""
+        super().__init__(f"{len(self.violations)} assignment violation(s):\n  {shown}{suffix}")
+
+    @property
+    def codes(self) -> frozenset[ViolationCode]:
+        return frozenset(v.code for v in self.violations)
+
+
+class UserdataError(AssignorError, ValueError):
+    """Base class: assignor userdata cannot be encoded, or these bytes cannot be decoded."""
+
+
+class MalformedUserdata(UserdataError):
+    """The bytes are truncated, corrupt or not streamjoin userdata at all."""
+
+
+class UnsupportedUserdataVersion(UserdataError):
+    """The userdata was written by an incompatible (usually newer) protocol version.
+
+    The runtime can catch this to tell a rolling upgrade apart from corruption.
+    ``reader_major``/``reader_minor``: the version this decoder reads.
+    """
+
+    def __init__(
+        self, kind: str, major: int, minor: int, *, reader_major: int, reader_minor: int
+    ) -> None:
+        self.kind = kind
+        self.major = major
+        self.minor = minor
+        super().__init__(
+            f"unsupported {kind} userdata version {major}.{minor}: this decoder reads "
+            f"major version {reader_major} (minors up to {reader_minor} fully, later "
+            "minors by skipping appended fields)"
+        )
+
+
+class UserdataOutOfRange(UserdataError):
+    """A value to encode is outside what the userdata protocol can carry (a generation below
+    -1, a capacity below 1, a negative lag, a partition above 2**31-1...)."""
+
+
+# -- provisioning ----------------------------------------------------------------------------
+
+
+class ProvisioningError(StreamjoinError, RuntimeError):
+    """A Kafka resource could not be set up or inspected: topics, a consumer group, the local
+    development broker, jars from Maven."""
+
+
+class TopicAdminError(ProvisioningError):
+    """A topic could not be created or verified (the broker answered with an error)."""
+
+
+class ConsumerGroupError(ProvisioningError):
+    """A consumer group could not be described (the broker answered with an error)."""
+
+
+class KafkaProvisioningError(ProvisioningError):
+    """The local broker could not be provisioned or started; the message says what to do."""
+
+
+class JavaNotFoundError(KafkaProvisioningError):
+    """No usable ``java`` (17+) on this machine."""
+
+
+class MavenNotFoundError(KafkaProvisioningError):
+    """No ``mvn`` to resolve the broker's jars with."""
+
+
+class KafkaResolutionError(KafkaProvisioningError):
+    """Resolving the broker's jars from Maven Central failed."""
+
+
+class BrokerStartError(KafkaProvisioningError):
+    """The broker process exited or did not answer metadata requests in time."""
+
+
+class BrokerExitedError(BrokerStartError):
+    """The broker process exited during startup (e.g. a port was taken meanwhile)."""
+
+
+# -- Spark jobs ------------------------------------------------------------------------------
+
+
+class SparkJobError(StreamjoinError):
+    """Base class of what the Spark backfill and bootstrap jobs refuse or fail at (besides
+    :class:`ConfigurationError`, :class:`CopartitioningError` and :class:`NotFoundError`)."""
+
+
+class SparkNotInstalled(SparkJobError, ImportError):
+    """PySpark is missing: the Spark jobs are an optional extra."""
+
+
+class UnsupportedTable(SparkJobError, ValueError):
+    """The table's state is not a function of one topic (not an ``app.topic_table``), so it
+    cannot be bootstrapped."""
+
+
+class UnsupportedJoin(SparkJobError, ValueError):
+    """The join cannot be backfilled: it is not a stream-stream join, or joins a topic with
+    itself."""
+
+
+class NonEmptyChangelog(SparkJobError, RuntimeError):
+    """The table's changelog already has records; bootstrapping on top would be inconsistent."""
+
+
+class ConnectorResolutionError(SparkJobError, ProvisioningError):
+    """Spark's Kafka connector could not be resolved; the message says what Maven said."""
+
+
+# -- bugs ------------------------------------------------------------------------------------
+
+
+class InternalError(StreamjoinError, RuntimeError):
+    """An invariant of streamjoin's own code broke: a bug in streamjoin, please report it."""

@@ -7,12 +7,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from streamjoin.errors import AppNotFound as AppNotFound
+
 if TYPE_CHECKING:
     from streamjoin.app import App
-
-
-class AppNotFound(LookupError):
-    """The ``-A`` argument does not name an App."""
 
 
 def load_app(spec: str) -> App:

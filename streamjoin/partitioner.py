@@ -19,6 +19,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
+from streamjoin.errors import ArgumentTypeError, ConfigurationError, NullKeyError
+
 __all__ = [
     "NullKeyError",
     "murmur2",
@@ -33,10 +35,6 @@ _R = 24
 _MASK32 = 0xFFFFFFFF
 _SIGN_BIT = 0x80000000
 _UNPACK_BLOCKS = struct.Struct("<I").iter_unpack
-
-
-class NullKeyError(TypeError):
-    """A ``None`` key was given to the key partitioner; Kafka never hashes null keys."""
 
 
 def murmur2(data: bytes | bytearray | memoryview) -> int:
@@ -72,9 +70,11 @@ def to_positive(n: int) -> int:
 
 def _check_partition_count(num_partitions: int) -> None:
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
-        raise TypeError(f"num_partitions must be an int, got {type(num_partitions).__name__}")
+        raise ArgumentTypeError(
+            f"num_partitions must be an int, got {type(num_partitions).__name__}"
+        )
     if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+        raise ConfigurationError(f"num_partitions must be >= 1, got {num_partitions}")
 
 
 def partition_for_key(key: bytes, num_partitions: int) -> int:

@@ -2,66 +2,24 @@
 
 Validation never relies on ``assert`` (``python -O`` strips it): every broken
 input or postcondition raises one of these, so the runtime and tests can tell
-"the scenario is malformed" from "an assignment broke a rule".
+"the scenario is malformed" from "an assignment broke a rule". They are defined
+in :mod:`streamjoin.errors` with every other streamjoin error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
+from streamjoin.errors import (
+    AssignorError,
+    InvalidAssignmentError,
+    InvalidScenarioError,
+    Violation,
+    ViolationCode,
+)
 
-
-class AssignorError(Exception):
-    """Base class of everything the assignor raises on purpose."""
-
-
-class InvalidScenarioError(AssignorError, ValueError):
-    """The scenario cannot be assigned: unknown topic in a group, duplicate member, ..."""
-
-
-class ViolationCode(str, Enum):
-    """Which rule an assignment breaks (see ``docs/assignor.md``)."""
-
-    UNKNOWN_MEMBER = "unknown_member"
-    MISSING_MEMBER = "missing_member"
-    UNKNOWN_PARTITION = "unknown_partition"
-    NOT_SUBSCRIBED = "not_subscribed"
-    DUPLICATE_ACTIVE = "duplicate_active"
-    MISSING_ACTIVE = "missing_active"
-    SPLIT_TASK = "split_task"
-    WRONG_UNASSIGNED = "wrong_unassigned"
-    UNBALANCED = "unbalanced"
-    NOT_MINIMAL = "not_minimal"
-    WRONG_STATS = "wrong_stats"
-    STANDBY_NOT_CHANGELOG = "standby_not_changelog"
-    STANDBY_ON_ACTIVE = "standby_on_active"
-    STANDBY_COUNT = "standby_count"
-    STANDBY_UNBALANCED = "standby_unbalanced"
-    STANDBY_TAG_SPREAD = "standby_tag_spread"
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One broken rule, with a message naming the member/topic/partition involved."""
-
-    code: ViolationCode
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.code.value}: {self.message}"
-
-
-class InvalidAssignmentError(AssignorError):
-    """An assignment breaks at least one rule; ``violations`` lists them all."""
-
-    def __init__(self, violations: Sequence[Violation]) -> None:
-        self.violations: tuple[Violation, ...] = tuple(violations)
-        shown = "\n  ".join(str(v) for v in self.violations[:20])
-        more = len(self.violations) - 20
-        suffix = f"\n  ... and {more} more" if more > 0 else ""
-        super().__init__(f"{len(self.violations)} assignment violation(s):\n  {shown}{suffix}")
-
-    @property
-    def codes(self) -> frozenset[ViolationCode]:
-        return frozenset(v.code for v in self.violations)
+__all__ = [
+    "AssignorError",
+    "InvalidAssignmentError",
+    "InvalidScenarioError",
+    "Violation",
+    "ViolationCode",
+]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from streamjoin.errors import InvalidScenarioError
+
 #: topic name -> sorted partition numbers
 TopicPartitions = Mapping[str, tuple[int, ...]]
 
@@ -47,9 +49,9 @@ class MemberState:
 
     def __post_init__(self) -> None:
         if not self.member_id:
-            raise ValueError("member id must be a non-empty string")
+            raise InvalidScenarioError("member id must be a non-empty string")
         if self.capacity < 1:
-            raise ValueError(
+            raise InvalidScenarioError(
                 f"member {self.member_id!r}: capacity must be >= 1, got {self.capacity}"
             )
         object.__setattr__(self, "topics", frozenset(self.topics))
@@ -60,7 +62,7 @@ class MemberState:
             per_partition = {int(p): int(v) for p, v in self.state_lag[topic].items()}
             for p, v in per_partition.items():
                 if v < 0:
-                    raise ValueError(
+                    raise InvalidScenarioError(
                         f"member {self.member_id!r}: negative state lag {v} for {topic}[{p}]"
                     )
             lag[topic] = dict(sorted(per_partition.items()))
@@ -82,11 +84,15 @@ class AssignorConfig:
 
     def __post_init__(self) -> None:
         if self.max_warmup_replicas < 0:
-            raise ValueError(f"max_warmup_replicas must be >= 0, got {self.max_warmup_replicas}")
+            raise InvalidScenarioError(
+                f"max_warmup_replicas must be >= 0, got {self.max_warmup_replicas}"
+            )
         if self.standby_replicas < 0:
-            raise ValueError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
+            raise InvalidScenarioError(
+                f"standby_replicas must be >= 0, got {self.standby_replicas}"
+            )
         if self.acceptable_recovery_lag < 0:
-            raise ValueError(
+            raise InvalidScenarioError(
                 f"acceptable_recovery_lag must be >= 0, got {self.acceptable_recovery_lag}"
             )
 

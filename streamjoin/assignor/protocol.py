@@ -35,6 +35,12 @@ from streamjoin.assignor.model import (
     TopicPartitions,
     normalize_topic_partitions,
 )
+from streamjoin.errors import (
+    MalformedUserdata,
+    UnsupportedUserdataVersion,
+    UserdataError,
+    UserdataOutOfRange,
+)
 
 __all__ = [
     "ASSIGNMENT_KIND",
@@ -46,6 +52,7 @@ __all__ = [
     "SubscriptionUserdata",
     "UnsupportedUserdataVersion",
     "UserdataError",
+    "UserdataOutOfRange",
     "assignment_userdata_for",
     "decode_assignment",
     "decode_subscription",
@@ -77,31 +84,6 @@ MAX_DECODED_PARTITIONS: Final = 1 << 22
 _MAX_VARINT_BYTES: Final = 10
 
 _KIND_NAMES: Final = {SUBSCRIPTION_KIND: "subscription", ASSIGNMENT_KIND: "assignment"}
-
-
-class UserdataError(ValueError):
-    """Base class: these bytes cannot be turned into userdata."""
-
-
-class MalformedUserdata(UserdataError):
-    """The bytes are truncated, corrupt or not streamjoin userdata at all."""
-
-
-class UnsupportedUserdataVersion(UserdataError):
-    """The userdata was written by an incompatible (usually newer) protocol version.
-
-    The runtime can catch this to tell a rolling upgrade apart from corruption.
-    """
-
-    def __init__(self, kind: str, major: int, minor: int) -> None:
-        self.kind = kind
-        self.major = major
-        self.minor = minor
-        super().__init__(
-            f"unsupported {kind} userdata version {major}.{minor}: this decoder reads "
-            f"major version {MAJOR_VERSION} (minors up to {MINOR_VERSION} fully, later "
-            "minors by skipping appended fields)"
-        )
 
 
 # --------------------------------------------------------------------------- values
@@ -212,11 +194,15 @@ def assignment_userdata_for(
 
 
 def encode_subscription(userdata: SubscriptionUserdata) -> bytes:
-    """Encode a subscription's userdata; raises ``ValueError`` for out-of-range values."""
+    """Encode a subscription's userdata; :class:`UserdataOutOfRange` for out-of-range values."""
     if not -1 <= userdata.generation <= MAX_GENERATION:
-        raise ValueError(f"generation must be in [-1, {MAX_GENERATION}], got {userdata.generation}")
+        raise UserdataOutOfRange(
+            f"generation must be in [-1, {MAX_GENERATION}], got {userdata.generation}"
+        )
     if not 1 <= userdata.capacity <= MAX_CAPACITY:
-        raise ValueError(f"capacity must be in [1, {MAX_CAPACITY}], got {userdata.capacity}")
+        raise UserdataOutOfRange(
+            f"capacity must be in [1, {MAX_CAPACITY}], got {userdata.capacity}"
+        )
     out = bytearray()
     _put_uvarint(out, _zigzag(userdata.generation))
     _put_uvarint(out, userdata.capacity)
@@ -233,7 +219,7 @@ def encode_subscription(userdata: SubscriptionUserdata) -> bytes:
     for topic, per_partition in userdata.state_lag.items():
         for partition, lag in per_partition.items():
             if not 0 <= lag <= MAX_LAG:
-                raise ValueError(f"lag for {topic}[{partition}] must be in [0, {MAX_LAG}]")
+                raise UserdataOutOfRange(f"lag for {topic}[{partition}] must be in [0, {MAX_LAG}]")
         for parts in tables.cover(tuple(per_partition)):
             topic_ref, set_ref = tables.refs(topic, parts)
             lags.append((topic_ref, set_ref, [per_partition[p] for p in parts]))
@@ -250,9 +236,11 @@ def encode_subscription(userdata: SubscriptionUserdata) -> bytes:
 
 
 def encode_assignment(userdata: AssignmentUserdata) -> bytes:
-    """Encode one member's assignment userdata; raises ``ValueError`` for out-of-range values."""
+    """Encode one member's assignment userdata; :class:`UserdataOutOfRange` if out of range."""
     if not 0 <= userdata.generation <= MAX_GENERATION:
-        raise ValueError(f"generation must be in [0, {MAX_GENERATION}], got {userdata.generation}")
+        raise UserdataOutOfRange(
+            f"generation must be in [0, {MAX_GENERATION}], got {userdata.generation}"
+        )
     out = bytearray()
     _put_uvarint(out, userdata.generation)
     _put_uvarint(out, ASSIGNMENT_FLAG_FOLLOWUP if userdata.followup_rebalance else 0)
@@ -280,7 +268,7 @@ class _Tables:
         if set_ref is None:
             for partition in partitions:
                 if not 0 <= partition <= MAX_PARTITION:
-                    raise ValueError(
+                    raise UserdataOutOfRange(
                         f"partition {partition} of {topic!r} outside [0, {MAX_PARTITION}]"
                     )
             set_ref = self.sets[partitions] = len(self.sets)
@@ -468,7 +456,9 @@ def _open(data: bytes, kind: int) -> tuple[_Reader, int]:
         raise MalformedUserdata(f"expected {name} userdata, got {other}")
     major, minor, flags = data[3], data[4], data[5]
     if major != MAJOR_VERSION:
-        raise UnsupportedUserdataVersion(name, major, minor)
+        raise UnsupportedUserdataVersion(
+            name, major, minor, reader_major=MAJOR_VERSION, reader_minor=MINOR_VERSION
+        )
     if flags & ~_KNOWN_HEADER_FLAGS:
         raise MalformedUserdata(f"{name} userdata has unknown header flags {flags:#04x}")
     body = data[HEADER_SIZE:]

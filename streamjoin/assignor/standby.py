@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from streamjoin.assignor.conflicts import NO_CLAIM, Claims
 from streamjoin.assignor.grouping import Group, Grouping
 from streamjoin.assignor.model import AssignorConfig, MemberState
+from streamjoin.errors import InternalError
 
 #: rank of a previous standby holder that reports no lag: after every reported lag
 _UNKNOWN_LAG = 1 << 62
@@ -288,7 +289,7 @@ def _pick_tagged(
             best = (tier, top)
             best_heap = heap
     if best is None or best_heap is None:
-        raise RuntimeError("no standby candidate although standbys < eligible members")
+        raise InternalError("no standby candidate although standbys < eligible members")
     heapq.heappop(best_heap)
     for heap, popped in aside:
         for entry in popped:

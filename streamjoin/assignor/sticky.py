@@ -34,6 +34,7 @@ from streamjoin.assignor.conflicts import NO_CLAIM, Claims
 from streamjoin.assignor.grouping import Group, Grouping
 from streamjoin.assignor.lag import CAUGHT_UP, HAS_STATE, Holder, state_holders, task_lag
 from streamjoin.assignor.model import AssignorConfig, MemberState
+from streamjoin.errors import InternalError
 
 UNASSIGNED = -1
 
@@ -331,7 +332,7 @@ class _Donation:
             if best is None or key < best:
                 best = key
         if best is None:
-            raise ValueError("a donor has no task to give")  # callers never pass an empty list
+            raise InternalError("a donor has no task to give")  # callers never pass an empty list
         return best[0], -best[3]
 
 

@@ -24,7 +24,12 @@ from datetime import timedelta
 from typing import Any, Literal, Protocol
 
 from streamjoin.context import EventContext, current_event
-from streamjoin.errors import ConfigurationError
+from streamjoin.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    InvalidJoinSpec,
+    TableAccessError,
+)
 from streamjoin.events import Event
 from streamjoin.joins.core import JoinInput, JoinOutput, JoinSpec, StreamStreamJoin
 from streamjoin.stream import Stream
@@ -101,7 +106,7 @@ class StreamStreamJoinDecl:
     async def handle(self, side: Literal["left", "right"], event: Event) -> None:
         context = current_event.get()
         if context is None:
-            raise ConfigurationError(f"join {self.name!r}: join sides run inside agents")
+            raise TableAccessError(f"join {self.name!r}: join sides run inside agents")
         record = context.record
         if record.key is None:
             log.warning("join %s: %s has no key; it cannot join", self.name, event.position)
@@ -180,7 +185,7 @@ def declare_join(
         join_name = name or fun.__name__
         if isinstance(left, Topic) and isinstance(right, Topic):
             if window is None:
-                raise ConfigurationError(f"join {join_name!r}: a stream-stream join needs window=")
+                raise InvalidJoinSpec(f"join {join_name!r}: a stream-stream join needs window=")
             _stream_stream(
                 app,
                 join_name,
@@ -198,7 +203,7 @@ def declare_join(
         elif isinstance(left, Table) and isinstance(right, Table):
             _table_table(app, join_name, left, right, how, out_topic, fun, on_error)
         else:
-            raise ConfigurationError(
+            raise ArgumentTypeError(
                 "app.join takes (topic, topic), (topic, table) or (table, table); "
                 f"got ({type(left).__name__}, {type(right).__name__})"
             )
@@ -244,7 +249,7 @@ def _stream_table(
     on_error: Literal["stop", "skip", "dead_letter"],
 ) -> None:
     if how == "outer":
-        raise ConfigurationError(f"join {name!r}: a stream-table join is inner or left, not outer")
+        raise InvalidJoinSpec(f"join {name!r}: a stream-table join is inner or left, not outer")
     app.attach_reader(table, stream)
 
     async def enrich(events: Stream) -> None:
@@ -272,7 +277,7 @@ def _table_table(
     left_source = app.table_sources.get(left.name)
     right_source = app.table_sources.get(right.name)
     if left_source is None or right_source is None:
-        raise ConfigurationError(
+        raise InvalidJoinSpec(
             f"join {name!r}: a table-table join needs tables read from topics "
             "(declare them with app.topic_table(topic))"
         )

@@ -25,6 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
+from streamjoin.errors import CorruptJoinState, InvalidJoinInput, InvalidJoinSpec, JoinError
 from streamjoin.joins.state import KeyValueView
 from streamjoin.state.keys import KEY_LENGTH_BYTES, MAX_UINT64, length_prefixed
 
@@ -74,22 +75,6 @@ _U64 = 8
 _PACK_U64 = struct.Struct(">Q").pack
 _UNPACK_U64 = struct.Struct(">Q").unpack
 _META_LAYOUT = struct.Struct(">BQQQ")
-
-
-class JoinError(ValueError):
-    """Base class of the join core's errors."""
-
-
-class InvalidJoinSpec(JoinError):
-    """A join definition that cannot work (negative window, unknown ``how``...)."""
-
-
-class InvalidJoinInput(JoinError):
-    """An input event the core cannot place (bad side, timestamp, seq or types)."""
-
-
-class CorruptJoinState(JoinError):
-    """The view holds join state this code cannot read (wrong format or a foreign store)."""
 
 
 def _check_int(name: str, value: int, low: int, high: int, error: type[JoinError]) -> None:

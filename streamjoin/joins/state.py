@@ -13,6 +13,8 @@ from typing import Protocol
 
 from sortedcontainers import SortedDict
 
+from streamjoin.errors import ArgumentTypeError, ScanInvalidated
+
 __all__ = ["KeyValueView", "MemoryKeyValueView", "ScanInvalidated"]
 
 
@@ -33,10 +35,6 @@ class KeyValueView(Protocol):
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Items with ``start <= key < end`` (``end`` None: unbounded), in key order."""
         ...
-
-
-class ScanInvalidated(RuntimeError):
-    """A :class:`MemoryKeyValueView` was written while one of its scans was being iterated."""
 
 
 class MemoryKeyValueView:
@@ -60,7 +58,7 @@ class MemoryKeyValueView:
 
     def put(self, key: bytes, value: bytes) -> None:
         if not isinstance(key, bytes) or not isinstance(value, bytes):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"keys and values are bytes, got {type(key).__name__}, {type(value).__name__}"
             )
         self._data[key] = value

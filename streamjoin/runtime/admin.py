@@ -14,27 +14,24 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
 
+from streamjoin.errors import ConfigurationError, CopartitioningError
+from streamjoin.errors import TopicAdminError as TopicAdminError
+
 _NO_ERROR = 0
 _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC_OR_PARTITION = 3
 
+#: The old name of :class:`~streamjoin.errors.CopartitioningError` here; kept importable.
+TopicPartitionCountMismatch = CopartitioningError
 
-class TopicAdminError(RuntimeError):
-    """A topic could not be created or verified."""
 
-
-class TopicPartitionCountMismatch(TopicAdminError):
+def _count_mismatch(topic: str, declared: int, actual: int) -> CopartitioningError:
     """An existing topic has a different partition count than declared."""
-
-    def __init__(self, topic: str, declared: int, actual: int) -> None:
-        super().__init__(
-            f"topic {topic!r} exists with {actual} partitions but is declared with {declared}. "
-            f"Co-partitioned joins need the declared count: recreate the topic, add partitions "
-            f"with kafka-topics --alter (keys will move), or declare partitions={actual}."
-        )
-        self.topic = topic
-        self.declared = declared
-        self.actual = actual
+    return CopartitioningError(
+        f"topic {topic!r} exists with {actual} partitions but is declared with {declared}. "
+        f"Co-partitioned joins need the declared count: recreate the topic, add partitions "
+        f"with kafka-topics --alter (keys will move), or declare partitions={actual}."
+    )
 
 
 @dataclass(frozen=True)
@@ -48,9 +45,11 @@ class TopicSpec:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ValueError("topic name must not be empty")
+            raise ConfigurationError("topic name must not be empty")
         if self.partitions < 1:
-            raise ValueError(f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}")
+            raise ConfigurationError(
+                f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}"
+            )
 
 
 async def describe_partition_counts(
@@ -91,7 +90,7 @@ async def ensure_topics(
         existing = await describe_partition_counts(admin, (s.name for s in specs))
         for spec in specs:
             if spec.name in existing and existing[spec.name] != spec.partitions:
-                raise TopicPartitionCountMismatch(spec.name, spec.partitions, existing[spec.name])
+                raise _count_mismatch(spec.name, spec.partitions, existing[spec.name])
         missing = [s for s in specs if s.name not in existing]
         if not missing:
             return []
@@ -121,7 +120,7 @@ async def ensure_topics(
         raced = await _wait_visible(admin, [s.name for s in missing], visible_timeout)
         for spec in missing:
             if spec.name in raced and raced[spec.name] != spec.partitions:
-                raise TopicPartitionCountMismatch(spec.name, spec.partitions, raced[spec.name])
+                raise _count_mismatch(spec.name, spec.partitions, raced[spec.name])
         return [s.name for s in missing]
     finally:
         await admin.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import RawRecord
 
 TopicPartition = tuple[str, int]
@@ -33,7 +34,7 @@ class TimestampAligner:
         self, groups: Iterable[Iterable[str]], max_idle_ms: int = 5_000, idle_ms: int = 0
     ) -> None:
         if max_idle_ms < 0 or idle_ms < 0:
-            raise ValueError(
+            raise ConfigurationError(
                 f"alignment waits must be >= 0 ms, got max_idle_ms={max_idle_ms}, "
                 f"idle_ms={idle_ms}"
             )

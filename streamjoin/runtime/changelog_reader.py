@@ -38,6 +38,9 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.offset import OffsetRequest
 
+from streamjoin.errors import ChangelogOffsetOutOfRange as ChangelogOffsetOutOfRange
+from streamjoin.errors import ChangelogReadError as ChangelogReadError
+from streamjoin.errors import ConfigurationError, LifecycleError
 from streamjoin.runtime.changelog_records import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
@@ -57,19 +60,6 @@ log = logging.getLogger("streamjoin.state.reader")
 
 _EARLIEST = -2
 _LATEST = -1
-
-
-class ChangelogReadError(RuntimeError):
-    """A changelog could not be read (an error that retrying will not fix)."""
-
-
-class ChangelogOffsetOutOfRange(ChangelogReadError):
-    """The broker no longer (or not yet) has the offsets asked for; plan the restore again."""
-
-    def __init__(self, offsets: Mapping[TopicPartition, int]) -> None:
-        listed = ", ".join(f"{tp.topic}[{tp.partition}]@{o}" for tp, o in sorted(offsets.items()))
-        super().__init__(f"changelog offsets out of range: {listed}")
-        self.offsets = dict(offsets)
 
 
 @dataclass
@@ -134,7 +124,7 @@ class ChangelogReader:
         check_crcs: bool = True,
     ) -> None:
         if isolation_level not in (READ_UNCOMMITTED, READ_COMMITTED):
-            raise ValueError(f"isolation_level must be 0 or 1, got {isolation_level}")
+            raise ConfigurationError(f"isolation_level must be 0 or 1, got {isolation_level}")
         self._bootstrap = bootstrap_servers
         self._client_options = dict(client_options or {})
         self._isolation_level = isolation_level
@@ -487,7 +477,7 @@ class ChangelogReader:
 
     def _require(self) -> AIOKafkaClient:
         if self._client is None:
-            raise RuntimeError("the changelog reader is not started")
+            raise LifecycleError("the changelog reader is not started")
         return self._client
 
 

@@ -30,15 +30,13 @@ from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
+from streamjoin.errors import CorruptRecordSet as CorruptRecordSet
+
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
 
 #: one changelog record: offset, key, value (None: a tombstone)
 Record = tuple[int, bytes | None, bytes | None]
-
-
-class CorruptRecordSet(ValueError):
-    """A fetched record batch failed its CRC check or could not be parsed."""
 
 
 class RecordBatch(Protocol):

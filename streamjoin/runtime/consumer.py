@@ -193,13 +193,17 @@ class KafkaConsumerService(Service):
         stale: list[TopicPartition] = []
         for topic, partition in self._aligner.waiting_on():
             tp = TopicPartition(topic, partition)
+            # highwater() and last_poll_timestamp() assert that the partition is assigned
+            if tp not in consumer.assignment():
+                fetched_all_at[(topic, partition)] = float("inf")  # not ours: never wait
+                continue
             try:
                 highwater = consumer.highwater(tp)
                 polled = consumer.last_poll_timestamp(tp)
                 delivered = self._delivered_to.get(tp)
                 if delivered is None:  # nothing handed out yet: aiokafka buffers nothing past it
                     delivered = await consumer.position(tp)
-            except (IllegalStateError, KafkaError, AssertionError):
+            except (IllegalStateError, KafkaError):
                 fetched_all_at[(topic, partition)] = float("inf")  # not ours: never wait
                 continue
             at_end = highwater is not None and delivered >= highwater

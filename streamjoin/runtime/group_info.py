@@ -9,6 +9,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocol
 from aiokafka.errors import for_code
 
 from streamjoin.assignor.protocol import UserdataError, decode_assignment, decode_subscription
+from streamjoin.errors import ConsumerGroupError
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ async def describe_group(
         await admin.close()
     group = responses[0].to_object()["groups"][0]
     if group["error_code"] != 0:
-        raise RuntimeError(
+        raise ConsumerGroupError(
             f"describing group {group_id!r}: {for_code(group['error_code']).__name__}"
         )
     members = []

@@ -15,11 +15,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from streamjoin.errors import OffsetTrackingError as OffsetTrackingError
+
 TopicPartition = tuple[str, int]
-
-
-class OffsetTrackingError(RuntimeError):
-    """An acknowledgement that does not match a registered record."""
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from mode import Service
 
+from streamjoin.errors import InternalError, LifecycleError, RecordTooLargeError
 from streamjoin.topics import Headers
 
 
@@ -48,7 +49,7 @@ class KafkaSender(Service):
 
     def _require(self) -> AIOKafkaProducer:
         if self._producer is None:
-            raise RuntimeError("the producer is not started")
+            raise LifecycleError("the producer is not started")
         return self._producer
 
     async def send(
@@ -87,7 +88,7 @@ class KafkaSender(Service):
                     batches.append((sent, count))
                     batch, count = producer.create_batch(), 0
                 if batch.append(key=key, value=value, timestamp=None) is None:
-                    raise ValueError(
+                    raise RecordTooLargeError(
                         f"a record for {topic}[{partition}] does not fit in a record batch "
                         f"(key {len(key)} bytes, value {len(value or b'')} bytes); raise the "
                         "producer's max_batch_size"
@@ -109,6 +110,6 @@ class KafkaSender(Service):
 async def _last_offset(batches: Sequence[tuple[asyncio.Future[Any], int]]) -> int:
     """Offset of the last record of the last batch, once every batch is acknowledged."""
     if not batches:
-        raise ValueError("nothing was sent")
+        raise InternalError("nothing was sent")
     metas = await asyncio.gather(*(future for future, _ in batches))
     return int(metas[-1].offset) + batches[-1][1] - 1

@@ -12,6 +12,8 @@ import asyncio
 from collections import deque
 from collections.abc import Iterable
 
+from streamjoin.errors import ConfigurationError
+
 
 class RecordQueue:
     """FIFO of queue items for one actor; ``maxsize`` 0 means unbounded."""
@@ -20,7 +22,7 @@ class RecordQueue:
 
     def __init__(self, maxsize: int = 0) -> None:
         if maxsize < 0:
-            raise ValueError(f"maxsize must be >= 0, got {maxsize}")
+            raise ConfigurationError(f"maxsize must be >= 0, got {maxsize}")
         self._items: deque[object] = deque()
         self._maxsize = maxsize
         self._not_empty = asyncio.Event()

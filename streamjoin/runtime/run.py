@@ -13,8 +13,7 @@ import signal
 import sys
 from typing import Protocol
 
-from streamjoin.errors import ConfigurationError
-from streamjoin.runtime.admin import TopicAdminError
+from streamjoin.errors import ConfigurationError, ProvisioningError
 
 log = logging.getLogger("streamjoin.worker")
 
@@ -60,7 +59,7 @@ async def serve(app: Runnable) -> int:
     try:
         try:
             await app.start()
-        except (ConfigurationError, TopicAdminError) as exc:
+        except (ConfigurationError, ProvisioningError) as exc:
             log.error("cannot start app %s: %s", app.id, exc)
             return EXIT_CONFIG
         print(f"worker for app {app.id!r} running; Ctrl-C to stop", file=sys.stderr, flush=True)

@@ -32,6 +32,7 @@ from mode import Service
 from sortedcontainers import SortedDict
 
 from streamjoin.context import Sender
+from streamjoin.errors import InternalError, LifecycleError
 from streamjoin.runtime.changelog_reader import (
     ChangelogChunk,
     ChangelogOffsetOutOfRange,
@@ -63,7 +64,7 @@ class TableStores:
 
     def path(self, table: str, partition: int) -> Path:
         if self.state_dir is None:
-            raise StoreError("in-memory stores have no path")
+            raise InternalError("in-memory stores have no path")
         return self.state_dir / "tables" / table / str(partition)
 
     def get(self, table: str, partition: int) -> StorePartition | None:
@@ -494,5 +495,5 @@ class StateService(Service):
 
     def _require(self) -> ChangelogReader:
         if self._reader is None:
-            raise RuntimeError("the state service is not started")
+            raise LifecycleError("the state service is not started")
         return self._reader

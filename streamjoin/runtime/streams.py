@@ -19,7 +19,7 @@ from typing import Any
 from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
 from streamjoin.context import Sender, current_event, current_record
-from streamjoin.errors import AgentFailed
+from streamjoin.errors import AgentFailed, InternalError
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.record_queue import RecordQueue
 from streamjoin.runtime.tasks import Task
@@ -351,4 +351,4 @@ def _unpack(item: object) -> tuple[Task, RawRecord]:
     """Queue items are ``(task, record)`` pairs (or the stop sentinel, handled by the caller)."""
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], RawRecord):
         return item[0], item[1]
-    raise AgentFailed(f"unexpected item in an agent queue: {item!r}")
+    raise InternalError(f"unexpected item in an agent queue: {item!r}")

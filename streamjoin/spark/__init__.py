@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from streamjoin.errors import CopartitioningError
 from streamjoin.spark._deps import INSTALL_HINT, SparkNotInstalled, require_pyspark
 
 if TYPE_CHECKING:
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
         BackfillResult,
         FileSink,
         KafkaSink,
-        PartitioningMismatch,
         backfill,
     )
     from streamjoin.spark.bootstrap import BootstrapResult, bootstrap
@@ -27,11 +27,11 @@ __all__ = [
     "INSTALL_HINT",
     "BackfillResult",
     "BootstrapResult",
+    "CopartitioningError",
     "FileSink",
     "FileSource",
     "KafkaSink",
     "KafkaSource",
-    "PartitioningMismatch",
     "SparkNotInstalled",
     "backfill",
     "bootstrap",
@@ -44,6 +44,7 @@ _LAZY = {
     "BackfillResult": "streamjoin.spark.backfill",
     "FileSink": "streamjoin.spark.backfill",
     "KafkaSink": "streamjoin.spark.backfill",
+    # the old name of CopartitioningError, kept importable
     "PartitioningMismatch": "streamjoin.spark.backfill",
     "backfill": "streamjoin.spark.backfill",
     "BootstrapResult": "streamjoin.spark.bootstrap",

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from streamjoin.errors import SparkNotInstalled as SparkNotInstalled
+
 INSTALL_HINT = "pip install streamjoin[spark]"
-
-
-class SparkNotInstalled(ImportError):
-    """PySpark is missing: the Spark jobs are an optional extra."""
 
 
 def require_pyspark() -> ModuleType:

@@ -24,6 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from streamjoin.codecs import Codec
+from streamjoin.errors import (
+    ConfigurationError,
+    CopartitioningError,
+    NotFoundError,
+    UnknownTopicError,
+    UnsupportedJoin,
+)
 from streamjoin.joins.core import (
     MAX_TIMESTAMP_MS,
     JoinInput,
@@ -42,22 +49,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackfillResult",
+    "CopartitioningError",
     "FileSink",
     "JoinRunner",
     "KafkaSink",
-    "PartitioningMismatch",
     "Sink",
     "backfill",
 ]
 
 #: ties at equal timestamps: left side first (a fixed, documented order)
 SIDE_RANK = {"left": 0, "right": 1}
-_MISMATCH_TAG = "streamjoin.spark.PartitioningMismatch"
+_MISMATCH_TAG = "streamjoin.CopartitioningError"
 
-
-class PartitioningMismatch(RuntimeError):
-    """A Kafka record is not in the partition murmur2 of its key says: the topic was not written
-    by a Kafka-compatible keyed partitioner, so the join would silently miss matches."""
+#: The old name of :class:`~streamjoin.errors.CopartitioningError` here; kept importable.
+PartitioningMismatch = CopartitioningError
 
 
 @dataclass(frozen=True)
@@ -197,11 +202,13 @@ def _find_join(app: App, name: str) -> StreamStreamJoinDecl:
     decl = app.joins.get(name)
     if decl is None:
         known = ", ".join(sorted(app.joins)) or "none"
-        raise LookupError(f"app {app.id!r} has no join named {name!r} (declared: {known})")
+        raise NotFoundError(f"app {app.id!r} has no join named {name!r} (declared: {known})")
     if not isinstance(decl, StreamStreamJoinDecl):
-        raise TypeError(f"join {name!r} is not a stream-stream join; backfill runs those only")
+        raise UnsupportedJoin(
+            f"join {name!r} is not a stream-stream join; backfill runs those only"
+        )
     if decl.left.name == decl.right.name:
-        raise ValueError(f"join {name!r} joins {decl.left.name!r} with itself; not supported")
+        raise UnsupportedJoin(f"join {name!r} joins {decl.left.name!r} with itself; not supported")
     return decl
 
 
@@ -216,24 +223,26 @@ def _join_partitions(
         counts = partition_counts(source.bootstrap_servers, topics, app.client_options)
         missing = [t for t in topics if t not in counts]
         if missing:
-            raise LookupError(f"topics {missing} do not exist on {source.bootstrap_servers}")
+            raise UnknownTopicError(f"topics {missing} do not exist on {source.bootstrap_servers}")
         actual = {counts[t] for t in topics}
         if len(actual) != 1:
-            raise ValueError(f"join {decl.name!r}: input partition counts differ: {counts}")
+            raise CopartitioningError(
+                f"join {decl.name!r}: input partition counts differ: {counts}"
+            )
         count = actual.pop()
         if declared and declared != {count}:
-            raise ValueError(
+            raise CopartitioningError(
                 f"join {decl.name!r}: the app declares {sorted(declared)} partitions but the "
                 f"topics have {count}"
             )
         if override is not None and override != count:
-            raise ValueError(f"partitions={override} but the input topics have {count}")
+            raise CopartitioningError(f"partitions={override} but the input topics have {count}")
         return count
     if override is not None:
         return override
     if len(declared) == 1:
         return declared.pop()
-    raise ValueError(
+    raise ConfigurationError(
         f"join {decl.name!r}: the app does not declare its partition count; pass partitions= "
         "(--partitions): records are placed by murmur2(key) mod that count"
     )
@@ -243,7 +252,7 @@ def _rethrow_mismatch(exc: BaseException) -> None:
     text = str(exc)
     if _MISMATCH_TAG in text:
         start = text.index(_MISMATCH_TAG) + len(_MISMATCH_TAG) + 2
-        raise PartitioningMismatch(text[start:].splitlines()[0]) from None
+        raise CopartitioningError(text[start:].splitlines()[0]) from None
 
 
 def backfill(
@@ -344,7 +353,7 @@ def backfill(
         def records() -> Iterator[tuple[str, bytes, bytes, int]]:
             for (kpart, ts, side, src_partition, offset), (key, value) in items:
                 if verify and src_partition != kpart:
-                    raise PartitioningMismatch(
+                    raise CopartitioningError(
                         f"{_MISMATCH_TAG}: record at partition {src_partition} offset {offset} "
                         f"has key {key[:40]!r}, which murmur2 places in partition {kpart} of "
                         f"{count}: the input topics were not written with Kafka's keyed "

@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from streamjoin.spark.backfill import _MISMATCH_TAG, PartitioningMismatch, _rethrow_mismatch
+from streamjoin.errors import (
+    ConfigurationError,
+    CopartitioningError,
+    NonEmptyChangelog,
+    NotFoundError,
+    UnknownTopicError,
+    UnsupportedTable,
+)
+from streamjoin.spark.backfill import _MISMATCH_TAG, _rethrow_mismatch
 from streamjoin.spark.progress import Counters, Progress, ProgressReporter
 from streamjoin.spark.sources import KafkaSource, Source, load_records
 
@@ -41,14 +49,6 @@ __all__ = ["BootstrapResult", "NonEmptyChangelog", "UnsupportedTable", "bootstra
 
 Mode = Literal["changelog", "rocksdb"]
 _CHUNK = 10_000
-
-
-class UnsupportedTable(ValueError):
-    """The table's state is not a function of one topic (not an ``app.topic_table``)."""
-
-
-class NonEmptyChangelog(RuntimeError):
-    """The table's changelog already has records; bootstrapping on top would be inconsistent."""
 
 
 @dataclass
@@ -104,11 +104,11 @@ def bootstrap(
     from streamjoin.spark.session import get_session
 
     if mode not in ("changelog", "rocksdb"):
-        raise ValueError(f"mode must be 'changelog' or 'rocksdb', got {mode!r}")
+        raise ConfigurationError(f"mode must be 'changelog' or 'rocksdb', got {mode!r}")
     table = app.tables.get(table_name)
     if table is None:
         known = ", ".join(sorted(app.tables)) or "none"
-        raise LookupError(f"app {app.id!r} has no table {table_name!r} (tables: {known})")
+        raise NotFoundError(f"app {app.id!r} has no table {table_name!r} (tables: {known})")
     topic = app.table_sources.get(table_name)
     if topic is None:
         raise UnsupportedTable(
@@ -127,9 +127,9 @@ def bootstrap(
     if kafka_source is not None:
         counts = partition_counts(kafka_source.bootstrap_servers, [topic.name], options)
         if topic.name not in counts:
-            raise LookupError(f"topic {topic.name!r} does not exist")
+            raise UnknownTopicError(f"topic {topic.name!r} does not exist")
         if count is not None and count != counts[topic.name]:
-            raise ValueError(
+            raise CopartitioningError(
                 f"{topic.name!r} has {counts[topic.name]} partitions, not the expected {count}"
             )
         count = counts[topic.name]
@@ -147,7 +147,9 @@ def bootstrap(
         elif not isinstance(kafka_source.ending_offsets, str):
             source_ends = dict(kafka_source.ending_offsets.get(topic.name, {}))
     if count is None:
-        raise ValueError(f"the partition count of {topic.name!r} is not declared; pass partitions=")
+        raise ConfigurationError(
+            f"the partition count of {topic.name!r} is not declared; pass partitions="
+        )
 
     # the changelog must exist with the same count, and be empty
     changelog = table.changelog
@@ -200,7 +202,7 @@ def bootstrap(
     def keyed_pair(r: Any) -> tuple[tuple[int, bytes], tuple[tuple[int, int, int], Any]]:
         kpart, key, offset, ts, ordinal, value, src = r
         if verify and src != kpart:
-            raise PartitioningMismatch(
+            raise CopartitioningError(
                 f"{_MISMATCH_TAG}: {changelog_name}: record at partition {src} offset {offset} "
                 f"has key {bytes(key)[:40]!r}, which murmur2 places in partition {kpart} of "
                 f"{nparts}: the topic was not written with Kafka's keyed partitioner"

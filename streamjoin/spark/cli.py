@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from streamjoin.spark._deps import SparkNotInstalled
+from streamjoin.errors import StreamjoinError
 from streamjoin.spark.sources import FileSource, KafkaSource, OffsetSpec, Source
 
 __all__ = ["backfill_command", "bootstrap_command"]
@@ -252,7 +252,7 @@ def backfill_command(
             spark_conf=_conf(conf),
             progress=_progress(quiet),
         )
-    except (SparkNotInstalled, LookupError, ValueError, FileExistsError, RuntimeError) as exc:
+    except (StreamjoinError, LookupError, ValueError, FileExistsError, RuntimeError) as exc:
         raise _fail(exc) from exc
     click.echo(
         f"backfill {result.join}: {result.records_read} records in {result.partitions} "
@@ -337,7 +337,7 @@ def bootstrap_command(
             spark_conf=_conf(conf),
             progress=_progress(quiet),
         )
-    except (SparkNotInstalled, LookupError, ValueError, FileExistsError, RuntimeError) as exc:
+    except (StreamjoinError, LookupError, ValueError, FileExistsError, RuntimeError) as exc:
         raise _fail(exc) from exc
     where = f", stores in {result.state_dir}" if result.state_dir else ""
     click.echo(

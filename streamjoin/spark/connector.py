@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from streamjoin.errors import ConnectorResolutionError as ConnectorResolutionError
 from streamjoin.testing.kafka import _file_lock, default_cache_dir, find_maven
 
 SCALA_BINARY = "2.13"
@@ -25,10 +26,6 @@ FALLBACK_CONNECTOR = "4.2.0"
 #: last published token provider (a dependency of every 4.x connector)
 TOKEN_PROVIDER = "4.0.0"
 _COMPLETE = ".complete"
-
-
-class ConnectorResolutionError(RuntimeError):
-    """The Kafka connector could not be resolved; the message says what Maven said."""
 
 
 def _pom(connector: str, token_provider: str | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamjoin.errors import ArgumentTypeError, ConfigurationError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.spark._deps import require_pyspark
 
@@ -34,9 +35,9 @@ def kafka_partition_udf(num_partitions: int) -> Any:
     from pyspark.sql.types import IntegerType
 
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
-        raise TypeError(f"num_partitions must be an int, got {num_partitions!r}")
+        raise ArgumentTypeError(f"num_partitions must be an int, got {num_partitions!r}")
     if num_partitions < 1:
-        raise ValueError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
+        raise ConfigurationError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
     count = num_partitions
 
     def partition(key: bytearray | None) -> int | None:

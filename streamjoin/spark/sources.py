@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from streamjoin.errors import ConfigurationError
+
 __all__ = ["FileSource", "KafkaSource", "Source", "load_records"]
 
 OffsetSpec = Literal["earliest", "latest"] | Mapping[str, Mapping[int, int]]
@@ -136,7 +138,7 @@ def _load_files(spark: Any, source: FileSource) -> Any:
     types = {f.name: f.dataType for f in raw.schema.fields}
     missing = {"topic", "key", "value", "timestamp"} - set(types)
     if missing:
-        raise ValueError(f"input files {paths} lack column(s) {sorted(missing)}")
+        raise ConfigurationError(f"input files {paths} lack column(s) {sorted(missing)}")
 
     def as_binary(name: str) -> Any:
         column = F.col(name)

@@ -11,8 +11,15 @@ data exists past the stored offset).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from streamjoin.errors import (
+    InvalidChangelogOffset,
+    StoreClosed,
+    StoreCorrupted,
+    StoreError,
+    StoreLocked,
+)
 
 __all__ = [
     "InvalidChangelogOffset",
@@ -24,44 +31,6 @@ __all__ = [
     "check_changelog_offset",
     "unordered_items",
 ]
-
-
-class StoreError(Exception):
-    """Base class of every local-state error."""
-
-
-class StoreCorrupted(StoreError):
-    """The store on disk cannot be trusted; the caller wipes it and rebuilds from the changelog."""
-
-    def __init__(self, path: Path | str, cause: str) -> None:
-        super().__init__(f"local store at {path} is corrupted: {cause}")
-        self.path = Path(path)
-        self.cause = cause
-
-
-class StoreLocked(StoreError):
-    """Another process (or another handle in this one) has the store open.
-
-    Kept apart from :class:`StoreCorrupted` on purpose: a locked store is in
-    use, and wiping it would destroy a live worker's state.
-    """
-
-    def __init__(self, path: Path | str, cause: str) -> None:
-        super().__init__(f"local store at {path} is in use by another handle: {cause}")
-        self.path = Path(path)
-        self.cause = cause
-
-
-class StoreClosed(StoreError):
-    """The store was used after :meth:`StorePartition.close`."""
-
-
-class InvalidChangelogOffset(StoreError):
-    """A write carried a changelog offset older than the one already stored.
-
-    Offsets only move forward for a given store (a rebuilt store starts from
-    None), so a step back means the caller is replaying or mixing partitions.
-    """
 
 
 @runtime_checkable

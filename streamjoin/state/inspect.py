@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamjoin.errors import NotFoundError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.state.base import StoreError
 from streamjoin.state.rocksdb import RocksDBStorePartition
@@ -87,7 +88,7 @@ def read_value(state_dir: Path, table: Table, key: Any) -> tuple[int, Any]:
     try:
         store = RocksDBStorePartition(path, table=table.name, partition=partition, read_only=True)
     except StoreError as exc:
-        raise LookupError(
+        raise NotFoundError(
             f"partition {partition} of table {table.name!r} has no readable local store "
             f"under {state_dir} ({exc}); is this the state dir of the worker that owns it?"
         ) from exc

@@ -8,6 +8,8 @@ that no two layers can pick colliding ones.
 
 from __future__ import annotations
 
+from streamjoin.errors import KeyEncodingError
+
 __all__ = [
     "FORMAT_VERSION",
     "KEY_LENGTH_BYTES",
@@ -51,10 +53,6 @@ KEY_LENGTH_BYTES = 4
 _MAX_KEY_LENGTH = (1 << (8 * KEY_LENGTH_BYTES)) - 1
 _UINT64_BYTES = 8
 MAX_UINT64 = (1 << 64) - 1
-
-
-class KeyEncodingError(ValueError):
-    """A value cannot be encoded into, or decoded from, a sortable key."""
 
 
 def encode_uint64(value: int) -> bytes:

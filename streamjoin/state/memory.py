@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Mapping
 
+from streamjoin.errors import ArgumentTypeError
 from streamjoin.state.base import StoreClosed, check_changelog_offset
 
 __all__ = ["MemoryStorePartition"]
@@ -62,9 +63,11 @@ class MemoryStorePartition:
         # Validate everything first so a bad entry applies nothing (as a RocksDB batch would).
         for key, value in writes.items():
             if not isinstance(key, bytes):
-                raise TypeError(f"store keys are bytes, got {type(key).__name__}")
+                raise ArgumentTypeError(f"store keys are bytes, got {type(key).__name__}")
             if value is not None and not isinstance(value, bytes):
-                raise TypeError(f"store values are bytes or None, got {type(value).__name__}")
+                raise ArgumentTypeError(
+                    f"store values are bytes or None, got {type(value).__name__}"
+                )
         data, order = self._data, self._sorted
         for key, value in writes.items():
             if value is None:

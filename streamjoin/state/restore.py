@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from streamjoin.errors import InvalidChangelogBounds
+
 
 class RestoreAction(Enum):
     UP_TO_DATE = "up-to-date"
@@ -37,7 +39,7 @@ def plan_restore(stored_offset: int | None, earliest: int, end: int) -> RestoreP
     """``stored_offset``: last applied changelog offset (None: empty store);
     ``earliest``/``end``: the changelog partition's log start and end (next offset)."""
     if end < earliest or earliest < 0:
-        raise ValueError(f"invalid changelog bounds: earliest={earliest}, end={end}")
+        raise InvalidChangelogBounds(f"invalid changelog bounds: earliest={earliest}, end={end}")
     if stored_offset is None:
         if end == earliest:
             return RestorePlan(RestoreAction.UP_TO_DATE, None, 0)

@@ -40,6 +40,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from streamjoin.errors import ArgumentTypeError, ConfigurationError
 from streamjoin.state.base import (
     StoreClosed,
     StoreCorrupted,
@@ -97,9 +98,11 @@ class RocksDBOptions:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"RocksDBOptions.{name} must be a positive int, got {value!r}")
+                raise ConfigurationError(
+                    f"RocksDBOptions.{name} must be a positive int, got {value!r}"
+                )
         if self.compression not in _COMPRESSION:
-            raise ValueError(
+            raise ConfigurationError(
                 f"RocksDBOptions.compression must be one of {sorted(_COMPRESSION)}, "
                 f"got {self.compression!r}"
             )
@@ -355,7 +358,9 @@ class RocksDBStorePartition:
                 else:
                     batch.put(key, value)
         except (KeyError, ValueError) as exc:  # rocksdict's raw-mode type errors
-            raise TypeError(f"store keys and values are bytes (None deletes): {exc}") from exc
+            raise ArgumentTypeError(
+                f"store keys and values are bytes (None deletes): {exc}"
+            ) from exc
         if changelog_offset is not None:
             batch.put(META_CHANGELOG_OFFSET, str(changelog_offset).encode(), self._meta_handle)
         if batch.is_empty():

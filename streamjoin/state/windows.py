@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from streamjoin.errors import ArgumentTypeError, WindowError
 from streamjoin.state.base import StorePartition
 from streamjoin.state.keys import (
     KEY_LENGTH_BYTES,
@@ -34,10 +35,6 @@ __all__ = [
     "WindowSpec",
     "WindowedStore",
 ]
-
-
-class WindowError(ValueError):
-    """Invalid window definition, timestamp or window start."""
 
 
 class WindowSpec(Protocol):
@@ -193,7 +190,7 @@ class WindowedStore:
         changelog_offset: int | None = None,
     ) -> None:
         if not isinstance(value, bytes):
-            raise TypeError(f"window values are bytes, got {type(value).__name__}")
+            raise ArgumentTypeError(f"window values are bytes, got {type(value).__name__}")
         self.store.write(self.writes_for(key, window_start_ms, value), changelog_offset)
 
     def put_many(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from streamjoin.errors import ConfigurationError, StreamjoinError
+from streamjoin.errors import ConfigurationError, InternalError, LifecycleError, UnknownTopicError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.alignment import TimestampAligner
@@ -120,7 +120,7 @@ class TestDriver:
             )
             last = future.result()
         if last is None:
-            raise ConfigurationError("send_many needs at least one record")
+            raise InternalError("send_many needs at least one record")
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         done.set_result(last.offset)
         return done
@@ -140,7 +140,7 @@ class TestDriver:
         """Produce one record to ``topic`` with its codecs, as a Kafka producer would."""
         declared = self.app.topics.get(topic)
         if declared is None:
-            raise ConfigurationError(f"topic {topic!r} is not declared by app {self.app.id!r}")
+            raise UnknownTopicError(f"topic {topic!r} is not declared by app {self.app.id!r}")
         future = await declared.send(
             key=key, value=value, headers=headers, partition=partition, timestamp_ms=timestamp_ms
         )
@@ -220,7 +220,7 @@ class TestDriver:
         stores = self.stores
         topology = self.topology
         if stores is None or topology is None:
-            raise StreamjoinError("the test driver is not started")
+            raise LifecycleError("the test driver is not started")
         for task in manager.assign(partitions):
             for name in task.group.tables:
                 store = stores.open(topology.tables[name], task.partition)
@@ -251,23 +251,17 @@ class TestDriver:
 
     def _require(self) -> AgentRuntime:
         if self.runtime is None:
-            raise StreamjoinError(
-                "the test driver is not started: use `async with TestDriver(app)`"
-            )
+            raise LifecycleError("the test driver is not started: use `async with TestDriver(app)`")
         return self.runtime
 
     def _require_processing(self) -> TaskProcessing:
         if self.processing is None:
-            raise StreamjoinError(
-                "the test driver is not started: use `async with TestDriver(app)`"
-            )
+            raise LifecycleError("the test driver is not started: use `async with TestDriver(app)`")
         return self.processing
 
     def _require_tasks(self) -> TaskManager:
         if self.tasks is None:
-            raise StreamjoinError(
-                "the test driver is not started: use `async with TestDriver(app)`"
-            )
+            raise LifecycleError("the test driver is not started: use `async with TestDriver(app)`")
         return self.tasks
 
     def _on_crash(self, exc: BaseException) -> None:

@@ -34,6 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from streamjoin.errors import BrokerExitedError as BrokerExitedError
+from streamjoin.errors import BrokerStartError as BrokerStartError
+from streamjoin.errors import JavaNotFoundError as JavaNotFoundError
+from streamjoin.errors import KafkaProvisioningError as KafkaProvisioningError
+from streamjoin.errors import KafkaResolutionError as KafkaResolutionError
+from streamjoin.errors import MavenNotFoundError as MavenNotFoundError
+
 #: Apache Kafka release the project tests against (KRaft only since 4.0).
 KAFKA_VERSION = "4.3.0"
 SCALA_VERSION = "2.13"
@@ -46,30 +53,6 @@ LOOPBACK = "127.0.0.1"
 _COMPLETE_MARKER = ".complete"
 
 Progress = Callable[[str], None]
-
-
-class KafkaProvisioningError(RuntimeError):
-    """The local broker could not be provisioned or started; the message says what to do."""
-
-
-class JavaNotFoundError(KafkaProvisioningError):
-    """No usable ``java`` (17+) on this machine."""
-
-
-class MavenNotFoundError(KafkaProvisioningError):
-    """No ``mvn`` to resolve the broker's jars with."""
-
-
-class KafkaResolutionError(KafkaProvisioningError):
-    """Resolving the broker's jars from Maven Central failed."""
-
-
-class BrokerStartError(KafkaProvisioningError):
-    """The broker process exited or did not answer metadata requests in time."""
-
-
-class BrokerExitedError(BrokerStartError):
-    """The broker process exited during startup (e.g. a port was taken meanwhile)."""
 
 
 def _quiet(_: str) -> None:

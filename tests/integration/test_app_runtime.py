@@ -64,9 +64,9 @@ async def test_existing_topic_with_wrong_partition_count_is_a_startup_error(
         async for _ in stream:
             pass
 
-    from streamjoin.runtime.admin import TopicPartitionCountMismatch
+    from streamjoin.errors import CopartitioningError
 
-    with pytest.raises(TopicPartitionCountMismatch, match="exists with 3 partitions"):
+    with pytest.raises(CopartitioningError, match="exists with 3 partitions"):
         await app.start()
     assert not app.running
 
@@ -74,7 +74,7 @@ async def test_existing_topic_with_wrong_partition_count_is_a_startup_error(
 async def test_copartitioned_topics_with_different_counts_fail_at_startup(
     kafka_bootstrap: str, unique_topic: Callable[..., str]
 ) -> None:
-    from streamjoin.app import CopartitioningError
+    from streamjoin.errors import CopartitioningError
 
     app = streamjoin.App(unique_topic("app"), broker=f"kafka://{kafka_bootstrap}")
     a = app.topic(unique_topic("a"), partitions=4)

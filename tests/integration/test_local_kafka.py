@@ -12,7 +12,8 @@ from collections.abc import Callable
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamjoin.runtime.admin import TopicPartitionCountMismatch, TopicSpec, ensure_topics
+from streamjoin.errors import CopartitioningError
+from streamjoin.runtime.admin import TopicSpec, ensure_topics
 from streamjoin.testing.kafka import LocalKafka, broker_answers_metadata
 
 
@@ -70,9 +71,7 @@ async def test_ensure_topics_is_idempotent_and_rejects_mismatched_counts(
     topic = unique_topic("clicks")
     assert await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 3)]) == [topic]
     assert await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 3)]) == []
-    with pytest.raises(
-        TopicPartitionCountMismatch, match=r"exists with 3 partitions.*declared with 6"
-    ):
+    with pytest.raises(CopartitioningError, match=r"exists with 3 partitions.*declared with 6"):
         await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 6)])
 
 

@@ -118,7 +118,8 @@ async def test_backfill_of_the_demo_join_produces_exactly_the_expected_joins(
 async def test_backfill_refuses_topics_not_partitioned_by_murmur2(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    from streamjoin.spark.backfill import FileSink, PartitioningMismatch, backfill
+    from streamjoin.errors import CopartitioningError
+    from streamjoin.spark.backfill import FileSink, backfill
     from streamjoin.spark.sources import KafkaSource
     from streamjoin.spark.testing import shared_test_session
 
@@ -131,7 +132,7 @@ async def test_backfill_refuses_topics_not_partitioned_by_murmur2(
     wrong = (partition_for_key(key.encode(), PARTITIONS) + 1) % PARTITIONS
     await produce(kafka_bootstrap, [(decl.left.name, key, b"{}", None, wrong)])
     spark = await asyncio.to_thread(shared_test_session)
-    with pytest.raises(PartitioningMismatch, match="murmur2 places in partition"):
+    with pytest.raises(CopartitioningError, match="murmur2 places in partition"):
         await asyncio.to_thread(
             backfill,
             app,

@@ -1,0 +1,115 @@
+"""The consumer's alignment release asks aiokafka only about partitions it is assigned."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+
+import streamjoin
+from streamjoin.events import RawRecord
+from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.stream import Stream
+
+
+class _Runtime:
+    topics = frozenset({"imp", "clk"})
+
+    def __init__(self) -> None:
+        self.dispatched: list[RawRecord] = []
+
+    async def dispatch_many(self, raws: list[RawRecord], task: Task) -> None:
+        self.dispatched.extend(raws)
+
+
+class _Sender:
+    async def flush(self) -> None:
+        pass
+
+
+def _tasks() -> TaskManager:
+    """The running task of imp[0] + clk[0], read together by one agent."""
+    app = streamjoin.App("align-consumer")
+    imp, clk = app.topic("imp", partitions=1), app.topic("clk", partitions=1)
+
+    @app.agent([imp, clk])
+    async def both(stream: Stream) -> None:
+        async for _ in stream:
+            pass
+
+    manager = TaskManager(app.topology())
+    manager.assign([("imp", 0), ("clk", 0)])
+    return manager
+
+
+class _Consumer:
+    """aiokafka's consumer as far as ``_release_aligned`` uses it, asserting like 0.14 does."""
+
+    def __init__(self, assigned: set[TopicPartition], end: int = 10) -> None:
+        self.assigned = assigned
+        self.end = end
+        self.asked: list[str] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def _check(self, tp: TopicPartition, what: str) -> None:
+        self.asked.append(what)
+        assert tp in self.assigned, "Partition is not assigned"
+
+    def highwater(self, tp: TopicPartition) -> int:
+        self._check(tp, "highwater")
+        return self.end
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> int:
+        self._check(tp, "last_poll_timestamp")
+        return 1_000
+
+    async def position(self, tp: TopicPartition) -> int:
+        self._check(tp, "position")
+        return self.end
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        for tp in tps:
+            self._check(tp, "end_offsets")
+        return {tp: self.end for tp in tps}
+
+
+def _service(runtime: _Runtime) -> KafkaConsumerService:
+    return KafkaConsumerService(
+        "127.0.0.1:9",
+        group_id="g",
+        client_id="c",
+        runtime=runtime,  # type: ignore[arg-type]
+        tasks=_tasks(),
+        sender=_Sender(),  # type: ignore[arg-type]
+        assignor=None,  # type: ignore[arg-type]
+        commit_interval=1.0,
+        group_instance_id=None,
+        client_options={},
+        consumer_options={},
+        aligned_groups=[("imp", "clk")],
+    )
+
+
+async def _release(assigned: set[TopicPartition]) -> tuple[_Runtime, _Consumer]:
+    runtime = _Runtime()
+    service = _service(runtime)
+    service._aligner.add([RawRecord("clk", 0, 0, 5, b"k", b"v")])
+    assert service._aligner.waiting_on() == [("imp", 0)]
+    consumer = _Consumer(assigned)
+    await service._release_aligned(consumer)  # type: ignore[arg-type]
+    return runtime, consumer
+
+
+async def test_a_partition_that_is_not_assigned_is_not_waited_for() -> None:
+    # aiokafka's highwater() would fail an assert here; it must not even be asked
+    runtime, consumer = await _release(assigned=set())
+    assert consumer.asked == []
+    assert [(r.topic, r.timestamp) for r in runtime.dispatched] == [("clk", 5)]
+
+
+async def test_an_assigned_partition_is_checked_with_the_broker() -> None:
+    runtime, consumer = await _release(assigned={TopicPartition("imp", 0)})
+    assert consumer.asked[:2] == ["highwater", "last_poll_timestamp"]
+    assert "end_offsets" in consumer.asked  # caught up per the high watermark: confirmed fresh
+    assert [(r.topic, r.timestamp) for r in runtime.dispatched] == [("clk", 5)]
