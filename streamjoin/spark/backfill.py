@@ -45,7 +45,9 @@ from streamjoin.spark.sources import KafkaSource, Source, load_records
 
 if TYPE_CHECKING:
     from streamjoin.app import App
+    from streamjoin.config import AppConfig
     from streamjoin.joins.api import StreamStreamJoinDecl
+    from streamjoin.topology import Topology
 
 __all__ = [
     "BackfillResult",
@@ -129,10 +131,14 @@ class JoinRunner:
 
     @classmethod
     def for_join(
-        cls, app: App, decl: StreamStreamJoinDecl, out_partitions: int, close: bool = False
+        cls,
+        config: AppConfig,
+        decl: StreamStreamJoinDecl,
+        out_partitions: int,
+        close: bool = False,
     ) -> JoinRunner:
         out_key = decl.output.key_codec if decl.output is not None else decl.left.key_codec
-        out_value = decl.output.value_codec if decl.output is not None else app.value_codec
+        out_value = decl.output.value_codec if decl.output is not None else config.value_codec
         return cls(
             decl.spec,
             decl.fun,
@@ -196,13 +202,15 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _find_join(app: App, name: str) -> StreamStreamJoinDecl:
+def _find_join(topology: Topology, name: str) -> StreamStreamJoinDecl:
     from streamjoin.joins.api import StreamStreamJoinDecl
 
-    decl = app.joins.get(name)
+    decl = topology.joins.get(name)
     if decl is None:
-        known = ", ".join(sorted(app.joins)) or "none"
-        raise NotFoundError(f"app {app.id!r} has no join named {name!r} (declared: {known})")
+        known = ", ".join(sorted(topology.joins)) or "none"
+        raise NotFoundError(
+            f"app {topology.app_id!r} has no join named {name!r} (declared: {known})"
+        )
     if not isinstance(decl, StreamStreamJoinDecl):
         raise UnsupportedJoin(
             f"join {name!r} is not a stream-stream join; backfill runs those only"
@@ -213,14 +221,14 @@ def _find_join(app: App, name: str) -> StreamStreamJoinDecl:
 
 
 def _join_partitions(
-    app: App, decl: StreamStreamJoinDecl, source: Source, override: int | None
+    config: AppConfig, decl: StreamStreamJoinDecl, source: Source, override: int | None
 ) -> int:
     from streamjoin.spark.kafka_io import partition_counts
 
     declared = {t.partitions for t in (decl.left, decl.right) if t.partitions is not None}
     if isinstance(source, KafkaSource):
         topics = [decl.left.name, decl.right.name]
-        counts = partition_counts(source.bootstrap_servers, topics, app.client_options)
+        counts = partition_counts(source.bootstrap_servers, topics, config.client_kwargs())
         missing = [t for t in topics if t not in counts]
         if missing:
             raise UnknownTopicError(f"topics {missing} do not exist on {source.bootstrap_servers}")
@@ -284,11 +292,12 @@ def backfill(
     from streamjoin.spark.partitioning import with_kafka_partition
     from streamjoin.spark.session import get_session
 
-    decl = _find_join(app, join_name)
-    count = _join_partitions(app, decl, source, partitions)
+    topology, config = app.topology(), app.config
+    decl = _find_join(topology, join_name)
+    count = _join_partitions(config, decl, source, partitions)
     if isinstance(source, KafkaSource) and source.ending_offsets == "latest":
         _, ends = offset_bounds(
-            source.bootstrap_servers, [decl.left.name, decl.right.name], app.client_options
+            source.bootstrap_servers, [decl.left.name, decl.right.name], config.client_kwargs()
         )
         source = KafkaSource(
             source.bootstrap_servers,
@@ -301,7 +310,7 @@ def backfill(
     if spark is None:
         spark = get_session(
             master,
-            app_name=f"streamjoin backfill {app.id}:{join_name}",
+            app_name=f"streamjoin backfill {config.id}:{join_name}",
             kafka=isinstance(source, KafkaSource),
             kafka_packages=kafka_packages,
             conf=spark_conf,
@@ -312,26 +321,26 @@ def backfill(
     sink_bootstrap: str | None = None
     if isinstance(output, KafkaSink):
         sink_bootstrap = output.bootstrap_servers or (
-            source.bootstrap_servers if isinstance(source, KafkaSource) else app.broker
+            source.bootstrap_servers if isinstance(source, KafkaSource) else config.broker
         )
-        existing = partition_counts(sink_bootstrap, [output.topic], app.client_options)
+        existing = partition_counts(sink_bootstrap, [output.topic], config.client_kwargs())
         if output.topic in existing:
             out_partitions = existing[output.topic]
         else:
             declared_out = decl.output.partitions if decl.output is not None else None
             out_partitions = declared_out if declared_out else count
-            ensure_topic(sink_bootstrap, output.topic, out_partitions, app.client_options)
+            ensure_topic(sink_bootstrap, output.topic, out_partitions, config.client_kwargs())
     else:
         out_partitions = (
             decl.output.partitions if decl.output is not None and decl.output.partitions else count
         )
-    runner = JoinRunner.for_join(app, decl, out_partitions, close_windows_at_end)
+    runner = JoinRunner.for_join(config, decl, out_partitions, close_windows_at_end)
     counters = Counters(sc)
     verify = isinstance(source, KafkaSource)
     left_name = decl.left.name
     file_json = isinstance(output, FileSink) and output.resolved_format() == "json"
     sink_topic = output.topic if isinstance(output, KafkaSink) else None
-    client_options = dict(app.client_options)
+    client_options = config.client_kwargs()
     out_label = decl.output.name if decl.output is not None else join_name
 
     df = load_records(spark, source, [decl.left.name, decl.right.name])
@@ -395,7 +404,7 @@ def backfill(
         counters.partitions.add(1)
 
     results = ordered.mapPartitionsWithIndex(task)
-    sc.setJobDescription(f"streamjoin backfill {app.id}:{join_name}")
+    sc.setJobDescription(f"streamjoin backfill {config.id}:{join_name}")
     reporter = ProgressReporter(
         f"backfill {join_name}", counters, count, progress, progress_interval
     )

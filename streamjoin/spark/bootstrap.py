@@ -105,11 +105,12 @@ def bootstrap(
 
     if mode not in ("changelog", "rocksdb"):
         raise ConfigurationError(f"mode must be 'changelog' or 'rocksdb', got {mode!r}")
-    table = app.tables.get(table_name)
+    topology, config = app.topology(), app.config
+    table = topology.tables.get(table_name)
     if table is None:
-        known = ", ".join(sorted(app.tables)) or "none"
-        raise NotFoundError(f"app {app.id!r} has no table {table_name!r} (tables: {known})")
-    topic = app.table_sources.get(table_name)
+        known = ", ".join(sorted(topology.tables)) or "none"
+        raise NotFoundError(f"app {config.id!r} has no table {table_name!r} (tables: {known})")
+    topic = topology.table_sources.get(table_name)
     if topic is None:
         raise UnsupportedTable(
             f"table {table_name!r} is not materialized from a topic; bootstrap supports tables "
@@ -117,9 +118,9 @@ def bootstrap(
         )
     kafka_source = source if isinstance(source, KafkaSource) else None
     broker = changelog_bootstrap or (
-        kafka_source.bootstrap_servers if kafka_source is not None else app.broker
+        kafka_source.bootstrap_servers if kafka_source is not None else config.broker
     )
-    options = dict(app.client_options)
+    options = config.client_kwargs()
 
     # partition count: the source topic's (Kafka), else declared, else given
     count = partitions or topic.partitions
@@ -175,7 +176,7 @@ def bootstrap(
         )
     stores_root: Path | None = None
     if mode == "rocksdb":
-        stores_root = Path(state_dir if state_dir is not None else app.state_dir).resolve()
+        stores_root = Path(state_dir if state_dir is not None else config.state_path).resolve()
         existing = stores_root / "tables" / table_name
         if existing.exists() and any(existing.iterdir()):
             raise FileExistsError(f"{existing} already holds stores; use an empty state dir")
@@ -183,7 +184,7 @@ def bootstrap(
     if spark is None:
         spark = get_session(
             master,
-            app_name=f"streamjoin bootstrap {app.id}:{table_name}",
+            app_name=f"streamjoin bootstrap {config.id}:{table_name}",
             kafka=kafka_source is not None,
             kafka_packages=kafka_packages,
             conf=spark_conf,
@@ -260,7 +261,7 @@ def bootstrap(
     reporter = ProgressReporter(
         f"bootstrap {table_name}", counters, count, progress, progress_interval
     )
-    sc.setJobDescription(f"streamjoin bootstrap {app.id}:{table_name} ({mode})")
+    sc.setJobDescription(f"streamjoin bootstrap {config.id}:{table_name} ({mode})")
     try:
         with reporter:
             written = reduced.mapPartitionsWithIndex(task).collect()
@@ -273,7 +274,7 @@ def bootstrap(
     committed: dict[int, int] = {}
     if commit_source_offsets and kafka_source is not None and source_ends:
         commit_group_offsets(
-            kafka_source.bootstrap_servers, app.id, {topic.name: source_ends}, options
+            kafka_source.bootstrap_servers, config.id, {topic.name: source_ends}, options
         )
         committed = dict(source_ends)
     return BootstrapResult(

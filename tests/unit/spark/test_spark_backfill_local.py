@@ -80,7 +80,7 @@ def test_join_runner_equals_the_core_and_awaits_async_functions() -> None:
     traffic = generate(120, seed=5)
     app = make_app(async_pair)
     decl = app.joins["j"]
-    runner = JoinRunner.for_join(app, decl, PARTITIONS)
+    runner = JoinRunner.for_join(app.config, decl, PARTITIONS)
     by_partition: dict[int, list[tuple[int, int, int, str, bytes, bytes]]] = {}
     for i, rec in enumerate(traffic.records):
         key = rec.key.encode()
