@@ -1,12 +1,14 @@
 """Windowed tables: per-key values in tumbling or hopping windows, purged after retention.
 
 Stored in an ordinary table partition (so they have a changelog, restore and
-standbys like any table) under three key spaces of the partition's byte view:
+standbys like any table) in the windowed layout join buffers use too
+(:mod:`streamjoin.state.window_layout`):
 
-* ``0x00 + window_key(key, start)`` -> value: one entry per key and window;
-* ``0x01 + start + length-prefixed key`` -> empty: an index by window start, so
-  expiry reads only windows that expired, never the whole partition;
-* ``0x02`` -> the partition's stream time (max event timestamp seen).
+* ``DATA + window_key(key, start)`` -> value: one entry per key and window;
+* ``INDEX + u64(start) + length-prefixed key`` -> empty: an index by window start,
+  so expiry reads only windows that expired, never the whole partition;
+* ``STREAM_TIME`` (``META + b"stream-time"``) -> the partition's stream time (max
+  event timestamp seen), a u64.
 
 A window ``[start, end)`` is kept while ``stream_time < end + retention``;
 expiry runs when the worker flushes, before the writes reach the changelog.
@@ -21,19 +23,12 @@ from typing import Any
 from sortedcontainers import SortedDict
 
 from streamjoin.runtime.streams import current_record
-from streamjoin.state.keys import (
-    encode_uint64,
-    length_prefixed,
-    split_window_key,
-    window_key,
-    window_key_prefix,
-)
+from streamjoin.state import window_layout as layout
+from streamjoin.state.keys import encode_uint64, length_prefixed, window_key
+from streamjoin.state.window_layout import DATA, INDEX
+from streamjoin.state.window_layout import STREAM_TIME_KEY as STREAM_TIME
 from streamjoin.state.windows import WindowSpec
 from streamjoin.tables import Table, TableAccessError, TableView
-
-DATA = b"\x00"
-INDEX = b"\x01"
-STREAM_TIME = b"\x02stream-time"
 
 
 @dataclass(eq=False)
@@ -106,13 +101,9 @@ class WindowedTable(Table):
         key_bytes = self._encode_key(key)
         partition = self._partition(key_bytes, writing=False)
         view = TableView(self, partition)
-        prefix = DATA + window_key_prefix(key_bytes)
         out = []
-        for data_key, raw in view.scan(
-            prefix + encode_uint64(max(from_ms, 0)), prefix + encode_uint64(to_ms + 1)
-        ):
-            _, start = split_window_key(data_key[1:])
-            out.append((start, self.value_codec.loads(raw)))
+        for data_key, raw in view.scan(*layout.data_range(key_bytes, max(from_ms, 0), to_ms)):
+            out.append((layout.split_data_key(data_key).time_ms, self.value_codec.loads(raw)))
         return out
 
     def local_items(self, partition: int | None = None) -> Iterator[tuple[Any, Any]]:
@@ -120,8 +111,8 @@ class WindowedTable(Table):
         partitions = sorted(self.ready) if partition is None else [partition]
         for p in partitions:
             # materialized: the caller may write to the table while iterating
-            for data_key, raw in list(TableView(self, p).scan(DATA, INDEX)):
-                key_bytes, start = split_window_key(data_key[1:])
+            for data_key, raw in list(TableView(self, p).scan(*layout.namespace_range(DATA))):
+                _, key_bytes, start, _ = layout.split_data_key(data_key)
                 yield (self.key_codec.loads(key_bytes), start), self.value_codec.loads(raw)
 
     def expire(self) -> int:
@@ -130,19 +121,22 @@ class WindowedTable(Table):
         removed = 0
         for p in sorted(self.ready):
             view = TableView(self, p)
-            raw_time = view.get(STREAM_TIME)
-            if raw_time is None:
+            try:
+                stream_time = _stream_time(view)
+            except layout.IncompatibleWindowState as exc:
+                raise layout.IncompatibleWindowState(
+                    f"windowed table {self.name!r} partition {p}: {exc}"
+                ) from None
+            if stream_time is None:
                 continue
-            stream_time = int(raw_time)
             # expired: start + size + retention <= stream_time
             cutoff = stream_time - spec.size_ms - spec.retention_ms
             if cutoff < 0:
                 continue
-            expired = list(view.scan(INDEX, INDEX + encode_uint64(cutoff + 1)))
+            expired = list(view.scan(*layout.index_range(cutoff + 1)))
             for index_key, _ in expired:
-                start = int.from_bytes(index_key[1:9], "big")
-                key_bytes = index_key[9 + 4 :]
-                view.delete(DATA + window_key(key_bytes, start))
+                start, prefixed_key = layout.split_index_key(index_key)
+                view.delete(layout.data_key(layout.strip_length_prefix(prefixed_key), start))
                 view.delete(index_key)
             removed += len(expired)
         return removed
@@ -152,7 +146,28 @@ class WindowedTable(Table):
         return super().take_pending()
 
 
+def _stream_time(view: TableView) -> int | None:
+    """The partition's stream time; None before its first event.
+
+    State written before the shared window layout (stream time as ASCII under
+    another key) is :class:`~streamjoin.state.window_layout.IncompatibleWindowState`:
+    its windows would be unreadable, so it is refused rather than misread.
+    """
+    raw = view.get(STREAM_TIME)
+    if raw is not None:
+        return layout.decode_meta_int(STREAM_TIME, raw)
+    legacy = view.get(layout.LEGACY_TABLE_STREAM_TIME_KEY)
+    if legacy is not None:
+        raise layout.IncompatibleWindowState(
+            f"found the stream time {legacy!r} of an earlier streamjoin version under "
+            f"{layout.LEGACY_TABLE_STREAM_TIME_KEY!r}: windowed tables written by earlier "
+            "versions must be reset (stop the app, delete the state directory and the "
+            "table's changelog topic)"
+        )
+    return None
+
+
 def _advance_stream_time(view: TableView, timestamp_ms: int) -> None:
-    current = view.get(STREAM_TIME)
-    if current is None or int(current) < timestamp_ms:
-        view.put(STREAM_TIME, str(timestamp_ms).encode())
+    current = _stream_time(view)
+    if current is None or current < timestamp_ms:
+        view.put(STREAM_TIME, layout.encode_meta_int(timestamp_ms))
