@@ -56,6 +56,7 @@ __all__ = [
     "CorruptRecordSet",
     "DecodeError",
     "EncodeError",
+    "IncompatibleWindowState",
     "InternalError",
     "InvalidAssignmentError",
     "InvalidChangelogBounds",
@@ -99,6 +100,7 @@ __all__ = [
     "Violation",
     "ViolationCode",
     "WindowError",
+    "WindowLayoutError",
 ]
 
 
@@ -210,6 +212,18 @@ class InvalidChangelogOffset(StoreError):
 
 class KeyEncodingError(StateError, ValueError):
     """A value cannot be encoded into, or decoded from, a sortable store key."""
+
+
+class WindowLayoutError(KeyEncodingError):
+    """A key or metadata value that does not fit the windowed store layout."""
+
+
+class IncompatibleWindowState(WindowLayoutError):
+    """Windowed state written in another layout (by an earlier streamjoin version).
+
+    Such state cannot be read: the table must be reset (its state directory and
+    its changelog topic deleted) and rebuilt from its input.
+    """
 
 
 class WindowError(StateError, ValueError):

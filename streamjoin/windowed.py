@@ -1,12 +1,14 @@
 """Windowed tables: per-key values in tumbling or hopping windows, purged after retention.
 
 Stored in an ordinary table partition (so they have a changelog, restore and
-standbys like any table) under three key spaces of the partition's byte view:
+standbys like any table) in the windowed layout join buffers use too
+(:mod:`streamjoin.state.window_layout`):
 
-* ``0x00 + window_key(key, start)`` -> value: one entry per key and window;
-* ``0x01 + start + length-prefixed key`` -> empty: an index by window start, so
-  expiry reads only windows that expired, never the whole partition;
-* ``0x02`` -> the partition's stream time (max event timestamp seen).
+* ``DATA + window_key(key, start)`` -> value: one entry per key and window;
+* ``INDEX + u64(start) + length-prefixed key`` -> empty: an index by window start,
+  so expiry reads only windows that expired, never the whole partition;
+* ``STREAM_TIME`` (``META + b"stream-time"``) -> the partition's stream time (max
+  event timestamp seen), a u64.
 
 A window ``[start, end)`` is kept while ``stream_time < end + retention``;
 expiry runs when the worker flushes, before the writes reach the changelog.
@@ -19,20 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamjoin.context import current_record
-from streamjoin.state.keys import (
-    encode_uint64,
-    length_prefixed,
-    split_window_key,
-    window_key,
-    window_key_prefix,
-)
+from streamjoin.state import window_layout as layout
+from streamjoin.state.keys import encode_uint64, length_prefixed, window_key
 from streamjoin.state.table_partition import TablePartition
+from streamjoin.state.window_layout import DATA, INDEX
+from streamjoin.state.window_layout import STREAM_TIME_KEY as STREAM_TIME
 from streamjoin.state.windows import WindowSpec
 from streamjoin.tables import Table, TableAccessError
-
-DATA = b"\x00"
-INDEX = b"\x01"
-STREAM_TIME = b"\x02stream-time"
 
 
 @dataclass(eq=False)
@@ -102,13 +97,9 @@ class WindowedTable(Table):
         """(window start, value) of ``key`` for windows starting in [from_ms, to_ms]."""
         key_bytes = self._encode_key(key)
         view = self._state(key_bytes, writing=False)
-        prefix = DATA + window_key_prefix(key_bytes)
         out = []
-        for data_key, raw in view.scan(
-            prefix + encode_uint64(max(from_ms, 0)), prefix + encode_uint64(to_ms + 1)
-        ):
-            _, start = split_window_key(data_key[1:])
-            out.append((start, self.value_codec.loads(raw)))
+        for data_key, raw in view.scan(*layout.data_range(key_bytes, max(from_ms, 0), to_ms)):
+            out.append((layout.split_data_key(data_key).time_ms, self.value_codec.loads(raw)))
         return out
 
     def local_items(self, partition: int | None = None) -> Iterator[tuple[Any, Any]]:
@@ -116,8 +107,8 @@ class WindowedTable(Table):
         partitions = self.active_partitions() if partition is None else [partition]
         for p in partitions:
             # materialized: the caller may write to the table while iterating
-            for data_key, raw in list(self.active_partition(p).scan(DATA, INDEX)):
-                key_bytes, start = split_window_key(data_key[1:])
+            for data_key, raw in list(self.active_partition(p).scan(*layout.namespace_range(DATA))):
+                _, key_bytes, start, _ = layout.split_data_key(data_key)
                 yield (self.key_codec.loads(key_bytes), start), self.value_codec.loads(raw)
 
     def expire(self) -> int:
@@ -132,24 +123,48 @@ class WindowedTable(Table):
     def expire_partition(self, view: TablePartition) -> int:
         """Delete the partition's windows past retention; returns how many."""
         spec = self._spec()
-        raw_time = view.get(STREAM_TIME)
-        if raw_time is None:
+        try:
+            stream_time = _stream_time(view)
+        except layout.IncompatibleWindowState as exc:
+            raise layout.IncompatibleWindowState(
+                f"windowed table {self.name!r} partition {view.partition}: {exc}"
+            ) from None
+        if stream_time is None:
             return 0
-        stream_time = int(raw_time)
         # expired: start + size + retention <= stream_time
         cutoff = stream_time - spec.size_ms - spec.retention_ms
         if cutoff < 0:
             return 0
-        expired = list(view.scan(INDEX, INDEX + encode_uint64(cutoff + 1)))
+        expired = list(view.scan(*layout.index_range(cutoff + 1)))
         for index_key, _ in expired:
-            start = int.from_bytes(index_key[1:9], "big")
-            key_bytes = index_key[9 + 4 :]
-            view.delete(DATA + window_key(key_bytes, start))
+            start, prefixed_key = layout.split_index_key(index_key)
+            view.delete(layout.data_key(layout.strip_length_prefix(prefixed_key), start))
             view.delete(index_key)
         return len(expired)
 
 
+def _stream_time(view: TablePartition) -> int | None:
+    """The partition's stream time; None before its first event.
+
+    State written before the shared window layout (stream time as ASCII under
+    another key) is :class:`~streamjoin.state.window_layout.IncompatibleWindowState`:
+    its windows would be unreadable, so it is refused rather than misread.
+    """
+    raw = view.get(STREAM_TIME)
+    if raw is not None:
+        return layout.decode_meta_int(STREAM_TIME, raw)
+    legacy = view.get(layout.LEGACY_TABLE_STREAM_TIME_KEY)
+    if legacy is not None:
+        raise layout.IncompatibleWindowState(
+            f"found the stream time {legacy!r} of an earlier streamjoin version under "
+            f"{layout.LEGACY_TABLE_STREAM_TIME_KEY!r}: windowed tables written by earlier "
+            "versions must be reset (stop the app, delete the state directory and the "
+            "table's changelog topic)"
+        )
+    return None
+
+
 def _advance_stream_time(view: TablePartition, timestamp_ms: int) -> None:
-    current = view.get(STREAM_TIME)
-    if current is None or int(current) < timestamp_ms:
-        view.put(STREAM_TIME, str(timestamp_ms).encode())
+    current = _stream_time(view)
+    if current is None or current < timestamp_ms:
+        view.put(STREAM_TIME, layout.encode_meta_int(timestamp_ms))

@@ -6,17 +6,27 @@ decision (buffering, matching, window close, emission order, late data) is
 made here, so both produce the same results. ``docs/joins.md`` states the
 semantics; this module implements them.
 
-Stream-stream state layout, one join partition per view (all integers 8-byte
-big-endian, so byte order is numeric order; ``side`` is ``b"L"`` or ``b"R"``):
+Stream-stream state layout, one join partition per view: the windowed layout
+of :mod:`streamjoin.state.window_layout`, which windowed tables use too (all
+integers 8-byte big-endian, so byte order is numeric order; ``side`` is ``b"L"``
+or ``b"R"``):
 
-- ``META_KEY`` -> format version, stream time, buffered count, expiry hint;
-- ``BUFFER_PREFIX + side + window_key(key, ts) + seq`` -> the event's value: a
-  key's buffered events on one side, in (timestamp, seq) order, so finding
-  the matches of an event is one range scan;
-- ``EXPIRY_PREFIX + ts + side + seq + length_prefixed(key)`` -> matched flag:
-  every buffered event in (timestamp, side, seq) order, so closing windows
-  reads only what closed, already in emission order. The flag lives here,
-  not beside the value, so marking an event matched rewrites one byte.
+- ``META_KEY`` (``JOIN_STATE_KEY``: ``META + b"join-state"``) -> format version,
+  stream time, buffered count, expiry hint;
+- ``BUFFER_PREFIX + side + window_key(key, ts) + seq`` (``DATA``, sub-space
+  ``side``, suffix ``seq``) -> the event's value: a key's buffered events on one
+  side, in (timestamp, seq) order, so finding the matches of an event is one
+  range scan;
+- ``EXPIRY_PREFIX + ts + side + seq + length_prefixed(key)`` (``INDEX``, entry id
+  ``side + seq + length_prefixed(key)``) -> matched flag: every buffered event in
+  (timestamp, side, seq) order, so closing windows reads only what closed,
+  already in emission order. The flag lives here, not beside the value, so
+  marking an event matched rewrites one byte.
+
+The per-event paths build these keys from the layout's constants with their own
+``struct`` packing (the layout's functions check every argument; the core checks
+its inputs once, in :class:`JoinInput`); ``tests/unit/state/test_window_layout.py``
+checks that both build the same bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import Literal
 from streamjoin.errors import CorruptJoinState, InvalidJoinInput, InvalidJoinSpec, JoinError
 from streamjoin.joins.state import KeyValueView
 from streamjoin.state.keys import KEY_LENGTH_BYTES, MAX_UINT64, length_prefixed
+from streamjoin.state.window_layout import DATA, INDEX, JOIN_STATE_KEY, namespace_range
 
 __all__ = [
     "BUFFER_PREFIX",
@@ -56,10 +67,10 @@ Side = Literal["left", "right"]
 MAX_TIMESTAMP_MS = (1 << 63) - 1
 _MAX_DURATION_MS = 1 << 62
 
-META_KEY = b"\x00join-state"
-EXPIRY_PREFIX = b"\x01"
-BUFFER_PREFIX = b"\x02"
-_EXPIRY_END = BUFFER_PREFIX  # the expiry index is everything in [EXPIRY_PREFIX, BUFFER_PREFIX)
+META_KEY = JOIN_STATE_KEY
+EXPIRY_PREFIX = INDEX
+BUFFER_PREFIX = DATA
+_EXPIRY_END = namespace_range(INDEX)[1]  # the expiry index is all of [EXPIRY_PREFIX, _EXPIRY_END)
 
 _META_VERSION = 1
 _NO_EXPIRY = MAX_UINT64

@@ -163,14 +163,15 @@ class TaskProcessing:
         self.tasks.close(tasks)
         return tasks
 
-    async def stop(self) -> None:
+    async def stop(self, *, commit: bool = True) -> None:
         """Ordered stop: suspend every task, let in-flight events finish, stop the agents,
-        flush sends, commit, close."""
+        flush sends, commit (unless ``commit`` is False), close."""
         tasks = self.tasks.live()
         self.tasks.suspend(tasks)
         if not await self.runtime.wait_idle(tasks, self.revoke_timeout):
             log.warning("agents still busy %.0fs after stop was requested", self.revoke_timeout)
         await self.runtime.stop()
         await self._flush_sends()
-        await self.commit(tasks)
+        if commit:
+            await self.commit(tasks)
         self.tasks.close(tasks)

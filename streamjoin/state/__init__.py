@@ -21,7 +21,6 @@ from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.windows import (
     HoppingWindows,
     TumblingWindows,
-    WindowedStore,
     WindowError,
     WindowSpec,
 )
@@ -44,7 +43,6 @@ __all__ = [
     "TumblingWindows",
     "WindowError",
     "WindowSpec",
-    "WindowedStore",
     "prefix_range",
     "split_window_key",
     "window_key",

@@ -1,8 +1,10 @@
 """Sortable binary keys for local state, and every reserved name of the on-disk layout (pure).
 
 Stores order keys by unsigned byte comparison, so everything encoded here is
-big-endian and fixed-width where order matters. Reserved names (metadata
-column family and keys, windowed-store namespaces) live in this one module so
+big-endian and fixed-width where order matters. The store's reserved names
+(metadata column family and keys) live in this module; the namespaces and
+metadata names *inside* a windowed store partition (windowed tables and join
+buffers) live in :mod:`streamjoin.state.window_layout`, and nowhere else, so
 that no two layers can pick colliding ones.
 """
 
@@ -19,8 +21,6 @@ __all__ = [
     "META_FORMAT_VERSION",
     "META_PARTITION",
     "META_TABLE",
-    "WINDOW_DATA_PREFIX",
-    "WINDOW_EXPIRY_PREFIX",
     "KeyEncodingError",
     "decode_uint64",
     "encode_uint64",
@@ -33,7 +33,10 @@ __all__ = [
 
 # ------------------------------------------------------------------ reserved names
 
-#: on-disk layout version written into every RocksDB store; bump on incompatible changes
+#: on-disk layout version written into every RocksDB store; bump on incompatible changes.
+#: A store with another version is wiped at open and rebuilt from its changelog, so this
+#: versions what a changelog replay rebuilds (the store and its metadata), not the keys
+#: tables write: those come back from the changelog as they were written.
 FORMAT_VERSION = 1
 #: RocksDB column family holding store metadata, out of the user key space entirely
 METADATA_COLUMN_FAMILY = "streamjoin-metadata"
@@ -41,11 +44,6 @@ META_FORMAT_VERSION = b"format-version"
 META_TABLE = b"table"
 META_PARTITION = b"partition"
 META_CHANGELOG_OFFSET = b"changelog-offset"
-
-#: windowed stores keep two namespaces in one store partition: the windows
-#: themselves, and an index ordered by window start so expiry reads only what expired
-WINDOW_EXPIRY_PREFIX = b"\x00"
-WINDOW_DATA_PREFIX = b"\x01"
 
 # ------------------------------------------------------------------ encodings
 

@@ -307,7 +307,8 @@ class TestDriver:
         tb: TracebackType | None,
     ) -> None:
         if self.processing is not None:
-            await self.processing.stop()
+            # after a failure the state may be what failed: stop without a final commit
+            await self.processing.stop(commit=self.failure is None)
         if self.stores is not None:
             self.stores.close_all()
         self.app.runtime_link.disconnect()

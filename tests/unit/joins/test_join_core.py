@@ -397,6 +397,8 @@ def test_malformed_expiry_entries_are_refused() -> None:
 
 def test_state_layout_is_pinned() -> None:
     """The bytes a worker's changelog holds: changing them needs a format version bump."""
+    # the shared windowed layout's namespaces (streamjoin.state.window_layout)
+    assert (META_KEY, EXPIRY_PREFIX, BUFFER_PREFIX) == (b"\x00join-state", b"\x01", b"\x02")
     h = Harness(how="left")
     h.left(1000, "v", key=b"key")
     h.right(1005, "w", key=b"key")

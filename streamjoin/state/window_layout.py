@@ -1,0 +1,229 @@
+"""The one key layout of windowed state, shared by windowed tables and join buffers (pure).
+
+A store partition holding windowed state is split into three namespaces by the
+first byte of every key, so they never interleave (all integers are ``u64``:
+8-byte big-endian, so byte order is numeric order):
+
+- :data:`META` (``0x00``) ``+ name`` -> per-partition metadata (stream time...).
+  Names are reserved here; integers are stored as ``u64``, never as text.
+- :data:`INDEX` (``0x01``) ``+ u64(time) + entry id`` -> what expiry scans: one
+  entry per data entry, in time order, so expiring reads only what expired.
+  The entry id is whatever finds the data entry again (and keeps equal times apart).
+- :data:`DATA` (``0x02``) ``+ [space] + window_key(key, time) + [suffix]`` -> the
+  windows or events themselves. ``space`` is an optional fixed-width sub-space
+  and ``suffix`` an optional fixed-width tail: every entry of one key in one
+  space is contiguous and in time order, so a key's windows are one range scan.
+
+Its two users (``lp`` is :func:`~streamjoin.state.keys.length_prefixed`, ``side``
+is ``b"L"`` or ``b"R"``):
+
+- windowed tables (:mod:`streamjoin.windowed`): :data:`STREAM_TIME_KEY` -> u64
+  stream time; ``INDEX + u64(start) + lp(key)`` -> ``b""``;
+  ``DATA + window_key(key, start)`` -> value;
+- join buffers (:mod:`streamjoin.joins.core`): :data:`JOIN_STATE_KEY` -> join
+  metadata; ``INDEX + u64(ts) + side + u64(seq) + lp(key)`` -> matched flag;
+  ``DATA + side + window_key(key, ts) + u64(seq)`` -> event value.
+
+This module is the only place that defines these namespace bytes and
+metadata names; :mod:`streamjoin.state.keys` holds the store's other reserved
+names and the encodings used here.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from streamjoin.errors import IncompatibleWindowState, WindowLayoutError
+from streamjoin.state.keys import (
+    KEY_LENGTH_BYTES,
+    MAX_UINT64,
+    KeyEncodingError,
+    decode_uint64,
+    encode_uint64,
+    length_prefixed,
+    prefix_range,
+    split_window_key,
+)
+
+__all__ = [
+    "DATA",
+    "INDEX",
+    "JOIN_STATE_KEY",
+    "LEGACY_TABLE_STREAM_TIME_KEY",
+    "META",
+    "NAMESPACES",
+    "STREAM_TIME_KEY",
+    "DataEntry",
+    "IncompatibleWindowState",
+    "WindowLayoutError",
+    "data_key",
+    "data_key_prefix",
+    "data_range",
+    "decode_meta_int",
+    "encode_meta_int",
+    "index_key",
+    "index_range",
+    "meta_key",
+    "namespace_range",
+    "split_data_key",
+    "split_index_key",
+    "strip_length_prefix",
+]
+
+# ------------------------------------------------------------------ reserved names
+
+#: per-partition metadata: ``META + name``
+META = b"\x00"
+#: the time-ordered index expiry scans: ``INDEX + u64(time) + entry id``
+INDEX = b"\x01"
+#: windows and events: ``DATA + [space] + window_key(key, time) + [suffix]``
+DATA = b"\x02"
+NAMESPACES = (META, INDEX, DATA)
+
+_U64 = 8
+
+
+def meta_key(name: bytes) -> bytes:
+    """``META + name``: one per-partition metadata entry."""
+    if not isinstance(name, bytes) or not name:
+        raise WindowLayoutError(f"metadata names are non-empty bytes, got {name!r}")
+    return META + name
+
+
+#: windowed tables: the partition's stream time (largest event timestamp seen), a u64
+STREAM_TIME_KEY = meta_key(b"stream-time")
+#: join buffers: format version, stream time, buffered count, expiry hint
+#: (encoded by :mod:`streamjoin.joins.core`)
+JOIN_STATE_KEY = meta_key(b"join-state")
+#: where windowed tables kept their stream time (as ASCII digits) before this layout.
+#: No key of this layout has that shape (as a DATA key it would claim a key of ~1.9 GB),
+#: so finding it means the partition was written by an earlier version.
+LEGACY_TABLE_STREAM_TIME_KEY = DATA + b"stream-time"
+
+
+def namespace_range(namespace: bytes) -> tuple[bytes, bytes]:
+    """``(start, end)`` covering exactly the keys of one namespace."""
+    if namespace not in NAMESPACES:
+        raise WindowLayoutError(f"unknown namespace {namespace!r}")
+    return namespace, bytes([namespace[0] + 1])
+
+
+# ------------------------------------------------------------------ META
+
+
+def encode_meta_int(value: int) -> bytes:
+    """A metadata integer: u64."""
+    return encode_uint64(value)
+
+
+def decode_meta_int(key: bytes, raw: bytes) -> int:
+    """Inverse of :func:`encode_meta_int`; ``key`` names the entry in the error.
+
+    Anything but 8 bytes (the ASCII digits earlier versions wrote, say) is
+    :class:`IncompatibleWindowState`, never a wrong number.
+    """
+    if len(raw) != _U64:
+        raise IncompatibleWindowState(
+            f"metadata {key!r} holds {raw!r}, not an 8-byte big-endian integer: this state "
+            "was written in another layout (windowed tables written by streamjoin versions "
+            "before the shared window layout must be reset: delete the state directory "
+            "and the table's changelog topic)"
+        )
+    return int.from_bytes(raw, "big")
+
+
+# ------------------------------------------------------------------ INDEX
+
+
+def index_key(time_ms: int, entry_id: bytes) -> bytes:
+    """``INDEX + u64(time) + entry_id``."""
+    return INDEX + encode_uint64(time_ms) + entry_id
+
+
+def split_index_key(entry: bytes) -> tuple[int, bytes]:
+    """Inverse of :func:`index_key`: ``(time, entry_id)``."""
+    if len(entry) < len(INDEX) + _U64 or not entry.startswith(INDEX):
+        raise WindowLayoutError(f"malformed index entry {entry!r}")
+    head = len(INDEX)
+    return decode_uint64(entry[head : head + _U64]), entry[head + _U64 :]
+
+
+def index_range(before_ms: int, from_ms: int = 0) -> tuple[bytes, bytes]:
+    """``(start, end)`` covering the index entries with ``from_ms <= time < before_ms``.
+
+    Empty (``start == end``) when ``before_ms <= from_ms``; ``before_ms`` may be
+    ``2**64`` (everything from ``from_ms`` on).
+    """
+    start = INDEX + encode_uint64(from_ms)
+    if before_ms <= from_ms:
+        return start, start
+    if before_ms > MAX_UINT64:
+        return start, namespace_range(INDEX)[1]
+    return start, INDEX + encode_uint64(before_ms)
+
+
+# ------------------------------------------------------------------ DATA
+
+
+class DataEntry(NamedTuple):
+    """The parts of a data key (see :func:`data_key`)."""
+
+    space: bytes
+    key: bytes
+    time_ms: int
+    suffix: bytes
+
+
+def data_key_prefix(key: bytes, space: bytes = b"") -> bytes:
+    """``DATA + space + length_prefixed(key)``: common to every entry of ``key`` in ``space``."""
+    return DATA + space + length_prefixed(key)
+
+
+def data_key(key: bytes, time_ms: int, space: bytes = b"", suffix: bytes = b"") -> bytes:
+    """``DATA + space + window_key(key, time) + suffix``.
+
+    ``space`` and ``suffix`` must have the same width for every entry of a
+    store (the split needs it; order needs it too).
+    """
+    return data_key_prefix(key, space) + encode_uint64(time_ms) + suffix
+
+
+def split_data_key(entry: bytes, space_length: int = 0, suffix_length: int = 0) -> DataEntry:
+    """Inverse of :func:`data_key`, given the widths of ``space`` and ``suffix``."""
+    head = len(DATA) + space_length
+    if not entry.startswith(DATA) or len(entry) < head + suffix_length:
+        raise WindowLayoutError(f"malformed data entry {entry!r}")
+    body_end = len(entry) - suffix_length
+    try:
+        key, time_ms = split_window_key(entry[head:body_end])
+    except KeyEncodingError as exc:
+        raise WindowLayoutError(f"malformed data entry {entry!r}: {exc}") from None
+    return DataEntry(entry[len(DATA) : head], key, time_ms, entry[body_end:])
+
+
+def data_range(key: bytes, from_ms: int, to_ms: int, space: bytes = b"") -> tuple[bytes, bytes]:
+    """``(start, end)`` covering the entries of ``key`` in ``space`` whose time is in
+    ``[from_ms, to_ms]`` (both inclusive, whatever their suffix), in time order.
+
+    Empty (``start == end``) when ``to_ms < from_ms``.
+    """
+    prefix = data_key_prefix(key, space)
+    start = prefix + encode_uint64(from_ms)
+    if to_ms < from_ms:
+        return start, start
+    if to_ms >= MAX_UINT64:
+        # just past every entry of ``key`` in ``space`` (never None: DATA is not 0xff)
+        end = prefix_range(prefix)[1]
+        assert end is not None
+        return start, end
+    return start, prefix + encode_uint64(to_ms + 1)
+
+
+def strip_length_prefix(encoded: bytes) -> bytes:
+    """Inverse of :func:`~streamjoin.state.keys.length_prefixed` (an index entry id's key)."""
+    if len(encoded) < KEY_LENGTH_BYTES:
+        raise WindowLayoutError(f"malformed length-prefixed key {encoded!r}")
+    length = int.from_bytes(encoded[:KEY_LENGTH_BYTES], "big")
+    if len(encoded) != KEY_LENGTH_BYTES + length:
+        raise WindowLayoutError(f"length-prefixed key {encoded!r} does not match its length")
+    return encoded[KEY_LENGTH_BYTES:]
