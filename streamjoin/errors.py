@@ -346,6 +346,27 @@ class ViolationCode(str, Enum):
     STANDBY_TAG_SPREAD = "standby_tag_spread"
 
 
+#: Violations that make an assignment unsafe to apply: a task processed twice or not at
+#: all, a join's inputs split over members, a partition its member cannot consume (or that
+#: does not exist), a standby restoring over its own active or from a source topic, or an
+#: assignment that does not match the group's members. The others (balance, minimal
+#: movement, standby count/balance/tag spread, the reported stats and unassigned list) make
+#: it worse than promised, not wrong.
+SAFETY_CODES: frozenset[ViolationCode] = frozenset(
+    {
+        ViolationCode.UNKNOWN_MEMBER,
+        ViolationCode.MISSING_MEMBER,
+        ViolationCode.UNKNOWN_PARTITION,
+        ViolationCode.NOT_SUBSCRIBED,
+        ViolationCode.DUPLICATE_ACTIVE,
+        ViolationCode.MISSING_ACTIVE,
+        ViolationCode.SPLIT_TASK,
+        ViolationCode.STANDBY_NOT_CHANGELOG,
+        ViolationCode.STANDBY_ON_ACTIVE,
+    }
+)
+
+
 @dataclass(frozen=True)
 class Violation:
     """One broken rule, with a message naming the member/topic/partition involved."""
@@ -355,6 +376,11 @@ class Violation:
 
     def __str__(self) -> str:
         return f"{self.code.value}: {self.message}"
+
+    @property
+    def unsafe(self) -> bool:
+        """True for the violations of :data:`SAFETY_CODES`."""
+        return self.code in SAFETY_CODES
 
 
 class InvalidAssignmentError(AssignorError):

@@ -3,18 +3,22 @@ state-aware standbys. Pure and deterministic: no asyncio, no Kafka, no I/O.
 
 ``assign(Scenario) -> AssignmentResult`` is the typed entry point used by the
 runtime; ``plan(dict) -> dict`` is the same on the JSON documents of
-``docs/assignor.md``; ``validate_assignment`` checks every rule independently.
+``docs/assignor.md``; ``validate_assignment`` checks every rule independently;
+``fallback_assignment`` is the safe result the runtime sends when an assignment
+breaks a rule of ``SAFETY_CODES``.
 """
 
 from __future__ import annotations
 
 from streamjoin.assignor.errors import (
+    SAFETY_CODES,
     AssignorError,
     InvalidAssignmentError,
     InvalidScenarioError,
     Violation,
     ViolationCode,
 )
+from streamjoin.assignor.fallback import fallback_assignment
 from streamjoin.assignor.model import (
     AssignmentResult,
     AssignmentStats,
@@ -28,6 +32,7 @@ from streamjoin.assignor.plan import next_round, plan, result_to_json, scenario_
 from streamjoin.assignor.validate import find_violations, validate_assignment
 
 __all__ = [
+    "SAFETY_CODES",
     "AssignmentResult",
     "AssignmentStats",
     "AssignorConfig",
@@ -40,6 +45,7 @@ __all__ = [
     "Violation",
     "ViolationCode",
     "assign",
+    "fallback_assignment",
     "find_violations",
     "next_round",
     "plan",

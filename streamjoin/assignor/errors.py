@@ -9,6 +9,7 @@ in :mod:`streamjoin.errors` with every other streamjoin error.
 from __future__ import annotations
 
 from streamjoin.errors import (
+    SAFETY_CODES,
     AssignorError,
     InvalidAssignmentError,
     InvalidScenarioError,
@@ -17,6 +18,7 @@ from streamjoin.errors import (
 )
 
 __all__ = [
+    "SAFETY_CODES",
     "AssignorError",
     "InvalidAssignmentError",
     "InvalidScenarioError",

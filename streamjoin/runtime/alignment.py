@@ -14,6 +14,16 @@ waited ``idle_ms`` (0 by default; like Kafka Streams' ``max.task.idle.ms``, it
 gives a producer that writes one input a little behind the other time to catch
 up), or the group waited longer than ``max_idle_ms`` for a partition known to
 have more data.
+
+Waited time is counted in bounded steps: each :meth:`TimestampAligner.release`
+call adds the time since the previous call, but at most ``max_step_ms``
+(:data:`MAX_WAIT_STEP_MS`, 250 ms). The runtime calls ``release`` once per
+fetch round (every 100 ms or less), so steady polling counts wall time in full
+and reaches ``max_idle_ms``/``idle_ms`` on time; but when the event loop stalls
+(GC, CPU throttling, a slow callback, a wall-clock jump) the fetcher stalls
+with it, and that gap adds at most one step instead of forcing a group whose
+other side was never given a chance to be fetched. The wall-clock start of a
+wait is still what ``caught_up`` compares fetch answers against.
 """
 
 from __future__ import annotations
@@ -26,9 +36,16 @@ from streamjoin.events import RawRecord
 
 TopicPartition = tuple[str, int]
 
+#: The most one ``release`` call adds to a group's waited time, whatever the gap since
+#: the previous call (a few fetch rounds' worth).
+MAX_WAIT_STEP_MS = 250.0
+
 
 class TimestampAligner:
     """Buffers records of aligned topics and releases them in timestamp order per partition."""
+
+    #: cap on the waited time one ``release`` call adds (see the module docstring)
+    max_step_ms: float = MAX_WAIT_STEP_MS
 
     def __init__(
         self, groups: Iterable[Iterable[str]], max_idle_ms: int = 5_000, idle_ms: int = 0
@@ -44,7 +61,11 @@ class TimestampAligner:
             for topic in group:
                 self._group_of[topic] = index
         self._buffers: dict[TopicPartition, deque[RawRecord]] = {}
+        #: per blocked group: wall-clock start of its wait (for ``caught_up``) ...
         self._blocked_since: dict[tuple[int, int], float] = {}
+        #: ... and how long it has waited, counted in steps of at most ``max_step_ms``
+        self._waited: dict[tuple[int, int], float] = {}
+        self._last_release_ms: float | None = None
         self.max_idle_ms = max_idle_ms
         self.idle_ms = idle_ms
         #: (topic, partition) whose data was not waited for any longer (max idle reached);
@@ -86,7 +107,10 @@ class TimestampAligner:
 
         ``caught_up(topic, partition, since_ms)``: True when the partition has nothing left
         to fetch according to information newer than ``since_ms`` (when the wait began).
+        Call it once per fetch round: a group's waited time grows by the time since the
+        previous call, at most ``max_step_ms`` per call.
         """
+        self._advance_waits(now_ms)
         out: list[RawRecord] = []
         for group_index, partition in self._pending_groups():
             topics = self._groups[group_index]
@@ -99,13 +123,15 @@ class TimestampAligner:
                 if len(heads) < len(buffers):
                     missing = [t for t, b in zip(topics, buffers, strict=True) if not b]
                     since = self._blocked_since.setdefault(key, now_ms)
+                    waited = self._waited.setdefault(key, 0.0)
                     if not all(caught_up(t, partition, since) for t in missing):
-                        if now_ms - since < self.max_idle_ms:
+                        if waited < self.max_idle_ms:
                             break  # wait for the other side's data
                         self.forced.append((missing[0], partition))
-                    elif now_ms - since < self.idle_ms:
+                    elif waited < self.idle_ms:
                         break  # caught up, but its producer may be a little behind
                 self._blocked_since.pop(key, None)
+                self._waited.pop(key, None)
                 first = min(heads, key=lambda b: (b[0].timestamp, b[0].topic, b[0].offset))
                 out.append(first.popleft())
         return out
@@ -119,3 +145,18 @@ class TimestampAligner:
         for tp in tps:
             self._buffers.pop(tp, None)
         self._blocked_since.clear()
+        self._waited.clear()
+
+    def _advance_waits(self, now_ms: float) -> None:
+        """Add the time since the previous call, capped, to every group already waiting.
+
+        A long gap (the event loop stalled, or the wall clock jumped) adds at most
+        ``max_step_ms``; a clock going backwards adds nothing.
+        """
+        last, self._last_release_ms = self._last_release_ms, now_ms
+        if last is None or not self._waited:
+            return
+        step = min(max(now_ms - last, 0.0), self.max_step_ms)
+        if step:
+            for key in self._waited:
+                self._waited[key] += step

@@ -1,12 +1,47 @@
-"""Plugs the pure assignor into aiokafka's client-side assignment (thin shell, no decisions).
+"""Plugs the pure assignor into aiokafka's client-side assignment.
 
 aiokafka calls :meth:`StreamjoinAssignor.metadata` when joining (our
 subscription userdata: what this worker owned, its epoch, lags, capacity,
 tags, instance id), :meth:`assign` on the elected leader (decode every member,
-run :func:`streamjoin.assignor.assign`, encode), and :meth:`on_assignment` on
-every member (remember the new epoch, active and standby partitions for the
-next join). aiokafka rebalances eagerly; an instance is accepted where it
-expects an assignor class.
+run :func:`streamjoin.assignor.assign`, validate, encode), and
+:meth:`on_assignment` on every member (remember the new epoch, active and
+standby partitions for the next join). aiokafka rebalances eagerly; an
+instance is accepted where it expects an assignor class.
+
+Every decision the leader makes is a small function of its own, tested without
+a broker: :func:`read_subscription` (unreadable or incompatible userdata: the
+member is treated as new), :func:`resolve_member_ids` (instance ids, and what
+happens to duplicates), :func:`known_partitions` and :func:`build_scenario`
+(topics the cluster does not know yet), :func:`compute_assignment` (validation
+and the fallback, below) and :func:`kafka_assignment` (changelog topics are
+restored, not consumed, so they are never in the Kafka-level assignment; the
+member learns its standbys from the assignment userdata).
+
+**Validation.** Like Kafka Streams' ``StreamsPartitionAssignor`` checks its own
+output, the leader runs :func:`~streamjoin.assignor.find_violations` on every
+assignment before sending it, and logs each broken rule at ERROR. What it then
+sends (:func:`compute_assignment`):
+
+* a result that only breaks a quality rule (balance, minimal movement, standby
+  count/balance/tag spread, its own stats) is sent anyway: every task still has
+  exactly one owner that can consume it, which beats any replacement;
+* a result that breaks a safety rule (:data:`~streamjoin.assignor.SAFETY_CODES`:
+  a task with two actives or none, a split join, a partition its member cannot
+  consume, a misplaced standby), or an assignor that raises, is never sent: the
+  leader sends :func:`~streamjoin.assignor.fallback_assignment` (previous owners
+  keep their tasks, orphans go to the least loaded member), itself validated.
+
+The leader does not raise from :meth:`assign` for these, although that is the
+obvious way to "fail loudly": aiokafka 0.14 wraps the exception in a
+``KafkaError`` (``CoordinatorGroupRebalance._on_join_leader``), never sends
+SyncGroup, and hands the error to the next ``getmany`` of the leader (which
+stops our fetch loop) while the other members wait in SyncGroup until the
+leader's session times out. The next leader then computes the same result from
+the same input (the assignor is deterministic) and fails the same way: the
+group would never get an assignment. Only when the fallback too is unsafe (the
+grouping itself is broken) does :meth:`assign` raise
+:class:`~streamjoin.assignor.InvalidAssignmentError`, as nothing safe is left
+to send.
 
 What a worker owned is also saved to ``<state_dir>/membership.json`` after
 each assignment, so a restarted process claims its previous tasks (at its old
@@ -18,7 +53,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +66,18 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from streamjoin.assignor import assign
+from streamjoin.assignor import (
+    AssignmentResult,
+    InvalidAssignmentError,
+    Violation,
+    assign,
+    fallback_assignment,
+    find_violations,
+)
 from streamjoin.assignor.model import AssignorConfig, MemberState, Scenario, TopicPartitions
 from streamjoin.assignor.protocol import (
     SubscriptionUserdata,
+    UnsupportedUserdataVersion,
     UserdataError,
     assignment_userdata_for,
     decode_assignment,
@@ -51,6 +96,8 @@ log = logging.getLogger("streamjoin.assignor")
 ASSIGNOR_NAME = "streamjoin"
 #: Kafka consumer-protocol version of our metadata/assignment structs.
 CONSUMER_PROTOCOL_VERSION = 0
+#: how many violations of one rule are logged with their message
+_LOGGED_PER_RULE = 3
 
 LagProvider = Callable[[], Mapping[str, Mapping[int, int]]]
 
@@ -60,6 +107,267 @@ def _group_by_topic(tps: Iterable[tuple[str, int]]) -> dict[str, tuple[int, ...]
     for topic, partition in tps:
         out.setdefault(topic, []).append(partition)
     return {t: tuple(sorted(ps)) for t, ps in sorted(out.items())}
+
+
+# --------------------------------------------------------------------------- leader side
+
+
+def read_subscription(kafka_id: str, user_data: bytes) -> SubscriptionUserdata:
+    """A member's subscription userdata; a member whose userdata cannot be read is new.
+
+    It still gets work (capacity 1, no tags), it just claims nothing: an
+    incompatible version (a rolling upgrade across a major protocol version) or
+    corrupt bytes must not block the rebalance. Either is logged as a warning.
+    """
+    try:
+        return decode_subscription(user_data)
+    except UnsupportedUserdataVersion as exc:
+        log.warning(
+            "member %s runs an incompatible streamjoin version (%s); treating it as new: "
+            "it claims nothing this rebalance",
+            kafka_id,
+            exc,
+        )
+    except UserdataError as exc:
+        log.warning("member %s sent unreadable userdata (%s); treating it as new", kafka_id, exc)
+    return SubscriptionUserdata()
+
+
+def resolve_member_ids(members: Iterable[tuple[str, str | None]]) -> dict[str, str]:
+    """Assignor member id -> Kafka member id, from ``(kafka member id, group_instance_id)``.
+
+    A member is known by its ``group_instance_id`` when it has one (stable
+    across restarts), else by its Kafka member id. When two members report the
+    same instance id, the first in Kafka member-id order keeps it and the other
+    is known by its Kafka member id (warned): both get work, neither steals the
+    other's assignment. Should that id be taken as well (an instance id equal to
+    another member's Kafka id), a ``#n`` suffix makes it unique.
+    """
+    out: dict[str, str] = {}
+    for kafka_id, instance_id in sorted(members, key=lambda m: m[0]):
+        member_id = instance_id or kafka_id
+        if member_id in out:
+            if instance_id:
+                log.warning(
+                    "members %s and %s both report group_instance_id %r; %s is assigned "
+                    "under its Kafka member id",
+                    out[member_id],
+                    kafka_id,
+                    instance_id,
+                    kafka_id,
+                )
+            member_id, n = kafka_id, 0
+            while member_id in out:
+                n += 1
+                member_id = f"{kafka_id}#{n}"
+        out[member_id] = kafka_id
+    return out
+
+
+def member_states(
+    members: Mapping[str, ConsumerProtocolMemberMetadata],
+) -> tuple[list[MemberState], dict[str, str]]:
+    """The assignor's view of every member, and assignor member id -> Kafka member id."""
+    userdata = {k: read_subscription(k, members[k].user_data) for k in sorted(members)}
+    ids = resolve_member_ids((k, u.group_instance_id) for k, u in userdata.items())
+    states = [
+        userdata[kafka_id].to_member_state(member_id, members[kafka_id].subscription)
+        for member_id, kafka_id in ids.items()
+    ]
+    return states, ids
+
+
+def known_partitions(cluster: ClusterMetadata, topics: Iterable[str]) -> dict[str, int]:
+    """Partition counts of those ``topics`` the cluster metadata knows (with partitions)."""
+    out: dict[str, int] = {}
+    for topic in sorted(set(topics)):
+        partitions = cluster.partitions_for_topic(topic)
+        if partitions:
+            out[topic] = len(partitions)
+    return out
+
+
+def build_scenario(
+    states: Sequence[MemberState],
+    topics: Mapping[str, int],
+    copartition: Iterable[Sequence[str]],
+    changelog_topics: frozenset[str],
+    config: AssignorConfig,
+) -> Scenario:
+    """The assignor's input over the topics the cluster knows (``topics``).
+
+    A topic some member subscribes to but the cluster does not know (being
+    created, or declared by a newer worker during a rolling upgrade) is left
+    out, warned about, of subscriptions, claims, lags and co-partition groups;
+    the rest of its co-partition group stays together, so a join whose
+    changelog does not exist yet still gets both inputs' partition p on one
+    member.
+    """
+    known = frozenset(topics)
+    unknown = sorted({t for s in states for t in s.topics} - known)
+    if unknown:
+        log.warning(
+            "ignoring topic(s) unknown to the cluster metadata until they exist: %s",
+            ", ".join(unknown),
+        )
+    groups = (tuple(t for t in group if t in known) for group in copartition)
+    return Scenario(
+        topics=dict(topics),
+        members=tuple(_only_known_topics(s, known) for s in states),
+        copartition=tuple(g for g in groups if g),
+        changelog_topics=changelog_topics & known,
+        config=config,
+    )
+
+
+@dataclass(frozen=True)
+class Vetted:
+    """What the leader sends for a scenario, and what was wrong on the way there."""
+
+    result: AssignmentResult
+    #: the rules the assignor's own result broke (empty when it was valid)
+    violations: tuple[Violation, ...] = ()
+    #: what the assignor or the validator raised, if it did
+    error: Exception | None = None
+    #: True when ``result`` is the fallback assignment, not the assignor's
+    fallback: bool = False
+
+
+def compute_assignment(scenario: Scenario) -> Vetted:
+    """Assign and validate; never returns an unsafe assignment (see the module docstring).
+
+    The assignor's result is returned when it breaks no safety rule (possibly
+    with quality violations, which the caller logs); otherwise, or when the
+    assignor or validator raises, the validated fallback assignment. Raises
+    :class:`InvalidAssignmentError` if the fallback is unsafe too, and lets an
+    exception from validating the fallback itself propagate: in both cases
+    there is nothing checked left to send.
+    """
+    try:
+        result = assign(scenario)
+        violations = find_violations(scenario, result)
+    except Exception as exc:  # a bug every leader would hit again: fall back, do not fail
+        return _fall_back(scenario, (), exc)
+    if any(v.unsafe for v in violations):
+        return _fall_back(scenario, violations, None)
+    return Vetted(result, tuple(violations))
+
+
+def _fall_back(
+    scenario: Scenario, violations: Sequence[Violation], error: Exception | None
+) -> Vetted:
+    result = fallback_assignment(scenario)
+    unsafe = [v for v in find_violations(scenario, result) if v.unsafe]
+    if unsafe:
+        raise InvalidAssignmentError([*violations, *unsafe]) from error
+    return Vetted(result, tuple(violations), error, fallback=True)
+
+
+def kafka_assignment(
+    active: TopicPartitions, changelog_topics: Iterable[str]
+) -> list[tuple[str, list[int]]]:
+    """The partitions a member consumes: its actives except changelog topics (restored)."""
+    skip = frozenset(changelog_topics)
+    return sorted((t, list(ps)) for t, ps in active.items() if t not in skip)
+
+
+def member_assignment(
+    result: AssignmentResult, member_id: str, generation: int, changelog_topics: Iterable[str]
+) -> ConsumerProtocolMemberAssignment:
+    """One member's assignment: consumed partitions, plus epoch and standbys in userdata."""
+    member = result.assignments.get(member_id)
+    active: TopicPartitions = member.active if member is not None else {}
+    return ConsumerProtocolMemberAssignment(
+        CONSUMER_PROTOCOL_VERSION,
+        kafka_assignment(active, changelog_topics),
+        encode_assignment(assignment_userdata_for(result, member_id, generation)),
+    )
+
+
+def log_vetted(generation: int, vetted: Vetted) -> None:
+    """ERROR lines naming each broken rule and what the leader sends instead, if anything."""
+    if vetted.error is not None:
+        log.error(
+            "assignor failed for epoch %d: %r",
+            generation,
+            vetted.error,
+            exc_info=vetted.error,
+        )
+    by_rule: dict[str, list[Violation]] = defaultdict(list)
+    for violation in vetted.violations:
+        by_rule[violation.code.value].append(violation)
+    for rule, found in sorted(by_rule.items()):
+        shown = "; ".join(v.message for v in found[:_LOGGED_PER_RULE])
+        hidden = len(found) - _LOGGED_PER_RULE
+        more = f" (and {hidden} more)" if hidden > 0 else ""
+        log.error(
+            "assignment for epoch %d breaks rule %s%s: %s%s",
+            generation,
+            rule,
+            " (unsafe)" if found[0].unsafe else "",
+            shown,
+            more,
+        )
+    if vetted.fallback:
+        log.error(
+            "not sending the assignor's result for epoch %d: sending the fallback assignment "
+            "(previous owners keep their tasks, orphans go to the least loaded members; "
+            "see docs/assignor.md)",
+            generation,
+        )
+    elif vetted.violations:
+        log.error(
+            "sending the assignment for epoch %d anyway: every task has exactly one owner "
+            "that can consume it",
+            generation,
+        )
+
+
+# --------------------------------------------------------------------------- member side
+
+
+@dataclass(frozen=True)
+class Membership:
+    """What a worker owned after its last assignment, kept across restarts."""
+
+    generation: int = -1
+    active: TopicPartitions = field(default_factory=dict)
+    standby: TopicPartitions = field(default_factory=dict)
+
+
+def read_membership(path: Path) -> Membership | None:
+    """The membership saved at ``path``; None if there is none or it is unreadable (warned)."""
+    if not path.exists():
+        return None
+    try:
+        saved: dict[str, Any] = json.loads(path.read_text())
+        return Membership(
+            generation=int(saved["generation"]),
+            active={str(t): tuple(int(p) for p in ps) for t, ps in saved["active"].items()},
+            standby={str(t): tuple(int(p) for p in ps) for t, ps in saved["standby"].items()},
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("ignoring unreadable %s: %s", path, exc)
+        return None
+
+
+def write_membership(path: Path, membership: Membership) -> None:
+    """Save atomically (write a sibling, then rename); a failure is only warned about."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "generation": membership.generation,
+                    "active": {t: list(ps) for t, ps in membership.active.items()},
+                    "standby": {t: list(ps) for t, ps in membership.standby.items()},
+                }
+            )
+        )
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not save %s: %s", path, exc)
 
 
 class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
@@ -156,39 +464,15 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         cluster: ClusterMetadata,
         members: Mapping[str, ConsumerProtocolMemberMetadata],
     ) -> dict[str, ConsumerProtocolMemberAssignment]:
-        states: list[MemberState] = []
-        kafka_ids: dict[str, str] = {}
-        for kafka_id in sorted(members):
-            meta = members[kafka_id]
-            try:
-                userdata = decode_subscription(meta.user_data)
-            except UserdataError as exc:
-                # An incompatible or broken member still gets work: it just claims nothing.
-                log.warning(
-                    "member %s sent unreadable userdata (%s); treating as new", kafka_id, exc
-                )
-                userdata = SubscriptionUserdata()
-            member_id = userdata.group_instance_id or kafka_id
-            if member_id in kafka_ids:
-                member_id = kafka_id  # duplicate instance id: fall back to the unique Kafka id
-            kafka_ids[member_id] = kafka_id
-            states.append(userdata.to_member_state(member_id, meta.subscription))
-        topics: dict[str, int] = {}
-        for state in states:
-            for topic in state.topics:
-                partitions = cluster.partitions_for_topic(topic)
-                if partitions:
-                    topics[topic] = len(partitions)
-        known = set(topics)
-        scenario = Scenario(
-            topics=topics,
-            members=tuple(_only_known_topics(s, known) for s in states),
-            copartition=tuple(g for g in self._copartition if set(g) <= known),
-            changelog_topics=self._changelog_topics & known,
-            config=self._config,
+        states, kafka_ids = member_states(members)
+        topics = known_partitions(cluster, (t for s in states for t in s.topics))
+        scenario = build_scenario(
+            states, topics, self._copartition, self._changelog_topics, self._config
         )
-        result = assign(scenario)
         generation = next_generation(s.generation for s in states)
+        vetted = compute_assignment(scenario)
+        log_vetted(generation, vetted)
+        result = vetted.result
         for warning in result.warnings:
             log.warning("assignor: %s", warning)
         log.info(
@@ -199,58 +483,34 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             result.stats.moved,
             result.stats.min_possible_moves,
         )
-        out: dict[str, ConsumerProtocolMemberAssignment] = {}
-        for member_id, kafka_id in kafka_ids.items():
-            member = result.assignments.get(member_id)
-            active = member.active if member is not None else {}
-            out[kafka_id] = ConsumerProtocolMemberAssignment(
-                CONSUMER_PROTOCOL_VERSION,
-                sorted(
-                    (t, list(ps)) for t, ps in active.items() if t not in self._changelog_topics
-                ),
-                encode_assignment(assignment_userdata_for(result, member_id, generation)),
-            )
-        return out
+        return {
+            kafka_id: member_assignment(result, member_id, generation, self._changelog_topics)
+            for member_id, kafka_id in kafka_ids.items()
+        }
 
     # -- persistence of what this worker owned
 
     def _load_membership(self) -> None:
-        path = self._membership_file
-        if path is None or not path.exists():
+        if self._membership_file is None:
             return
-        try:
-            saved: dict[str, Any] = json.loads(path.read_text())
-            self.generation = int(saved["generation"])
-            self.active = {str(t): tuple(int(p) for p in ps) for t, ps in saved["active"].items()}
-            self.standby = {str(t): tuple(int(p) for p in ps) for t, ps in saved["standby"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("ignoring unreadable %s: %s", path, exc)
-            self.generation, self.active, self.standby = -1, {}, {}
+        saved = read_membership(self._membership_file)
+        if saved is not None:
+            self.generation, self.active, self.standby = (
+                saved.generation,
+                saved.active,
+                saved.standby,
+            )
 
     def _save_membership(self) -> None:
-        path = self._membership_file
-        if path is None:
-            return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(
-                json.dumps(
-                    {
-                        "generation": self.generation,
-                        "active": {t: list(ps) for t, ps in self.active.items()},
-                        "standby": {t: list(ps) for t, ps in self.standby.items()},
-                    }
-                )
+        if self._membership_file is not None:
+            write_membership(
+                self._membership_file, Membership(self.generation, self.active, self.standby)
             )
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("could not save %s: %s", path, exc)
 
 
-def _only_known_topics(state: MemberState, known: set[str]) -> MemberState:
+def _only_known_topics(state: MemberState, known: frozenset[str]) -> MemberState:
     """Drop subscriptions and claims on topics that do not exist (yet) in the cluster."""
-    if state.topics <= known and set(state.active) <= known and set(state.standby) <= known:
+    if state.topics | state.active.keys() | state.standby.keys() | state.state_lag.keys() <= known:
         return state
     return MemberState(
         member_id=state.member_id,

@@ -118,3 +118,81 @@ def test_caught_up_must_be_newer_than_the_wait() -> None:
     assert aligner.release(fresh, 100) == []
     polled_at["clk"] = 150.0  # a fetch answered after the wait began: really caught up
     assert [r.timestamp for r in aligner.release(fresh, 200)] == [10]
+
+
+def test_one_long_gap_between_releases_does_not_force() -> None:
+    # The event loop stalled for 10 s between two fetch rounds: the other side was never
+    # fetched meanwhile, so that gap must not count as 10 s of waiting for it.
+    aligner = TimestampAligner([("imp", "clk")], max_idle_ms=1_000)
+    aligner.add([rec("clk", 0, 5)])
+    assert aligner.release(never, 0) == []
+    assert aligner.release(never, 10_000) == []
+    assert aligner.forced == []
+    # a second stall adds one more bounded step, still short of max_idle_ms
+    assert aligner.release(never, 60_000) == []
+    assert aligner.forced == []
+
+
+def test_steady_polling_past_max_idle_forces() -> None:
+    aligner = TimestampAligner([("imp", "clk")], max_idle_ms=1_000)
+    aligner.add([rec("clk", 0, 5)])
+    now = 0
+    assert aligner.release(never, now) == []
+    while now < 900:  # rounds every 100 ms: wall time counts in full
+        now += 100
+        assert aligner.release(never, now) == []
+    assert [r.timestamp for r in aligner.release(never, now + 100)] == [5]
+    assert aligner.forced == [("imp", 0)]
+
+
+def test_a_stall_then_steady_polling_waits_max_idle_of_polling() -> None:
+    aligner = TimestampAligner([("imp", "clk")], max_idle_ms=1_000)
+    aligner.add([rec("clk", 0, 5)])
+    assert aligner.release(never, 0) == []
+    assert aligner.release(never, 30_000) == []  # the stall counts one step
+    now = 30_000
+    for _ in range(7):  # 250 + 7 * 100 = 950 ms counted
+        now += 100
+        assert aligner.release(never, now) == []
+    assert [r.timestamp for r in aligner.release(never, now + 100)] == [5]
+
+
+def test_slow_rounds_count_at_most_one_step_each() -> None:
+    aligner = TimestampAligner([("imp", "clk")], max_idle_ms=1_000)
+    aligner.max_step_ms = 250
+    aligner.add([rec("clk", 0, 5)])
+    assert aligner.release(never, 0) == []
+    for now in (400, 800, 1_200):  # 3 rounds of 400 ms count 750 ms
+        assert aligner.release(never, now) == []
+    assert [r.timestamp for r in aligner.release(never, 1_600)] == [5]
+
+
+def test_a_clock_going_backwards_adds_nothing() -> None:
+    aligner = TimestampAligner([("imp", "clk")], max_idle_ms=100)
+    aligner.add([rec("clk", 0, 5)])
+    assert aligner.release(never, 1_000) == []
+    assert aligner.release(never, 0) == []
+    assert aligner.release(never, 90) == []  # 90 ms counted since the jump back
+    assert [r.timestamp for r in aligner.release(never, 100)] == [5]
+
+
+def test_idle_ms_is_counted_in_bounded_steps_too() -> None:
+    aligner = TimestampAligner([("imp", "clk")], idle_ms=500)
+    aligner.add([rec("clk", 0, 5)])
+    assert aligner.release(always, 0) == []
+    assert aligner.release(always, 5_000) == []  # one stall: 250 ms counted
+    assert aligner.release(always, 5_100) == []
+    assert [r.timestamp for r in aligner.release(always, 5_250)] == [5]
+
+
+def test_a_new_wait_starts_from_zero() -> None:
+    # A group that blocks again after a release starts a fresh wait in that call.
+    aligner = TimestampAligner([("imp", "clk")], max_idle_ms=300)
+    aligner.add([rec("imp", 0, 1)])
+    assert aligner.release(never, 0) == []
+    assert aligner.release(never, 200) == []  # waited 200 ms for clk
+    aligner.add([rec("clk", 0, 2), rec("clk", 1, 3)])
+    # imp@1 goes; imp ran dry: a new wait for it starts at 200, not the old one at 0
+    assert [r.timestamp for r in aligner.release(never, 200)] == [1]
+    assert aligner.release(never, 400) == []
+    assert [r.timestamp for r in aligner.release(never, 500)] == [2]
