@@ -140,6 +140,8 @@ class TaskProcessing:
         # Before any await: nothing more of these tasks is dispatched or started.
         self.tasks.suspend(tasks)
         self.aligner.drop(tps)
+        if not tasks:
+            return tasks
         idle = fenced or await self.runtime.wait_idle(tasks, self.revoke_timeout)
         if fenced or not idle:
             if not fenced:

@@ -295,6 +295,8 @@ class StateService(Service):
         await self._refresh_lags()
 
     async def on_stop(self) -> None:
+        # the background work first: it may be waiting on the reader closed below
+        await self._stop_futures()
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await reader.close()
@@ -309,6 +311,9 @@ class StateService(Service):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if self.should_stop:
+                log.debug("state service stopped during work: %r", exc)
+                return
             # A changelog that cannot be read (or a store that cannot be written) must stop
             # the worker with that error, not leave its partitions waiting forever.
             log.error("state service failed: %s", exc, exc_info=exc)

@@ -32,6 +32,12 @@ log = logging.getLogger("streamjoin.agents")
 
 _STOP = object()
 
+#: an actor gives the event loop a turn after this many events in a row: records it has
+#: buffered are taken without suspending, so without it a long backlog would starve the
+#: producer's sender, acknowledgements and the commit loop for seconds (nothing would be
+#: committed until the backlog ends)
+YIELD_EVERY = 64
+
 
 class _InFlight:
     """The event an actor is processing: the runtime's side of :mod:`streamjoin.context`."""
@@ -77,6 +83,7 @@ class AgentRunner:
         self.idle.set()
         self.task: asyncio.Task[None] | None = None
         self.processed = 0
+        self._since_yield = 0
 
     @property
     def name(self) -> str:
@@ -88,11 +95,16 @@ class AgentRunner:
 
     async def next_event(self) -> Event:
         self._finish_current()
+        self._since_yield += 1
+        if self._since_yield >= YIELD_EVERY:
+            self._since_yield = 0
+            await asyncio.sleep(0)
         queue = self.queue
         while True:
             self.idle.set()
             ready, item = queue.get_nowait()  # no suspension while records are buffered
             if not ready:
+                self._since_yield = 0
                 item = await queue.get()
             if item is _STOP:
                 raise StopAsyncIteration

@@ -223,6 +223,8 @@ class Worker(Service):
         await flush_partitions(states, self.topology.tables, sender, before_changelog=sender.flush)
 
     def _assigned(self, assigned: set[tuple[str, int]]) -> None:
+        if self._stopping:
+            return  # a rebalance that completed while stopping: nothing new starts
         if self.assignor is not None:
             self.assignor.record_active(assigned)
         self.tasks.assign(assigned)

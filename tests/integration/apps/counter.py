@@ -2,12 +2,14 @@
 
 Every update is also sent to $SJT_SINK as "<key>=<count>", so tests can read
 the counts a worker holds (after a restore, the next event of a key shows the
-restored count + 1).
+restored count + 1). $SJT_WORK_MS (default 0) makes each event cost that much CPU,
+so a backlog takes a predictable while to process.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import streamjoin
 from streamjoin.runtime.streams import Stream
@@ -28,11 +30,16 @@ source = app.topic(
 sink = app.topic(
     os.environ.get("SJT_SINK", "counts"), key_serializer="str", value_serializer="str", partitions=1
 )
+WORK_S = float(os.environ.get("SJT_WORK_MS", "0")) / 1000
 counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=source)
 
 
 @app.agent(source, name="count")
 async def count(stream: Stream) -> None:
     async for event in stream:
+        if WORK_S:
+            busy_until = time.perf_counter() + WORK_S
+            while time.perf_counter() < busy_until:
+                pass
         counts[event.key] += 1
         await sink.send(key=event.key, value=f"{event.key}={counts[event.key]}")
