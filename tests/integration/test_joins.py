@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,25 +19,6 @@ from streamjoin.runtime.admin import TopicSpec, ensure_topics
 from tests.integration.support import Workers, committed_offsets, read_all, sizes, wait_for_group
 
 PARTITIONS = 6
-
-
-@pytest.fixture
-def joiners(
-    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
-) -> Iterator[Workers]:
-    env = {
-        **os.environ,
-        "SJT_APP_ID": unique_topic("join"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_IMPRESSIONS": unique_topic("imp"),
-        "SJT_CLICKS": unique_topic("clk"),
-        "SJT_OUTPUT": unique_topic("out"),
-        "SJT_PARTITIONS": str(PARTITIONS),
-        "PYTHONUNBUFFERED": "1",
-    }
-    group = Workers("tests.integration.apps.joiner:app", env, tmp_path)
-    yield group
-    group.close()
 
 
 async def produce_traffic(bootstrap: str, env: dict[str, str], records: list) -> None:  # type: ignore[type-arg]

@@ -227,25 +227,6 @@ async def test_clean_rebalances_never_count_an_event_twice(
 # -------------------------------------------------------------------------- joins
 
 
-@pytest.fixture
-def joiners(
-    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
-) -> Iterator[Workers]:
-    env = {
-        **os.environ,
-        "SJT_APP_ID": unique_topic("join"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_IMPRESSIONS": unique_topic("imp"),
-        "SJT_CLICKS": unique_topic("clk"),
-        "SJT_OUTPUT": unique_topic("out"),
-        "SJT_PARTITIONS": str(PARTITIONS),
-        "PYTHONUNBUFFERED": "1",
-    }
-    group = Workers("tests.integration.apps.joiner:app", env, tmp_path)
-    yield group
-    group.close()
-
-
 async def create_join_topics(bootstrap: str, env: dict[str, str]) -> None:
     await ensure_topics(
         bootstrap,
