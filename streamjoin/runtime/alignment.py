@@ -17,8 +17,9 @@ have more data.
 
 Waited time is counted in bounded steps: each :meth:`TimestampAligner.release`
 call adds the time since the previous call, but at most ``max_step_ms``
-(:data:`MAX_WAIT_STEP_MS`, 250 ms). The runtime calls ``release`` once per
-fetch round (every 100 ms or less), so steady polling counts wall time in full
+(:data:`MAX_WAIT_STEP_MS`, 1 s). The runtime calls ``release`` once per
+fetch round (every 100-600 ms: aiokafka's ``getmany`` returns about every
+500 ms while a partition is idle, its fetch long-poll), so steady polling counts wall time in full
 and reaches ``max_idle_ms``/``idle_ms`` on time; but when the event loop stalls
 (GC, CPU throttling, a slow callback, a wall-clock jump) the fetcher stalls
 with it, and that gap adds at most one step instead of forcing a group whose
@@ -38,7 +39,7 @@ TopicPartition = tuple[str, int]
 
 #: The most one ``release`` call adds to a group's waited time, whatever the gap since
 #: the previous call (a few fetch rounds' worth).
-MAX_WAIT_STEP_MS = 250.0
+MAX_WAIT_STEP_MS = 1_000.0
 
 
 class TimestampAligner:

@@ -124,6 +124,7 @@ def test_one_long_gap_between_releases_does_not_force() -> None:
     # The event loop stalled for 10 s between two fetch rounds: the other side was never
     # fetched meanwhile, so that gap must not count as 10 s of waiting for it.
     aligner = TimestampAligner([("imp", "clk")], max_idle_ms=1_000)
+    aligner.max_step_ms = 250  # the step these numbers are worked out for
     aligner.add([rec("clk", 0, 5)])
     assert aligner.release(never, 0) == []
     assert aligner.release(never, 10_000) == []
@@ -147,6 +148,7 @@ def test_steady_polling_past_max_idle_forces() -> None:
 
 def test_a_stall_then_steady_polling_waits_max_idle_of_polling() -> None:
     aligner = TimestampAligner([("imp", "clk")], max_idle_ms=1_000)
+    aligner.max_step_ms = 250  # the step these numbers are worked out for
     aligner.add([rec("clk", 0, 5)])
     assert aligner.release(never, 0) == []
     assert aligner.release(never, 30_000) == []  # the stall counts one step
@@ -178,6 +180,7 @@ def test_a_clock_going_backwards_adds_nothing() -> None:
 
 def test_idle_ms_is_counted_in_bounded_steps_too() -> None:
     aligner = TimestampAligner([("imp", "clk")], idle_ms=500)
+    aligner.max_step_ms = 250  # the step these numbers are worked out for
     aligner.add([rec("clk", 0, 5)])
     assert aligner.release(always, 0) == []
     assert aligner.release(always, 5_000) == []  # one stall: 250 ms counted
@@ -196,3 +199,14 @@ def test_a_new_wait_starts_from_zero() -> None:
     assert [r.timestamp for r in aligner.release(never, 200)] == [1]
     assert aligner.release(never, 400) == []
     assert [r.timestamp for r in aligner.release(never, 500)] == [2]
+
+
+def test_the_default_step_covers_an_idle_fetch_round() -> None:
+    # aiokafka's getmany returns about every 500 ms while a partition is idle (its fetch
+    # long-poll): rounds that slow must still count wall time in full, or align_idle_ms
+    # would wait twice as long as asked
+    aligner = TimestampAligner([("imp", "clk")], idle_ms=2_000)
+    aligner.add([rec("clk", 0, 5)])
+    for now in range(0, 2_000, 600):
+        assert aligner.release(always, now) == []
+    assert [r.timestamp for r in aligner.release(always, 2_400)] == [5]
