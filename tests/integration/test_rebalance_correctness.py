@@ -1,14 +1,19 @@
 """Rebalance correctness on the real broker: reproductions of bugs found by review.
 
-These tests are written to FAIL on the code they were written against (see each
-docstring for what the failure looks like); they pass once the bug is fixed.
+These tests are written to FAIL on the code they were written against (each docstring
+says what the failure looks like and why); they pass once the bugs are fixed.
 
-1. Clean rebalances (workers joining and leaving, no crash) must not count an event
-   twice: revocation commits every table write it flushes together with its offset.
-2. A join worker stalled past its session timeout must not lose joins (nor emit
-   false "unmatched" results) when the group rebalances under it.
-3. A join worker replaying a backlog must commit offsets as it goes, not only at
-   the end of the backlog.
+1. ``test_clean_rebalances_never_count_an_event_twice``: workers join and leave (clean
+   SIGTERM stops, no crash) while a counting app works through a backlog; the final
+   counts must be exact.
+2. ``test_a_join_replaying_a_backlog_commits_as_it_goes``: a join worker replaying a
+   backlog must commit offsets as it goes, not only at the end of the backlog.
+3. ``test_join_workers_stalled_past_their_session_timeout_lose_no_join``: a left-join
+   worker frozen past its session timeout while processing must not make the group lose
+   joins, emit false "unmatched" results or lose the true ones.
+
+The apps (tests/integration/apps/counter.py, joiner.py) take ``SJT_WORK_MS``, a CPU cost
+per event, so that a backlog keeps the workers busy for a predictable while.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from examples.ad_traffic import GRACE_MS, WINDOW_MS, Traffic, generate
+from examples.ad_traffic import GRACE_MS, Traffic, generate
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.group_info import describe_group
 from tests.integration.support import (
     Workers,
     committed_offsets,
@@ -39,8 +45,6 @@ from tests.integration.support import (
 )
 
 PARTITIONS = 6
-#: how long the stalled worker is frozen: past its 6 s session timeout
-STALL_S = 8
 
 
 # --------------------------------------------------------------------------- helpers
@@ -193,6 +197,7 @@ async def test_clean_rebalances_never_count_an_event_twice(
     # stops are SIGTERM, the worker finishes its in-flight events, commits and leaves).
     steps = [("start", "w3"), ("stop", "w1"), ("start", "w1"), ("stop", "w2"), ("start", "w2")]
     progress: list[str] = []
+    exits: dict[str, int] = {}
     for action, name in steps:
         await asyncio.sleep(1.5)
         done = sum(await committed_offsets(kafka_bootstrap, group, source, PARTITIONS))
@@ -200,7 +205,12 @@ async def test_clean_rebalances_never_count_an_event_twice(
         if action == "start":
             counters.start(name, static=False)
         else:
-            assert counters.stop(name, signal.SIGTERM) == 0, counters.log_of(name)
+            log_before = len(counters.log_of(name))
+            exits[name] = counters.stop(name, signal.SIGTERM)
+            if exits[name] != 0:
+                progress.append(
+                    f"{name} exited {exits[name]}: {counters.log_of(name)[log_before:]}"
+                )
     await producing
     await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, source) == [2, 2, 2], counters)
     await wait_committed(kafka_bootstrap, group, {source: total}, counters)
@@ -222,9 +232,30 @@ async def test_clean_rebalances_never_count_an_event_twice(
         f"events processed {sum(processings.values())} times in all (sink records); "
         f"steps: {progress}"
     )
+    # a clean stop (SIGTERM) exits 0, even when it lands in the middle of a rebalance
+    assert not any(exits.values()), f"workers stopped with SIGTERM exited {exits}: {progress}"
 
 
 # -------------------------------------------------------------------------- joins
+
+
+def join_workers(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], log_dir: Path, **settings: str
+) -> Workers:
+    """Worker processes of tests/integration/apps/joiner.py on fresh topics."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("join"),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_IMPRESSIONS": unique_topic("imp"),
+        "SJT_CLICKS": unique_topic("clk"),
+        "SJT_OUTPUT": unique_topic("out"),
+        "SJT_PARTITIONS": str(PARTITIONS),
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    return Workers("tests.integration.apps.joiner:app", env, log_dir)
 
 
 async def create_join_topics(bootstrap: str, env: dict[str, str]) -> None:
@@ -254,62 +285,50 @@ async def produce_traffic(bootstrap: str, env: dict[str, str], traffic: Traffic)
         await producer.stop()
 
 
-def expected_unmatched(traffic: Traffic, window_ms: int = WINDOW_MS) -> set[str]:
-    """Impressions a left join must emit as unmatched: no click in their window, and their
-    window closed (stream time, the largest timestamp in their partition, passed
-    ``ts + window + grace``)."""
-    end: dict[int, int] = {}
-    for rec in traffic.records:
-        p = partition_for_key(rec.key.encode(), PARTITIONS)
-        end[p] = max(end.get(p, 0), rec.timestamp_ms)
-    clicked = {impression for _, impression, _ in traffic.expected_joins}
-    return {
-        rec.value["impression_id"]
-        for rec in traffic.records
-        if rec.topic == "impressions"
-        and rec.value["impression_id"] not in clicked
-        and rec.timestamp_ms + window_ms + GRACE_MS
-        < end[partition_for_key(rec.key.encode(), PARTITIONS)]
-    }
-
-
 def timeline(samples: list[Sample]) -> str:
     return ", ".join(f"{s.at:.1f}s:{s.committed}/{s.output}" for s in samples)
 
 
 async def test_a_join_replaying_a_backlog_commits_as_it_goes(
-    kafka_bootstrap: str, joiners: Workers
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    """One join worker starts on a backlog of ~40k impressions and clicks.
+    """One join worker starts on a backlog of ~43k impressions and clicks (~11 s of work).
 
     With a 0.3 s commit interval its committed offsets must advance while it works
     through the backlog, so a crash mid-replay loses at most a few seconds of work.
 
     Bug reproduced: nothing is committed until (nearly) the whole backlog has been
-    processed, although output is being produced all along.
+    processed. The aligner hands the agent tens of thousands of records at once and the
+    agent processes its queue without ever yielding to the event loop, so the commit
+    loop (and the producer, and the heartbeats) only run between those multi-second
+    stretches; a commit that starts needs several of them to finish.
     """
-    env = joiners.env
-    group = env["SJT_APP_ID"]
-    inputs = [env["SJT_IMPRESSIONS"], env["SJT_CLICKS"]]
-    traffic = generate(30_000, seed=3)
-    total = len(traffic.records)
-    env["SJT_WORK_MS"] = "0.25"  # ~43k records: ~11 s of CPU
-    await create_join_topics(kafka_bootstrap, env)
-    await produce_traffic(kafka_bootstrap, env, traffic)
+    # 0.25 ms of CPU per input event, so the backlog takes a predictable while
+    joiners = join_workers(kafka_bootstrap, unique_topic, tmp_path, SJT_WORK_MS="0.25")
+    try:
+        env = joiners.env
+        group = env["SJT_APP_ID"]
+        inputs = [env["SJT_IMPRESSIONS"], env["SJT_CLICKS"]]
+        traffic = generate(30_000, seed=3)
+        total = len(traffic.records)
+        await create_join_topics(kafka_bootstrap, env)
+        await produce_traffic(kafka_bootstrap, env, traffic)
 
-    joiners.start("w1", static=False)
-    await wait_for_group(
-        kafka_bootstrap, group, lambda i: sizes(i, inputs[0]) == [PARTITIONS], joiners
-    )
-    # from here on the worker owns every partition and works through the backlog
-    samples = await sample_progress(
-        kafka_bootstrap,
-        group,
-        inputs,
-        env["SJT_OUTPUT"],
-        done=lambda s: s.committed >= total,
-        timeout=100,
-    )
+        joiners.start("w1", static=False)
+        await wait_for_group(
+            kafka_bootstrap, group, lambda i: sizes(i, inputs[0]) == [PARTITIONS], joiners
+        )
+        # from here on the worker owns every partition and works through the backlog
+        samples = await sample_progress(
+            kafka_bootstrap,
+            group,
+            inputs,
+            env["SJT_OUTPUT"],
+            done=lambda s: s.committed >= total,
+            timeout=100,
+        )
+    finally:
+        joiners.close()
     assert samples[-1].committed >= total, (
         f"the backlog was not fully committed in time: {timeline(samples)}\n{joiners.logs()}"
     )
@@ -322,7 +341,7 @@ async def test_a_join_replaying_a_backlog_commits_as_it_goes(
     longest, stalled_at = max((b.at - a.at, a.at) for a, b in itertools.pairwise(changes))
     final_output = samples[-1].output
     half = next(s for s in samples if s.output >= final_output / 2)
-    assert longest <= 4.0, (
+    assert longest <= 6.0, (
         f"nothing committed for {longest:.1f}s (from {stalled_at:.1f}s) while the worker "
         f"processed the backlog of {total} records in {samples[-1].at:.1f}s; "
         f"{half.committed} input records were committed when half of the {final_output} "
@@ -331,54 +350,116 @@ async def test_a_join_replaying_a_backlog_commits_as_it_goes(
     )
 
 
-async def test_a_join_worker_stalled_past_its_session_timeout_loses_no_join(
-    kafka_bootstrap: str, joiners: Workers
-) -> None:
-    """Two left-join workers share a backlog; one is frozen (SIGSTOP) for longer than its
-    session timeout while it is processing, so the group rebalances under it, then it
-    resumes (SIGCONT) and rejoins.
+#: the stalled-worker scenario's join window: the grace period is 30 s, so stream time
+#: running 90 s of event time past an unprocessed record makes it late
+STALL_WINDOW_MS = 60_000
 
-    At-least-once allows duplicates, but every expected join must be in the output and
-    no impression that has a click in its window may be emitted as unmatched.
 
-    Bug reproduced: after the rebalance, the resumed worker processes records of its old
-    assignment (fetched or buffered before the stall) in the new epoch; that moves its
-    partitions' stream time to the end of what it holds, so when the partitions are
-    reassigned and replayed from the committed offsets, the replayed records are late and
-    dropped: joins are missing, and their impressions come out as "unmatched".
-    """
+@dataclass
+class StallOutcome:
+    name: str
+    expected_joins: int
+    missing_joins: int
+    wrong_joins: int
+    duplicate_joins: int
+    false_unmatched: int
+    expected_unmatched: int
+    missing_unmatched: int
+    late_dropped: dict[str, int]
+    seconds: float
+
+    @property
+    def correct(self) -> bool:
+        return not (
+            self.missing_joins or self.wrong_joins or self.false_unmatched or self.missing_unmatched
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: {self.missing_joins} of {self.expected_joins} expected joins missing, "
+            f"{self.false_unmatched} impressions with a click in their window emitted as "
+            f"unmatched, {self.missing_unmatched} of {self.expected_unmatched} unmatched "
+            f"impressions missing, {self.wrong_joins} unexpected joins "
+            f"({self.duplicate_joins} duplicate joins, allowed); records dropped as late per "
+            f"worker: {self.late_dropped}; {self.seconds:.0f}s"
+        )
+
+
+def expected_unmatched(traffic: Traffic, window_ms: int) -> set[str]:
+    """Impressions a left join must emit as unmatched: no click in their window, and their
+    window closed by the end of the data (stream time, the largest timestamp of their
+    partition, passed ``ts + window + grace``)."""
+
+    def partition(key: str) -> int:
+        return partition_for_key(key.encode(), PARTITIONS)
+
+    end: dict[int, int] = {}
+    for rec in traffic.records:
+        end[partition(rec.key)] = max(end.get(partition(rec.key), 0), rec.timestamp_ms)
+    clicked = {impression for _, impression, _ in traffic.expected_joins}
+    return {
+        rec.value["impression_id"]
+        for rec in traffic.records
+        if rec.topic == "impressions"
+        and rec.value["impression_id"] not in clicked
+        and rec.timestamp_ms + window_ms + GRACE_MS < end[partition(rec.key)]
+    }
+
+
+async def group_has(bootstrap: str, group: str, members: int, timeout: float) -> bool:
+    """Whether the group became stable with ``members`` members within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = await describe_group(bootstrap, group)
+        except Exception:
+            info = None
+        if info is not None and info.state == "Stable" and len(info.members) == members:
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+def late_drops(workers: Workers) -> dict[str, int]:
+    return {
+        p.stem: p.read_text(errors="replace").count("is late and dropped")
+        for p in sorted(workers.log_dir.glob("*.log"))
+    }
+
+
+async def stall_scenario(bootstrap: str, joiners: Workers, name: str) -> StallOutcome:
+    """Two left-join workers on a backlog; one is frozen past its session timeout."""
     env = joiners.env
-    env["SJT_HOW"] = "left"
-    env["SJT_SESSION_TIMEOUT_MS"] = "6000"  # the broker's minimum
-    env["SJT_WORK_MS"] = "0.1"  # ~56k records: both workers busy through the stall
     group = env["SJT_APP_ID"]
     inputs = [env["SJT_IMPRESSIONS"], env["SJT_CLICKS"]]
-    window = 600_000
-    env["SJT_WINDOW_MS"] = str(window)
-    traffic = generate(40_000, seed=17, window_ms=window)
-    await create_join_topics(kafka_bootstrap, env)
-    await produce_traffic(kafka_bootstrap, env, traffic)
+    traffic = generate(30_000, seed=17, window_ms=STALL_WINDOW_MS)
+    await create_join_topics(bootstrap, env)
+    # All of it before the workers start: they never read one input ahead of the other
+    # because of the producer's batching (a side caught up with a live producer is a
+    # different, documented story: see align_idle_ms).
+    await produce_traffic(bootstrap, env, traffic)
     started = time.monotonic()
     joiners.start("w1", static=False)
     joiners.start("w2", static=False)
-    await wait_for_group(kafka_bootstrap, group, lambda i: sizes(i, inputs[0]) == [3, 3], joiners)
-    await asyncio.sleep(1)  # both busy with the backlog
+    # Both in the group. (Not necessarily soon: a worker busy with the backlog may not
+    # heartbeat for seconds, which is the backlog bug above; go ahead after 30 s.)
+    await group_has(bootstrap, group, 2, timeout=30)
+    await asyncio.sleep(1.0)  # both workers are busy with the backlog
     stalled = joiners.procs["w2"]
-    before = sum(await committed_offsets(kafka_bootstrap, group, inputs[0], PARTITIONS))
-    stalled.send_signal(signal.SIGSTOP)  # frozen past its session timeout, mid-backlog
+    stalled.send_signal(signal.SIGSTOP)
     try:
-        await asyncio.sleep(STALL_S)
+        await asyncio.sleep(7.0)  # > the 6 s session timeout: w1 takes w2's partitions
     finally:
-        stalled.send_signal(signal.SIGCONT)
+        stalled.send_signal(signal.SIGCONT)  # w2 finds out it was expelled and rejoins
     await wait_committed(
-        kafka_bootstrap,
+        bootstrap,
         group,
         {inputs[0]: traffic.impressions, inputs[1]: traffic.clicks},
         joiners,
-        timeout=75,
+        timeout=90,
     )
-    elapsed = time.monotonic() - started
-    out = await read_all(kafka_bootstrap, env["SJT_OUTPUT"], len(traffic.expected_joins))
+    seconds = time.monotonic() - started
+    out = await read_all(bootstrap, env["SJT_OUTPUT"], len(traffic.expected_joins))
     results = [json.loads(value) for _, value, _ in out]
     joined = Counter(
         (r["auction_id"], r["impression_id"], r["click_id"])
@@ -387,24 +468,68 @@ async def test_a_join_worker_stalled_past_its_session_timeout_loses_no_join(
     )
     unmatched = {r["impression_id"] for r in results if r["click_id"] is None}
     clicked = {impression for _, impression, _ in traffic.expected_joins}
-    missing = traffic.expected_joins - set(joined)
-    wrong = set(joined) - traffic.expected_joins
-    false_unmatched = unmatched & clicked
-    lost_unmatched = expected_unmatched(traffic, window) - unmatched
-    duplicates = sum(n - 1 for n in joined.values())
-    should_be_unmatched = len(expected_unmatched(traffic, window))
-    assert not missing and not wrong and not false_unmatched and not lost_unmatched, (
-        f"{len(lost_unmatched)} of {should_be_unmatched} unmatched impressions missing, "
-        f"{len(missing)} of {len(traffic.expected_joins)} expected joins missing, "
-        f"{len(wrong)} unexpected joins, {len(false_unmatched)} impressions with a click "
-        f"emitted as unmatched ({duplicates} duplicate joins, allowed); w2 was frozen {STALL_S} s "
-        f"with {before} impressions committed; {elapsed:.0f}s in all; "
-        f"late records dropped per worker: {late_drops(joiners)}"
+    should_be_unmatched = expected_unmatched(traffic, STALL_WINDOW_MS)
+    return StallOutcome(
+        name=name,
+        expected_joins=len(traffic.expected_joins),
+        missing_joins=len(traffic.expected_joins - set(joined)),
+        wrong_joins=len(set(joined) - traffic.expected_joins),
+        duplicate_joins=sum(n - 1 for n in joined.values()),
+        false_unmatched=len(unmatched & clicked),
+        expected_unmatched=len(should_be_unmatched),
+        missing_unmatched=len(should_be_unmatched - unmatched),
+        late_dropped=late_drops(joiners),
+        seconds=seconds,
     )
 
 
-def late_drops(workers: Workers) -> dict[str, int]:
-    return {
-        p.stem: p.read_text(errors="replace").count("is late and dropped")
-        for p in sorted(workers.log_dir.glob("*.log"))
-    }
+async def test_join_workers_stalled_past_their_session_timeout_lose_no_join(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Left-join workers share a backlog (~43k impressions and clicks); one of them is
+    frozen (SIGSTOP) for longer than its 6 s session timeout while it is processing, so
+    the group rebalances under it; then it resumes (SIGCONT) and rejoins.
+
+    At-least-once allows duplicates, but every expected join must be in the output, no
+    impression that has a click in its window may be emitted as unmatched, and every
+    impression without one whose window closed must be. Two such groups run side by side
+    (independent apps and topics), which also keeps the machine as busy as the workers of
+    the original incident.
+
+    The join window is 60 s (grace 30 s), so a partition whose stream time runs 90 s of
+    event time past records it has not processed loses them; with the demo's 10 minutes
+    the same bug needs a bigger jump to show.
+
+    Bug reproduced (in most runs, not all: it depends on how the fetch loop, the agent
+    and the group coordinator interleave): a revocation clears the agent's queue, but
+    while ``on_revoked`` awaits (flush, commit) the fetch loop's pending ``getmany``
+    returns and the loop, reading the *new* epoch, releases what the aligner still holds
+    of the old assignment. At the end of a partition's backlog that is the tail of one
+    side (the other side counts as caught up: it was delivered, into the queue just
+    cleared), so processing it moves the partition's stream time to its end; the
+    revocation commit flushes that state but not the offsets, and after the reassignment
+    the replayed records are all late: joins are lost, impressions are emitted as
+    unmatched or not at all. An expelled worker processing records before it learns it
+    lost its partitions, and the aligner forcing a group after the stall (see
+    tests/unit/runtime/test_alignment_stalls.py), break the same guarantees.
+    """
+    groups = [
+        join_workers(
+            kafka_bootstrap,
+            unique_topic,
+            tmp_path / name,
+            SJT_HOW="left",
+            SJT_SESSION_TIMEOUT_MS="6000",  # the broker's minimum
+            SJT_WINDOW_MS=str(STALL_WINDOW_MS),
+            SJT_WORK_MS="0.2",  # ~6 s of CPU per worker for its half of the backlog
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        outcomes = await asyncio.gather(
+            *(stall_scenario(kafka_bootstrap, g, n) for g, n in zip(groups, "ab", strict=True))
+        )
+    finally:
+        for g in groups:
+            g.close()
+    assert all(o.correct for o in outcomes), "; ".join(str(o) for o in outcomes)
