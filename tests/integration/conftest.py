@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.support import Workers
+from tests.integration.support import Workers, join_workers
 
 #: partitions of the join apps' topics (tests/integration/apps/joiner.py)
 JOIN_PARTITIONS = 6
@@ -25,16 +24,6 @@ def joiners(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> Iterator[Workers]:
     """Worker processes of the join test app, on fresh topics of this test."""
-    env = {
-        **os.environ,
-        "SJT_APP_ID": unique_topic("join"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_IMPRESSIONS": unique_topic("imp"),
-        "SJT_CLICKS": unique_topic("clk"),
-        "SJT_OUTPUT": unique_topic("out"),
-        "SJT_PARTITIONS": str(JOIN_PARTITIONS),
-        "PYTHONUNBUFFERED": "1",
-    }
-    group = Workers("tests.integration.apps.joiner:app", env, tmp_path)
+    group = join_workers(kafka_bootstrap, unique_topic, tmp_path, JOIN_PARTITIONS)
     yield group
     group.close()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -149,3 +152,63 @@ def sizes(info: GroupInfo, topic: str) -> list[int]:
 
 def active_by_instance(info: GroupInfo, topic: str) -> dict[str, set[int]]:
     return {m.instance_id or m.member_id: set(m.active.get(topic, [])) for m in info.members}
+
+
+def counter_workers(
+    bootstrap: str, unique_topic: Callable[..., str], log_dir: Path, partitions: int
+) -> Workers:
+    """Worker processes of tests/integration/apps/counter.py on fresh topics."""
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("cnt"),
+        "SJT_BROKER": f"kafka://{bootstrap}",
+        "SJT_SOURCE": unique_topic("events"),
+        "SJT_SINK": unique_topic("counts"),
+        "SJT_PARTITIONS": str(partitions),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return Workers("tests.integration.apps.counter:app", env, log_dir)
+
+
+def join_workers(
+    bootstrap: str,
+    unique_topic: Callable[..., str],
+    log_dir: Path,
+    partitions: int,
+    **settings: str,
+) -> Workers:
+    """Worker processes of tests/integration/apps/joiner.py on fresh topics; ``settings``
+    are more of its environment variables (SJT_HOW, SJT_WORK_MS, ...)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("join"),
+        "SJT_BROKER": f"kafka://{bootstrap}",
+        "SJT_IMPRESSIONS": unique_topic("imp"),
+        "SJT_CLICKS": unique_topic("clk"),
+        "SJT_OUTPUT": unique_topic("out"),
+        "SJT_PARTITIONS": str(partitions),
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    return Workers("tests.integration.apps.joiner:app", env, log_dir)
+
+
+async def produce_traffic(
+    bootstrap: str, env: dict[str, str], records: Iterable[Any], linger_ms: int = 20
+) -> None:
+    """Produce ad traffic (``examples.ad_traffic`` records) to the join app's input topics."""
+    topics = {"impressions": env["SJT_IMPRESSIONS"], "clicks": env["SJT_CLICKS"]}
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms)
+    await producer.start()
+    try:
+        for rec in records:
+            await producer.send(
+                topics[rec.topic],
+                json.dumps(rec.value).encode(),
+                key=rec.key.encode(),
+                timestamp_ms=rec.timestamp_ms,
+            )
+        await producer.flush()
+    finally:
+        await producer.stop()

@@ -16,26 +16,16 @@ import streamjoin
 from examples.ad_traffic import generate
 from streamjoin.app import CopartitioningError
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from tests.integration.support import Workers, committed_offsets, read_all, sizes, wait_for_group
+from tests.integration.support import (
+    Workers,
+    committed_offsets,
+    produce_traffic,
+    read_all,
+    sizes,
+    wait_for_group,
+)
 
 PARTITIONS = 6
-
-
-async def produce_traffic(bootstrap: str, env: dict[str, str], records: list) -> None:  # type: ignore[type-arg]
-    topics = {"impressions": env["SJT_IMPRESSIONS"], "clicks": env["SJT_CLICKS"]}
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        for rec in records:
-            await producer.send(
-                topics[rec.topic],
-                json.dumps(rec.value).encode(),
-                key=rec.key.encode(),
-                timestamp_ms=rec.timestamp_ms,
-            )
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 async def wait_all_committed(bootstrap: str, env: dict[str, str], totals: dict[str, int]) -> None:
@@ -62,10 +52,10 @@ async def test_three_workers_one_killed_every_join_appears(
         kafka_bootstrap, group, lambda i: sizes(i, env["SJT_IMPRESSIONS"]) == [2, 2, 2], joiners
     )
     half = len(traffic.records) // 2
-    await produce_traffic(kafka_bootstrap, env, traffic.records[:half])
+    await produce_traffic(kafka_bootstrap, env, traffic.records[:half], linger_ms=5)
     await read_all(kafka_bootstrap, env["SJT_OUTPUT"], len(traffic.expected_joins) // 4)
     joiners.stop("w3", signal.SIGKILL)
-    await produce_traffic(kafka_bootstrap, env, traffic.records[half:])
+    await produce_traffic(kafka_bootstrap, env, traffic.records[half:], linger_ms=5)
     await wait_for_group(
         kafka_bootstrap,
         group,

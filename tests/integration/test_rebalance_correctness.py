@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import signal
 import time
 from collections import Counter
@@ -39,6 +38,9 @@ from streamjoin.runtime.group_info import describe_group
 from tests.integration.support import (
     Workers,
     committed_offsets,
+    counter_workers,
+    join_workers,
+    produce_traffic,
     read_all,
     sizes,
     wait_for_group,
@@ -146,16 +148,7 @@ async def sample_progress(
 def counters(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> Iterator[Workers]:
-    env = {
-        **os.environ,
-        "SJT_APP_ID": unique_topic("cnt"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_SOURCE": unique_topic("events"),
-        "SJT_SINK": unique_topic("counts"),
-        "SJT_PARTITIONS": str(PARTITIONS),
-        "PYTHONUNBUFFERED": "1",
-    }
-    group = Workers("tests.integration.apps.counter:app", env, tmp_path)
+    group = counter_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS)
     yield group
     group.close()
 
@@ -239,25 +232,6 @@ async def test_clean_rebalances_never_count_an_event_twice(
 # -------------------------------------------------------------------------- joins
 
 
-def join_workers(
-    kafka_bootstrap: str, unique_topic: Callable[..., str], log_dir: Path, **settings: str
-) -> Workers:
-    """Worker processes of tests/integration/apps/joiner.py on fresh topics."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "SJT_APP_ID": unique_topic("join"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_IMPRESSIONS": unique_topic("imp"),
-        "SJT_CLICKS": unique_topic("clk"),
-        "SJT_OUTPUT": unique_topic("out"),
-        "SJT_PARTITIONS": str(PARTITIONS),
-        "PYTHONUNBUFFERED": "1",
-        **settings,
-    }
-    return Workers("tests.integration.apps.joiner:app", env, log_dir)
-
-
 async def create_join_topics(bootstrap: str, env: dict[str, str]) -> None:
     await ensure_topics(
         bootstrap,
@@ -266,23 +240,6 @@ async def create_join_topics(bootstrap: str, env: dict[str, str]) -> None:
             for name in ("SJT_IMPRESSIONS", "SJT_CLICKS", "SJT_OUTPUT")
         ],
     )
-
-
-async def produce_traffic(bootstrap: str, env: dict[str, str], traffic: Traffic) -> None:
-    topics = {"impressions": env["SJT_IMPRESSIONS"], "clicks": env["SJT_CLICKS"]}
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
-    await producer.start()
-    try:
-        for rec in traffic.records:
-            await producer.send(
-                topics[rec.topic],
-                json.dumps(rec.value).encode(),
-                key=rec.key.encode(),
-                timestamp_ms=rec.timestamp_ms,
-            )
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 def timeline(samples: list[Sample]) -> str:
@@ -304,7 +261,7 @@ async def test_a_join_replaying_a_backlog_commits_as_it_goes(
     stretches; a commit that starts needs several of them to finish.
     """
     # 0.25 ms of CPU per input event, so the backlog takes a predictable while
-    joiners = join_workers(kafka_bootstrap, unique_topic, tmp_path, SJT_WORK_MS="0.25")
+    joiners = join_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS, SJT_WORK_MS="0.25")
     try:
         env = joiners.env
         group = env["SJT_APP_ID"]
@@ -312,7 +269,7 @@ async def test_a_join_replaying_a_backlog_commits_as_it_goes(
         traffic = generate(30_000, seed=3)
         total = len(traffic.records)
         await create_join_topics(kafka_bootstrap, env)
-        await produce_traffic(kafka_bootstrap, env, traffic)
+        await produce_traffic(kafka_bootstrap, env, traffic.records)
 
         joiners.start("w1", static=False)
         await wait_for_group(
@@ -437,7 +394,7 @@ async def stall_scenario(bootstrap: str, joiners: Workers, name: str) -> StallOu
     # All of it before the workers start: they never read one input ahead of the other
     # because of the producer's batching (a side caught up with a live producer is a
     # different, documented story: see align_idle_ms).
-    await produce_traffic(bootstrap, env, traffic)
+    await produce_traffic(bootstrap, env, traffic.records)
     started = time.monotonic()
     joiners.start("w1", static=False)
     joiners.start("w2", static=False)
@@ -518,6 +475,7 @@ async def test_join_workers_stalled_past_their_session_timeout_lose_no_join(
             kafka_bootstrap,
             unique_topic,
             tmp_path / name,
+            PARTITIONS,
             SJT_HOW="left",
             SJT_SESSION_TIMEOUT_MS="6000",  # the broker's minimum
             SJT_WINDOW_MS=str(STALL_WINDOW_MS),

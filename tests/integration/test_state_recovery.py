@@ -7,7 +7,6 @@ per key in a table and sends every new count to a sink topic.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from tests.integration.support import (
     ROOT,
     Workers,
     committed_offsets,
+    counter_workers,
     produce,
     read_all,
     sizes,
@@ -38,16 +38,7 @@ KEYS = [f"user-{i}" for i in range(12)]
 def counters(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> Iterator[Workers]:
-    env = {
-        **os.environ,
-        "SJT_APP_ID": unique_topic("cnt"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_SOURCE": unique_topic("events"),
-        "SJT_SINK": unique_topic("counts"),
-        "SJT_PARTITIONS": str(PARTITIONS),
-        "PYTHONUNBUFFERED": "1",
-    }
-    group = Workers("tests.integration.apps.counter:app", env, tmp_path)
+    group = counter_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS)
     yield group
     group.close()
 
