@@ -80,12 +80,9 @@ class KafkaConsumerService(Service):
         super().__init__()
         self._runtime = runtime
         self._task_manager = tasks
-        self._sender = sender
         self._commit_interval = commit_interval
-        self._revoke_timeout = revoke_timeout
         self._on_assignment = on_assignment
         self._on_revoke = on_revoke
-        self._flush_tables = flush_tables
         self._options: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
             "group_id": group_id,
@@ -289,8 +286,7 @@ class KafkaConsumerService(Service):
         the member for a whole session timeout, far longer than a flush takes."""
         if not self._member_in_good_standing():
             return False
-        consumer = self._consumer
-        coordinator = None if consumer is None else getattr(consumer, "_coordinator", None)
+        coordinator = self._coordinator()
         heartbeat = getattr(coordinator, "_do_heartbeat", None)
         if coordinator is None or heartbeat is None:
             return True  # not in a group (manual assignment): nothing to confirm
@@ -306,10 +302,12 @@ class KafkaConsumerService(Service):
     def _member_in_good_standing(self) -> bool:
         """False once aiokafka knows this member was fenced out (its generation was reset):
         flushing state then would write changelog records for partitions it no longer owns."""
-        consumer = self._consumer
-        coordinator = None if consumer is None else getattr(consumer, "_coordinator", None)
-        generation = getattr(coordinator, "generation", None)
+        generation = getattr(self._coordinator(), "generation", None)
         return generation is None or generation != _NO_GENERATION
+
+    def _coordinator(self) -> Any:
+        """aiokafka's group coordinator (a private attribute: None outside a group)."""
+        return None if self._consumer is None else getattr(self._consumer, "_coordinator", None)
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         fenced = not self._member_in_good_standing()

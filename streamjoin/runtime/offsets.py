@@ -12,7 +12,6 @@ out of order.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from streamjoin.errors import OffsetTrackingError as OffsetTrackingError
@@ -90,8 +89,3 @@ class OffsetTracker:
         """Records of ``tp`` registered but not yet fully acknowledged."""
         ledger = self._ledgers.get(tp)
         return 0 if ledger is None else len(ledger.pending)
-
-    def forget(self, tps: Iterable[TopicPartition]) -> None:
-        """Drop partitions that were revoked: their pending records will be refetched."""
-        for tp in tps:
-            self._ledgers.pop(tp, None)

@@ -96,9 +96,6 @@ class Task:
         """Acknowledgements still count (running, or suspended until its commit)."""
         return self.state is TaskState.RUNNING or self.state is TaskState.SUSPENDED
 
-    def table_partition(self, table: str) -> TablePartition | None:
-        return self.tables.get(table)
-
 
 class TaskManager:
     """The tasks of this worker: created from assignments, suspended, closed or lost."""
@@ -106,11 +103,13 @@ class TaskManager:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self._group_of = topology.group_of_topic()
+        #: table name -> index of the task group holding it
+        self._table_group = {
+            table: group.index for group in topology.task_groups() for table in group.tables
+        }
         self.tasks: dict[TaskId, Task] = {}
         #: source partition -> its task, for every task not closed or lost
         self._by_source: dict[TopicPartition, Task] = {}
-        #: what happened to tasks, for tests and logs
-        self.history: list[tuple[str, TaskId]] = []
 
     # ------------------------------------------------------------------ lookups
 
@@ -126,8 +125,19 @@ class TaskManager:
         """Tasks that are neither closed nor lost, in id order."""
         return [self.tasks[k] for k in sorted(self.tasks)]
 
-    def table_tasks(self, table: str) -> list[Task]:
-        return [t for t in self.live() if table in t.group.tables]
+    def table_task(self, table: str, partition: int) -> Task | None:
+        """The live task holding partition ``partition`` of ``table``."""
+        group = self._table_group.get(table)
+        return None if group is None else self.tasks.get((group, partition))
+
+    def table_partitions(self, table: str) -> list[int]:
+        """Partitions of ``table`` whose task is running with the table restored, sorted."""
+        group = self._table_group.get(table)
+        return sorted(
+            p
+            for (g, p), task in self.tasks.items()
+            if g == group and task.running and table in task.tables
+        )
 
     def active_table_partitions(self) -> dict[str, set[int]]:
         """Table name -> partitions of live tasks (what the state service must restore)."""
@@ -155,22 +165,20 @@ class TaskManager:
             if task is None:
                 task = self.tasks[key] = Task(group, partition)
                 created.append(task)
-                self.history.append(("created", key))
                 task.state = TaskState.RESTORING if group.tables else TaskState.RUNNING
             self._by_source[(topic, partition)] = task
         return created
 
     def table_ready(self, table: str, partition: int, state: TablePartition) -> Task | None:
         """A table partition finished restoring; returns its task if it is now running."""
-        for task in self.table_tasks(table):
-            if task.partition != partition:
-                continue
-            task.tables[table] = state
-            task.restoring.discard(table)
-            if task.state is TaskState.RESTORING and not task.restoring:
-                task.state = TaskState.RUNNING
-                self.history.append(("running", task.id))
-                return task
+        task = self.table_task(table, partition)
+        if task is None:
+            return None
+        task.tables[table] = state
+        task.restoring.discard(table)
+        if task.state is TaskState.RESTORING and not task.restoring:
+            task.state = TaskState.RUNNING
+            return task
         return None
 
     def suspend(self, tasks: Iterable[Task]) -> None:
@@ -179,7 +187,6 @@ class TaskManager:
             if task.state in (TaskState.CLOSED, TaskState.LOST):
                 continue
             task.state = TaskState.SUSPENDED
-            self.history.append(("suspended", task.id))
 
     def close(self, tasks: Iterable[Task]) -> None:
         """Revocation finished (flushed and committed): forget ``tasks``."""
@@ -204,7 +211,6 @@ class TaskManager:
             for tp in task.source_partitions:
                 if self._by_source.get(tp) is task:
                     del self._by_source[tp]
-            self.history.append((final.value, task.id))
 
     def committable(self, tasks: Iterable[Task] | None = None) -> dict[TopicPartition, int]:
         """Offsets safe to commit for ``tasks`` (default: every live task)."""

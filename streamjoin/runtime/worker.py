@@ -25,14 +25,14 @@ from typing import Any
 from mode import Service
 
 from streamjoin.config import AppConfig
-from streamjoin.context import RuntimeLink, Sender
+from streamjoin.context import RuntimeLink
 from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import Task, TaskManager, TaskState
+from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import Topology
@@ -78,15 +78,11 @@ class WorkerTables:
         self._held = held
 
     def active_partition(self, table: str, partition: int) -> TablePartition | None:
-        for task in self._tasks.table_tasks(table):
-            if task.partition == partition and task.running:
-                return task.tables.get(table)
-        return None
+        task = self._tasks.table_task(table, partition)
+        return task.tables.get(table) if task is not None and task.running else None
 
     def active_partitions(self, table: str) -> list[int]:
-        return sorted(
-            t.partition for t in self._tasks.table_tasks(table) if t.running and table in t.tables
-        )
+        return self._tasks.table_partitions(table)
 
     def held_partition(self, table: str, partition: int) -> bool:
         return self._held is not None and self._held.get(table, partition) is not None
@@ -255,4 +251,4 @@ class Worker(Service):
             raise self.failure
 
 
-__all__ = ["Sender", "TaskState", "Worker", "client_id_for", "prepare_topics"]
+__all__ = ["Worker", "WorkerTables", "client_id_for", "prepare_topics"]

@@ -76,14 +76,6 @@ def test_errors_name_the_record() -> None:
         tracker.register(TP, 4, 1)
 
 
-def test_forget_drops_revoked_partitions() -> None:
-    tracker = OffsetTracker()
-    tracker.register(TP, 0, 1)
-    tracker.forget([TP])
-    assert tracker.in_flight(TP) == 0
-    assert tracker.committable() == {}
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=30), st.randoms())
 def test_position_never_passes_an_unacked_record(consumers: list[int], rnd: object) -> None:

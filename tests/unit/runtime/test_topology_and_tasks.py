@@ -139,7 +139,7 @@ def test_task_lifecycle() -> None:
     assert join_task.state is TaskState.RESTORING  # it has a join buffer to restore
     state = TablePartition("j-buffer", 1, MemoryStorePartition())
     assert manager.table_ready("j-buffer", 1, state) is join_task
-    assert join_task.running and join_task.table_partition("j-buffer") is state
+    assert join_task.running and join_task.tables.get("j-buffer") is state
 
     join_task.tracker.register(("left", 1), 10, 1)
     join_task.tracker.ack(("left", 1), 10)
