@@ -199,10 +199,6 @@ class AppConfig:
         return dataclasses.replace(self, **changes)
 
     @property
-    def bootstrap_servers(self) -> str:
-        return self.broker
-
-    @property
     def state_path(self) -> Path:
         """``state_dir`` as a Path (always set after validation)."""
         return self.state_dir if self.state_dir is not None else Path(f"{self.id}-data")

@@ -77,10 +77,6 @@ class TablePartition:
     # ------------------------------------------------------------ flushing
 
     @property
-    def dirty(self) -> bool:
-        return bool(self.pending)
-
-    @property
     def flush_interrupted(self) -> bool:
         """A previous flush did not finish: its writes may be in the changelog already."""
         return bool(self.flushing)
