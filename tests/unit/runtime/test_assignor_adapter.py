@@ -366,12 +366,6 @@ def test_unreadable_assignment_userdata_keeps_the_epoch(
     assert saved is not None and saved.generation == 4 and dict(saved.active) == {"clicks": (0,)}
 
 
-def test_record_active_follows_what_aiokafka_assigned() -> None:
-    worker = join_assignor()
-    worker.record_active({("clicks", 2), ("impressions", 2), ("clicks", 0)})
-    assert worker.active == {"clicks": (0, 2), "impressions": (2,)}
-
-
 def test_metadata_reports_lags_capacity_tags_host_and_instance_id() -> None:
     worker = join_assignor(
         capacity=3,
