@@ -224,7 +224,9 @@ def test_newer_minor_versions_may_append_fields_older_decoders_skip() -> None:
 
 
 def test_newer_minor_assignment_flags_are_ignored() -> None:
-    data = bytearray(uncompressed(encode_assignment(AssignmentUserdata(4, followup_rebalance=True))))
+    data = bytearray(
+        uncompressed(encode_assignment(AssignmentUserdata(4, followup_rebalance=True)))
+    )
     data[7] |= 0x02  # an extra flag bit: generation 4 is one byte, flags the next
     with pytest.raises(MalformedUserdata, match="unknown assignment flags"):
         decode_assignment(bytes(data))
@@ -452,3 +454,22 @@ def test_assignment_userdata_never_mentions_other_members() -> None:
         "pending",
         "warmup",
     }
+
+
+def test_minor_1_fields_round_trip() -> None:
+    sub = SubscriptionUserdata(generation=3, owned={"a": (0, 2, 4), "b": (7,)})
+    assert decode_subscription(encode_subscription(sub)) == sub
+    assignment = AssignmentUserdata(
+        4, {CHANGELOG: (1,)}, pending={"a": (5, 6), CHANGELOG: (5, 6)}, warmup={CHANGELOG: (9,)}
+    )
+    assert decode_assignment(encode_assignment(assignment)) == assignment
+
+
+def test_a_minor_0_message_decodes_with_empty_minor_1_fields() -> None:
+    # what a worker of the previous version sends: the body ends before the minor-1 fields
+    body = uncompressed(encode_subscription(SubscriptionUserdata(generation=3)))
+    minor0 = with_header(body[:-1], minor=0)
+    assert decode_subscription(minor0) == SubscriptionUserdata(generation=3)
+    body = uncompressed(encode_assignment(AssignmentUserdata(2, {CHANGELOG: (1,)})))
+    minor0 = with_header(body[:-2], minor=0)
+    assert decode_assignment(minor0) == AssignmentUserdata(2, {CHANGELOG: (1,)})
