@@ -347,16 +347,15 @@ class GroupMembership:
             await self._revoke(self.owned)
         self._rejoin.clear()
         joined = await self._join()
-        revoked_after_join = bool(joined.group_protocol == EAGER_PROTOCOL and self.owned)
-        if revoked_after_join:
-            # The group fell back to eager (a member that only speaks eager joined); our
-            # leader withholds what we still own, another leader might not: stop it now.
-            await self._revoke(self.owned)
+        # If the group fell back to eager here (a member that speaks only eager joined) while
+        # we still own partitions, we cannot revoke them now: the group is completing its
+        # rebalance and would refuse the commit. Our leaders withhold what a member still
+        # owns whatever the protocol, so what moves is revoked after SyncGroup as usual.
         assignments: list[tuple[str, bytes]] = []
         if joined.leader_id == joined.member_id:
             assignments = await self._lead(joined)
         assignment = await self._sync(assignments)
-        await self._apply(assignment, revoked_after_join)
+        await self._apply(assignment)
 
     async def _join(self) -> Any:
         settings = self.settings
@@ -442,9 +441,7 @@ class GroupMembership:
         self._rejoin.set()
         raise _Rejoin()
 
-    async def _apply(
-        self, assignment: ConsumerProtocolMemberAssignment, revoked_after_join: bool
-    ) -> None:
+    async def _apply(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         self._assignor.on_assignment(assignment)
         assigned = {(t, p) for t, ps in assignment.assignment for p in ps}
         changes = partition_changes(self.owned, assigned)
@@ -456,7 +453,7 @@ class GroupMembership:
         await self._listener.on_partitions_assigned(changes.added, self.owned)
         self.metrics.assigned.add(self._clock() - started)
         self._assigned_once.set()
-        if self.settings.cooperative and (changes.revoked or revoked_after_join):
+        if self.settings.cooperative and changes.revoked:
             # KIP-429: what we gave up goes to its new owner in a follow-up rebalance.
             self.request_rejoin("partitions revoked for their new owner")
         if self._assignor.followup_rebalance:

@@ -83,7 +83,9 @@ class Workers:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def start(self, name: str, *, static: bool = True) -> None:
+    def start(self, name: str, *, static: bool = True, cwd: Path | None = None) -> None:
+        """Start worker ``name``; ``cwd`` runs another checkout's streamjoin package (its
+        directory holds ``streamjoin/`` and the test apps)."""
         log = (self.log_dir / f"{name}.log").open("ab")
         args = [
             sys.executable,
@@ -101,7 +103,7 @@ class Workers:
             args += ["--instance-id", name]
         self.procs[name] = subprocess.Popen(
             args,
-            cwd=ROOT,
+            cwd=cwd or ROOT,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -20,6 +20,7 @@ app = streamjoin.App(
     commit_interval=float(os.environ.get("SJT_COMMIT_INTERVAL", "0.3")),
     standby_replicas=int(os.environ.get("SJT_STANDBYS", "0")),
     consumer_options={"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000},
+    rebalance_protocol=os.environ.get("SJT_PROTOCOL", "cooperative"),
 )
 source = app.topic(
     os.environ.get("SJT_SOURCE", "events"),
