@@ -640,6 +640,13 @@ class App:
         found = None if worker is None else worker.shared_values.get(f"join:{name}")
         return found if isinstance(found, JoinStats) else JoinStats()
 
+    def rebalance_metrics(self) -> dict[str, float | int | None]:
+        """This worker's rebalance metrics (the KIP-429 names: ``rebalance-latency-avg``,
+        ``rebalance-total``, ``last-rebalance-seconds-ago``, ...), running or last run;
+        empty before the worker joined a group."""
+        worker = self._worker or self._last_worker
+        return {} if worker is None else worker.rebalance_metrics()
+
     async def __aenter__(self) -> App:
         await self.start()
         return self

@@ -41,6 +41,7 @@ from streamjoin.runtime.membership import (
 )
 from streamjoin.runtime.processing import TaskProcessing
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.rebalance_metrics import RebalanceMetrics
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager, TaskState
 
@@ -134,6 +135,8 @@ class KafkaConsumerService(Service):
         self._consumer: AIOKafkaConsumer | None = None
         self._client: AIOKafkaClient | None = None
         self.membership: GroupMembership | None = None
+        #: kept across the membership's lifetime (read after the worker stopped, too)
+        self.rebalance_metrics = RebalanceMetrics()
         self._assigned: frozenset[TP] = frozenset()
         self._aligner = TimestampAligner(
             aligned_groups, max_idle_ms=align_max_idle_ms, idle_ms=align_idle_ms
@@ -187,6 +190,7 @@ class KafkaConsumerService(Service):
             assignor=self._assignor,
             listener=self,
             on_fatal=self._on_fatal,
+            metrics=self.rebalance_metrics,
         )
         self.membership.start()
 

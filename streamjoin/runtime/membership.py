@@ -201,6 +201,7 @@ class GroupMembership:
         assignor: GroupAssignor,
         listener: RebalanceListener,
         on_fatal: Callable[[BaseException], None],
+        metrics: RebalanceMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
@@ -216,7 +217,7 @@ class GroupMembership:
         self.protocol: str | None = None
         self.leader = False
         self.owned: frozenset[TP] = frozenset()
-        self.metrics = RebalanceMetrics()
+        self.metrics = metrics if metrics is not None else RebalanceMetrics()
         self._coordinator: int | None = None
         self._rejoin = asyncio.Event()
         self._rejoin.set()

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from mode import Service
@@ -130,6 +131,12 @@ class Worker(Service):
     def shared_values(self) -> dict[str, Any]:
         """Values agents keep for the worker's lifetime (join counters)."""
         return {} if self.runtime is None else self.runtime.shared_values
+
+    def rebalance_metrics(self) -> dict[str, float | int | None]:
+        """The group membership's rebalance metrics (empty when not in a group)."""
+        if self.consumer is None:
+            return {}
+        return self.consumer.rebalance_metrics.snapshot(time.monotonic())
 
     async def on_start(self) -> None:
         topology, config = self.topology, self.config
