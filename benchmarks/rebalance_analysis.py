@@ -507,6 +507,7 @@ class LogSummary:
     restores_planned: int  #: records the restores in the window set out to replay
     restored: int  #: records restores in the window replayed (finished restores)
     restore_seconds: float  #: the longest finished restore in the window
+    restored_partitions: tuple[tuple[str, int], ...]  #: (table, partition) of those restores
 
 
 def summarize_logs(events: Iterable[LogEvent], t: float, end: float) -> LogSummary:
@@ -519,4 +520,7 @@ def summarize_logs(events: Iterable[LogEvent], t: float, end: float) -> LogSumma
         restores_planned=sum(e.records for e in inside if e.kind == "restoring"),
         restored=sum(e.records for e in inside if e.kind == "restored"),
         restore_seconds=max((e.seconds for e in inside if e.kind == "restored"), default=0.0),
+        restored_partitions=tuple(
+            sorted({(e.table, e.partition) for e in inside if e.kind == "restored"})
+        ),
     )
