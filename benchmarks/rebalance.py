@@ -20,8 +20,11 @@ One run per protocol (and per ``--repeat`` round, protocols interleaved):
      so the group notices it when its session times out).
    * ``kill-restart``: one worker gets kill -9 and is started again ``--restart-delay``
      seconds later with the same ``--instance-id`` (and state directory).
-   * ``kill-new-id``: the same, restarted under a new instance id (its old static
-     membership lingers until the session timeout).
+   * ``kill-new-id``: the same, restarted under a new instance id and a new state directory
+     (its old static membership lingers until the session timeout).
+
+   Leaves and kills pick the second worker in start order, never ``w1`` (the first member,
+   usually the group's leader).
 
    An event has settled when the group is Stable with the expected members, every
    partition has been processed since the event by a live process, and every expected
@@ -30,8 +33,9 @@ One run per protocol (and per ``--repeat`` round, protocols interleaved):
    ``benchmarks/rebalance_analysis.py`` (where every term below is defined):
 
    * latency: from the event to the last partition that stalled (a gap longer than
-     ``--stall-factor`` x the largest gap of any partition in the quiet window before it)
-     processing again; ``logs``: from the event to the last "assigned" line of any worker.
+     ``--stall-factor`` x the largest gap of any partition in the quiet window before it,
+     beginning before the group settled and its last assignment was logged) processing
+     again; ``logs``: from the event to the last "assigned" line of any worker.
    * unmoved gap: the largest gap of each partition processed by the same process before
      and after the event (p50/p99/max over those partitions) against the same partitions'
      largest gap in the quiet window before it.
@@ -42,8 +46,9 @@ One run per protocol (and per ``--repeat`` round, protocols interleaved):
      "restored ..." log lines), and that as a share of those partitions' changelogs.
    * duplicates: processings in the window of offsets processed before.
    * For the whole run: overlaps (two processes processing one partition at the same
-     time), duplicates, produced offsets never processed, count errors, and the CPU time
-     of the workers and of this process (the producer).
+     time), duplicates, produced offsets never processed, keys counted twice (allowed
+     after a crash: at-least-once) and keys that lost counts (never allowed), and the CPU
+     time of the workers and of this process (the producer).
 
 The cooperative protocol needs ``App(rebalance_protocol=...)`` (issue 12); until streamjoin
 has it, asking for it stops the benchmark before anything runs. Logs, traces and state stay
@@ -459,8 +464,12 @@ class GroupRun:
             logs.extend(log_events(path.stem, path.read_text(errors="replace")))
         events = []
         for e in self.events:
-            stats = analyze_event(parts, e.t, e.end, self.s.quiet, self.s.stall_factor)
             summary = summarize_logs(logs, e.t, e.end)
+            # the rebalance is over once the group settled and the last assignment was made
+            cutoff = max(e.settled, e.t + (summary.last_assigned or 0.0))
+            stats = analyze_event(
+                parts, e.t, e.end, self.s.quiet, self.s.stall_factor, cutoff=cutoff
+            )
             changelog = sum(e.changelog_ends.get(p, 0) for _, p in summary.restored_partitions)
             events.append(
                 {
@@ -481,6 +490,7 @@ class GroupRun:
         dups = duplicates(records)
         ranges = {tp: (0, end) for tp, end in produced.items()}
         absent = missing(records, ranges)
+        wrong = count_errors(records).values()
         return {
             "protocol": self.protocol,
             "round": self.round,
@@ -500,7 +510,9 @@ class GroupRun:
             "duplicates": sum(len(d.times) - 1 for d in dups),
             "missing": sum(absent.values()),
             "missing_by_partition": {str(tp[1]): n for tp, n in absent.items()},
-            "count_errors": len(count_errors(records)),
+            # at-least-once: a crash may count events twice, but never lose a count
+            "keys_counted_twice": sum(1 for c, n in wrong if c > n),
+            "keys_with_lost_counts": sum(1 for c, n in wrong if c < n),
             "worker_cpu_s": round(sum(self.cpu.values()), 2),
             "worker_cpu_by_process": {k: round(v, 2) for k, v in self.cpu.items()},
             "bench_cpu_s": round(
@@ -591,7 +603,8 @@ def table(report: dict[str, Any]) -> str:
             f"{run['protocol']} round {run['round']}: {run['processed']:,} processings of "
             f"{run['produced']:,} events; overlaps {run['overlaps']} "
             f"(max {run['overlap_max_s']:.3f}s), duplicates {run['duplicates']:,}, "
-            f"missing {run['missing']:,}, count errors {run['count_errors']}; "
+            f"missing {run['missing']:,}, keys counted twice {run['keys_counted_twice']}, "
+            f"keys with lost counts {run['keys_with_lost_counts']}; "
             f"CPU: workers {run['worker_cpu_s']:.1f}s, producer+bench {run['bench_cpu_s']:.1f}s; "
             f"load {run['loadavg_at_end']}" + (f"; ERROR: {run['error']}" if run["error"] else "")
         )

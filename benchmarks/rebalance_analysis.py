@@ -211,11 +211,19 @@ def largest_gap(tp: TP, times: Sequence[float], start: float, end: float) -> Gap
 
 
 def resume_after_stall(
-    tp: TP, times: Sequence[float], start: float, end: float, threshold: float
+    tp: TP,
+    times: Sequence[float],
+    start: float,
+    end: float,
+    threshold: float,
+    began_by: float = math.inf,
 ) -> float | None:
-    """When ``tp`` last resumed after a stall (a gap > ``threshold``) in the window; None if
-    it never stalled there, ``math.inf`` if it was still stalled at the window's end."""
-    stalls = [g for g in gaps(tp, times, start, end) if g.seconds > threshold]
+    """When ``tp`` last resumed after a stall (a gap > ``threshold`` that began by
+    ``began_by``) in the window; None if it never stalled there, ``math.inf`` if it was
+    still stalled at the window's end."""
+    stalls = [
+        g for g in gaps(tp, times, start, end) if g.seconds > threshold and g.start <= began_by
+    ]
     if not stalls:
         return None
     return math.inf if stalls[-1].open else stalls[-1].end
@@ -355,7 +363,9 @@ class EventStats:
     ``stayed_gap`` the largest gap in the event window of the partitions whose member was
     the same before and after it. A partition *stalled* if it had a gap longer than
     ``threshold`` in the event window; ``latency`` runs from the event to the last stalled
-    partition processing again (0 when none stalled, inf when one never did).
+    partition processing again (0 when none stalled, inf when one never did); only stalls
+    that began by ``cutoff`` count (the rebalance's end: a hiccup of the machine later in
+    the window is not the rebalance's).
     """
 
     t: float
@@ -383,11 +393,13 @@ def analyze_event(
     quiet: float,
     stall_factor: float = 2.0,
     min_stall: float = 0.05,
+    cutoff: float = math.inf,
 ) -> EventStats:
     """Effects of an event at ``t`` up to ``end``, against the ``quiet`` seconds before it.
 
     ``parts`` is :func:`by_partition` of the whole trace. The stall threshold is
-    ``stall_factor`` times the largest normal gap of any partition (at least ``min_stall``).
+    ``stall_factor`` times the largest normal gap of any partition (at least ``min_stall``);
+    stalls count towards the latency if they began by ``cutoff``.
     """
     normal: dict[TP, float] = {}
     times: dict[TP, list[float]] = {tp: [r.time for r in rs] for tp, rs in parts.items()}
@@ -416,7 +428,7 @@ def analyze_event(
             took = handover(rs, before, after, t)
             if took is not None:
                 handovers[tp] = took
-        resumed = resume_after_stall(tp, times[tp], t, end, threshold)
+        resumed = resume_after_stall(tp, times[tp], t, end, threshold, cutoff)
         if resumed is not None:
             stalled.append(tp)
             resumes.append(resumed)

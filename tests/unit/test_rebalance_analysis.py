@@ -133,6 +133,8 @@ def test_resume_after_stall_is_the_end_of_the_last_long_gap() -> None:
     assert resume_after_stall((T, 0), times, 0.0, 2.2, threshold=0.5) == 2.0
     assert resume_after_stall((T, 0), times, 0.0, 2.2, threshold=1.5) is None
     assert resume_after_stall((T, 0), [0.0, 0.1], 0.0, 3.0, threshold=0.5) == math.inf
+    # only stalls that began by the cutoff count: the one from 1.4 to 2.0 does not
+    assert resume_after_stall((T, 0), times, 0.0, 2.2, threshold=0.5, began_by=1.0) == 1.2
 
 
 # --------------------------------------------------------------------------- correctness
@@ -234,6 +236,22 @@ def test_a_kill_and_restart_replays_uncommitted_offsets_on_a_new_process() -> No
     assert stats.handover[(T, 0)] == pytest.approx(3.0)
     assert stats.duplicates == 6
     assert stats.stayed_gap.max == pytest.approx(0.1)
+
+
+def test_a_hiccup_after_the_rebalance_ended_is_not_its_latency() -> None:
+    records = eager_join_trace()
+    # partition 0 pauses 0.5 s at 15.0 (the machine was busy), long after the rebalance
+    records = [
+        r
+        if r.partition != 0 or r.time < 15.0
+        else Processed(**{**r.__dict__, "time": r.time + 0.5})
+        for r in records
+    ]
+    parts = by_partition(records)
+    assert analyze_event(parts, t=10.05, end=18.0, quiet=5.0).latency == pytest.approx(15.5 - 10.05)
+    stats = analyze_event(parts, t=10.05, end=18.0, quiet=5.0, cutoff=12.0)
+    assert stats.latency == pytest.approx(11.5 - 10.05)
+    assert stats.stalled == [(T, 0), (T, 1), (T, 2)]
 
 
 def test_a_partition_nobody_processes_after_the_event_is_reported() -> None:
