@@ -1,7 +1,7 @@
 """Rebalance benchmark: what joins, leaves and crashes of workers cost a running group.
 
     .venv/bin/python -m benchmarks.rebalance [--protocol eager,cooperative] [--repeat 1]
-        [--rate 1000] [--events join,leave,kill-restart,kill-new-id] [--workdir DIR]
+        [--rate 1000] [--events join,leave,kill-restart] [--workdir DIR]
         [--bootstrap 127.0.0.1:PORT] [--json]
 
 One run per protocol (and per ``--repeat`` round, protocols interleaved):
@@ -12,8 +12,9 @@ One run per protocol (and per ``--repeat`` round, protocols interleaved):
 2. Three workers of ``tests/integration/apps/tracker.py`` (``streamjoin worker`` processes,
    static members ``w1``..``w3``, 1 standby replica, RocksDB state) count events per key and
    trace every event they process (worker, pid, partition, offset, time, count) to a file.
-3. After ``--quiet`` seconds of steady processing, the events run in order, each once the
-   group has settled from the one before and stayed quiet for ``--quiet`` seconds:
+3. After ``--quiet`` seconds of steady processing, the events (``--events``, by default
+   join, leave, kill-restart) run in order, each once the group has settled from the one
+   before and stayed quiet for ``--quiet`` seconds:
 
    * ``join``: a 4th worker starts.
    * ``leave``: one worker gets SIGTERM (a clean stop; a static member sends no LeaveGroup,
@@ -106,6 +107,9 @@ from tests.integration.support import Workers, tracker_workers
 
 PROTOCOLS = ("eager", "cooperative")
 EVENTS = ("join", "leave", "kill-restart", "kill-new-id")
+#: the issue's sequence; kill-new-id after kill-restart runs into an aiokafka static
+#: membership failure today (docs/benchmarks.md#rebalancing), so it is asked for apart
+DEFAULT_EVENTS = ("join", "leave", "kill-restart")
 #: the tracker app's table (its changelog is ``<app id>-counts-changelog``)
 TABLE = "counts"
 
@@ -480,6 +484,7 @@ class GroupRun:
                     **event_row(stats),
                     "log_latency_s": summary.last_assigned,
                     "log_assignments": summary.assignments,
+                    "rebalances": summary.rebalances,
                     "restores_planned": summary.restores_planned,
                     "restored": summary.restored,
                     "restored_share": summary.restored / changelog if changelog else None,
@@ -572,6 +577,7 @@ def table(report: dict[str, Any]) -> str:
         "revoke->resume p50/max s",
         "restored",
         "dups",
+        "rebalances",
     )
     rows = [head]
     for run in report["runs"]:
@@ -592,6 +598,7 @@ def table(report: dict[str, Any]) -> str:
                     f"{sec(h['p50'])}/{sec(h['max'])}",
                     f"{e['restored']:,}" + (f" ({share:.0%})" if share is not None else ""),
                     f"{e['duplicates']:,}",
+                    str(e["rebalances"]),
                 )
             )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -676,7 +683,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--protocol", default="eager,cooperative", help="comma-separated")
     parser.add_argument("--repeat", type=int, default=1, help="rounds over all protocols")
     parser.add_argument("--rate", type=float, default=1000.0, help="input events/s")
-    parser.add_argument("--events", default=",".join(EVENTS), help="comma-separated, in order")
+    parser.add_argument(
+        "--events",
+        default=",".join(DEFAULT_EVENTS),
+        help=f"comma-separated, in order, from {','.join(EVENTS)}",
+    )
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--workers", type=int, default=3, help="workers before the events")
     parser.add_argument("--standbys", type=int, default=1, help="standby replicas")

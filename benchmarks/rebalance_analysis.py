@@ -472,6 +472,7 @@ def analyze_event(
 #: ``[2024-05-01 12:00:00,123] INFO streamjoin...: message`` (streamjoin/runtime/run.py)
 _LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] (\w+) ([\w.]+): (.*)$")
 _ASSIGNED = re.compile(r"^assigned (\d+) partitions")
+_EPOCH = re.compile(r"^assignment epoch (\d+) for (\d+) members")
 _RESTORED = re.compile(r"^restored (\S+)\[(\d+)\]: (\d+) records in ([\d.]+)s")
 _RESTORING = re.compile(r"^restoring (\S+)\[(\d+)\]: (\d+) changelog records to replay")
 
@@ -482,10 +483,10 @@ class LogEvent:
 
     worker: str
     time: float
-    kind: str  #: "assigned", "restoring" (planned), "restored" (done)
+    kind: str  #: "assigned", "assignment" (the leader's), "restoring" (planned), "restored"
     table: str = ""
     partition: int = -1
-    records: int = 0  #: partitions assigned, records planned or records restored
+    records: int = 0  #: partitions assigned, members assigned, records planned or restored
     seconds: float = 0.0
 
 
@@ -504,6 +505,8 @@ def log_events(worker: str, text: str) -> Iterator[LogEvent]:
         message = m[5]
         if a := _ASSIGNED.match(message):
             yield LogEvent(worker, at, "assigned", records=int(a[1]))
+        elif g := _EPOCH.match(message):
+            yield LogEvent(worker, at, "assignment", partition=int(g[1]), records=int(g[2]))
         elif r := _RESTORED.match(message):
             yield LogEvent(worker, at, "restored", r[1], int(r[2]), int(r[3]), float(r[4]))
         elif p := _RESTORING.match(message):
@@ -516,6 +519,7 @@ class LogSummary:
 
     last_assigned: float | None  #: seconds from the event to the last "assigned" line
     assignments: int  #: "assigned" lines in the window
+    rebalances: int  #: assignments the group's leader computed in the window
     restores_planned: int  #: records the restores in the window set out to replay
     restored: int  #: records restores in the window replayed (finished restores)
     restore_seconds: float  #: the longest finished restore in the window
@@ -529,6 +533,7 @@ def summarize_logs(events: Iterable[LogEvent], t: float, end: float) -> LogSumma
     return LogSummary(
         last_assigned=max(assigned) - t if assigned else None,
         assignments=len(assigned),
+        rebalances=sum(1 for e in inside if e.kind == "assignment"),
         restores_planned=sum(e.records for e in inside if e.kind == "restoring"),
         restored=sum(e.records for e in inside if e.kind == "restored"),
         restore_seconds=max((e.seconds for e in inside if e.kind == "restored"), default=0.0),

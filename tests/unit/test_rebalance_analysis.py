@@ -273,6 +273,8 @@ def test_logs_give_assignments_and_restores_in_the_window() -> None:
     text = "\n".join(
         [
             f"[{stamp(base)}] INFO streamjoin.consumer: assigned 4 partitions: e[0], e[1]",
+            f"[{stamp(base + 1)}] INFO streamjoin.assignor: assignment epoch 7 for 3 members: "
+            "12 tasks, 0 moved (minimum 0)",
             "worker for app 'x' running; Ctrl-C to stop",
             f"[{stamp(base + 1.25)}] INFO streamjoin.runtime.state: restoring counts[3]: "
             "120 changelog records to replay",
@@ -282,11 +284,13 @@ def test_logs_give_assignments_and_restores_in_the_window() -> None:
         ]
     )
     events = list(log_events("w1", text))
-    assert [e.kind for e in events] == ["assigned", "restoring", "restored", "assigned"]
-    assert events[0].time == base and events[2].time == base + 1.5
+    kinds = ["assigned", "assignment", "restoring", "restored", "assigned"]
+    assert [e.kind for e in events] == kinds
+    assert events[0].time == base and events[3].time == base + 1.5
+    assert (events[1].partition, events[1].records) == (7, 3)
     summary = summarize_logs(events, base + 0.5, base + 10)
     assert summary.last_assigned == pytest.approx(1.5)
-    assert summary.assignments == 1
+    assert (summary.assignments, summary.rebalances) == (1, 1)
     assert (summary.restores_planned, summary.restored) == (120, 120)
     assert summary.restore_seconds == 0.25
     assert handover([], ("a", 1), ("b", 1), 0.0) is None
