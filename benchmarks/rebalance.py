@@ -271,6 +271,35 @@ class EventRecord:
     changelog_ends: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass
+class RunRecord:
+    """What a run observed, saved in report.json (``--reanalyse`` starts from it)."""
+
+    protocol: str
+    round: int
+    app_id: str
+    source: str
+    dir: str
+    error: str | None
+    sent: int
+    produced: dict[int, int]  #: partition -> end offset of the source
+    events: list[EventRecord]
+    worker_cpu: dict[str, float]  #: "<worker>.<pid>" -> CPU seconds
+    bench_cpu: float  #: this process's CPU seconds while the workers ran (the producer)
+    loadavg: list[float]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        events = [
+            EventRecord(
+                **{**e, "changelog_ends": {int(p): o for p, o in e["changelog_ends"].items()}}
+            )
+            for e in data["events"]
+        ]
+        produced = {int(p): o for p, o in data["produced"].items()}
+        return cls(**{**data, "events": events, "produced": produced})
+
+
 class GroupRun:
     """One protocol's run: the workers, the producer and the events, then the analysis."""
 
@@ -436,7 +465,24 @@ class GroupRun:
                 with contextlib.suppress(Exception):
                     await self.stop_worker(name, signal.SIGTERM)
             self.workers.close()
-        return self._analyse(produced, error, producer.sent, cpu_before, cpu_after)
+        bench_cpu = (
+            cpu_after.ru_utime - cpu_before.ru_utime + cpu_after.ru_stime - cpu_before.ru_stime
+        )
+        record = RunRecord(
+            self.protocol,
+            self.round,
+            self.app_id,
+            self.source,
+            str(self.dir),
+            error,
+            producer.sent,
+            {p: end for (_, p), end in produced.items()},
+            self.events,
+            self.cpu,
+            bench_cpu,
+            [round(x, 2) for x in os.getloadavg()],
+        )
+        return analyse_run(record, self.s)
 
     async def _drain(self, produced: dict[TP, int]) -> str | None:
         """Wait for the workers to process every produced event (or say what is left)."""
@@ -453,79 +499,69 @@ class GroupRun:
         }
         return f"the workers did not finish the input within 60 s (behind: {behind})"
 
-    def _analyse(
-        self,
-        produced: dict[TP, int],
-        error: str | None,
-        sent: int,
-        cpu_before: resource.struct_rusage,
-        cpu_after: resource.struct_rusage,
-    ) -> dict[str, Any]:
-        records = read_trace_dir(self.dir / "trace")
-        parts = by_partition(records)
-        logs: list[LogEvent] = []
-        for path in sorted(self.dir.glob("*.log")):
-            logs.extend(log_events(path.stem, path.read_text(errors="replace")))
-        events = []
-        for e in self.events:
-            summary = summarize_logs(logs, e.t, e.end)
-            # the rebalance is over once the group settled and the last assignment was made
-            cutoff = max(e.settled, e.t + (summary.last_assigned or 0.0))
-            stats = analyze_event(
-                parts, e.t, e.end, self.s.quiet, self.s.stall_factor, cutoff=cutoff
-            )
-            changelog = sum(e.changelog_ends.get(p, 0) for _, p in summary.restored_partitions)
-            events.append(
-                {
-                    "event": e.name,
-                    "detail": e.detail,
-                    "settled_s": e.settled - e.t,
-                    "window_s": e.end - e.t,
-                    **event_row(stats),
-                    "log_latency_s": summary.last_assigned,
-                    "log_assignments": summary.assignments,
-                    "rebalances": summary.rebalances,
-                    "restores_planned": summary.restores_planned,
-                    "restored": summary.restored,
-                    "restored_share": summary.restored / changelog if changelog else None,
-                    "restore_max_s": summary.restore_seconds,
-                }
-            )
-        found = overlaps(runs(records))
-        dups = duplicates(records)
-        ranges = {tp: (0, end) for tp, end in produced.items()}
-        absent = missing(records, ranges)
-        wrong = count_errors(records).values()
-        return {
-            "protocol": self.protocol,
-            "round": self.round,
-            "app_id": self.app_id,
-            "dir": str(self.dir),
-            "error": error,
-            "produced": sent,
-            "processed": len(records),
-            "events": events,
-            "overlaps": len(found),
-            "overlap_max_s": max((o.seconds for o in found), default=0.0),
-            "overlap_examples": [
-                f"{o.tp[1]}: {o.a.member[0]}/{o.a.member[1]} and {o.b.member[0]}/{o.b.member[1]} "
-                f"for {o.seconds:.3f}s"
-                for o in found[:5]
-            ],
-            "duplicates": sum(len(d.times) - 1 for d in dups),
-            "missing": sum(absent.values()),
-            "missing_by_partition": {str(tp[1]): n for tp, n in absent.items()},
-            # at-least-once: a crash may count events twice, but never lose a count
-            "keys_counted_twice": sum(1 for c, n in wrong if c > n),
-            "keys_with_lost_counts": sum(1 for c, n in wrong if c < n),
-            "worker_cpu_s": round(sum(self.cpu.values()), 2),
-            "worker_cpu_by_process": {k: round(v, 2) for k, v in self.cpu.items()},
-            "bench_cpu_s": round(
-                cpu_after.ru_utime - cpu_before.ru_utime + cpu_after.ru_stime - cpu_before.ru_stime,
-                2,
-            ),
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        }
+
+def analyse_run(run: RunRecord, s: Settings) -> dict[str, Any]:
+    """The report of one run, from what it saved: its record, trace files and worker logs."""
+    directory = Path(run.dir)
+    records = read_trace_dir(directory / "trace")
+    parts = by_partition(records)
+    logs: list[LogEvent] = []
+    for path in sorted(directory.glob("*.log")):
+        logs.extend(log_events(path.stem, path.read_text(errors="replace")))
+    events = []
+    for e in run.events:
+        summary = summarize_logs(logs, e.t, e.end)
+        # the rebalance is over once the group settled and the last assignment was made
+        cutoff = max(e.settled, e.t + (summary.last_assigned or 0.0))
+        stats = analyze_event(parts, e.t, e.end, s.quiet, s.stall_factor, cutoff=cutoff)
+        changelog = sum(e.changelog_ends.get(p, 0) for _, p in summary.restored_partitions)
+        events.append(
+            {
+                "event": e.name,
+                "detail": e.detail,
+                "settled_s": e.settled - e.t,
+                "window_s": e.end - e.t,
+                **event_row(stats),
+                "log_latency_s": summary.last_assigned,
+                "log_assignments": summary.assignments,
+                "rebalances": summary.rebalances,
+                "restores_planned": summary.restores_planned,
+                "restored": summary.restored,
+                "restored_share": summary.restored / changelog if changelog else None,
+                "restore_max_s": summary.restore_seconds,
+            }
+        )
+    found = overlaps(runs(records))
+    dups = duplicates(records)
+    absent = missing(records, {(run.source, p): (0, end) for p, end in run.produced.items()})
+    wrong = count_errors(records).values()
+    return {
+        "protocol": run.protocol,
+        "round": run.round,
+        "app_id": run.app_id,
+        "dir": run.dir,
+        "error": run.error,
+        "produced": run.sent,
+        "processed": len(records),
+        "events": events,
+        "overlaps": len(found),
+        "overlap_max_s": max((o.seconds for o in found), default=0.0),
+        "overlap_examples": [
+            f"{o.tp[1]}: {o.a.member[0]}/{o.a.member[1]} and {o.b.member[0]}/{o.b.member[1]} "
+            f"for {o.seconds:.3f}s"
+            for o in found[:5]
+        ],
+        "duplicates": sum(len(d.times) - 1 for d in dups),
+        "missing": sum(absent.values()),
+        "missing_by_partition": {str(tp[1]): n for tp, n in absent.items()},
+        # at-least-once: a crash may count events twice, but never lose a count
+        "keys_counted_twice": sum(1 for c, n in wrong if c > n),
+        "keys_with_lost_counts": sum(1 for c, n in wrong if c < n),
+        "worker_cpu_s": round(sum(run.worker_cpu.values()), 2),
+        "bench_cpu_s": round(run.bench_cpu, 2),
+        "loadavg_at_end": run.loadavg,
+        "record": asdict(run),
+    }
 
 
 def event_row(stats: EventStats) -> dict[str, Any]:
@@ -572,7 +608,7 @@ def table(report: dict[str, Any]) -> str:
         "logs s",
         "stalled",
         "unmoved gap p50/p99/max ms",
-        "normal max ms",
+        "normal p50/max ms",
         "moved",
         "revoke->resume p50/max s",
         "restored",
@@ -593,7 +629,7 @@ def table(report: dict[str, Any]) -> str:
                     sec(e["log_latency_s"]),
                     f"{e['stalled']}/{e['partitions']}",
                     f"{ms(g['p50'])}/{ms(g['p99'])}/{ms(g['max'])} ({g['n']})",
-                    ms(n["max"]),
+                    f"{ms(n['p50'])}/{ms(n['max'])}",
                     f"{e['moved']}+{e['restarted']}r" if e["restarted"] else str(e["moved"]),
                     f"{sec(h['p50'])}/{sec(h['max'])}",
                     f"{e['restored']:,}" + (f" ({share:.0%})" if share is not None else ""),
@@ -702,6 +738,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bootstrap", help="use this loopback broker instead of starting one")
     parser.add_argument("--workdir", type=Path, help="keep logs, traces and state here")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument(
+        "--reanalyse", type=Path, metavar="WORKDIR", help="report on a kept --workdir again"
+    )
     args = parser.parse_args(argv)
     args.protocol = [p.strip() for p in args.protocol.split(",") if p.strip()]
     args.events = [e.strip() for e in args.events.split(",") if e.strip()]
@@ -713,8 +752,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reanalyse(workdir: Path, stall_factor: float) -> dict[str, Any]:
+    """The report of an earlier run kept in ``workdir``, analysed again (same settings but
+    ``stall_factor``): for changing the analysis without running the group again."""
+    report: dict[str, Any] = json.loads((workdir / "report.json").read_text())
+    settings = Settings(**{**report["settings"], "stall_factor": stall_factor})
+    report["settings"] = asdict(settings)
+    report["runs"] = [
+        analyse_run(RunRecord.from_json(run["record"]), settings) for run in report["runs"]
+    ]
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        report = reanalyse(args.reanalyse, args.stall_factor)
+        print(json.dumps(report, indent=2) if args.json else table(report))
+        return 0
     check_protocols(args.protocol)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="streamjoin-rebalance-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -398,7 +398,7 @@ def analyze_event(
     """Effects of an event at ``t`` up to ``end``, against the ``quiet`` seconds before it.
 
     ``parts`` is :func:`by_partition` of the whole trace. The stall threshold is
-    ``stall_factor`` times the largest normal gap of any partition (at least ``min_stall``);
+    ``stall_factor`` times the median partition's largest normal gap (at least ``min_stall``);
     stalls count towards the latency if they began by ``cutoff``.
     """
     normal: dict[TP, float] = {}
@@ -408,7 +408,10 @@ def analyze_event(
         closed = [g.seconds for g in gaps(tp, times[tp], t - quiet, t) if g.end <= t]
         if closed:
             normal[tp] = max(closed)
-    threshold = max(stall_factor * max(normal.values(), default=0.0), min_stall)
+    # the median partition's, not the worst: one hiccup of a busy machine in the quiet
+    # window would otherwise hide a rebalance's pause
+    typical = percentile(list(normal.values()), 50) if normal else 0.0
+    threshold = max(stall_factor * typical, min_stall)
     stayed: list[TP] = []
     moved: list[TP] = []
     restarted: list[TP] = []

@@ -222,6 +222,19 @@ def test_an_eager_join_stalls_every_partition_and_moves_one() -> None:
     assert stats.unprocessed == []
 
 
+def test_one_hiccup_in_the_quiet_window_does_not_hide_the_rebalance() -> None:
+    records = eager_join_trace()
+    # partition 1 paused 0.8 s at 7.0, before the event: the normal gap is still 0.1 s
+    records = [
+        r if r.partition != 1 or r.time < 7.0 else Processed(**{**r.__dict__, "time": r.time + 0.8})
+        for r in records
+    ]
+    stats = analyze_event(by_partition(records), t=10.05, end=18.0, quiet=5.0)
+    assert stats.normal.max == pytest.approx(0.9)
+    assert stats.threshold == pytest.approx(0.2)
+    assert stats.stalled == [(T, 0), (T, 1), (T, 2)]
+
+
 def test_a_kill_and_restart_replays_uncommitted_offsets_on_a_new_process() -> None:
     records = [
         *steady("w1", 0, range(0, 101), 0.0, 0.1, pid=10),
