@@ -172,6 +172,31 @@ def counter_workers(
     return Workers("tests.integration.apps.counter:app", env, log_dir)
 
 
+def tracker_workers(
+    bootstrap: str,
+    unique_topic: Callable[..., str],
+    log_dir: Path,
+    partitions: int,
+    **settings: str,
+) -> Workers:
+    """Worker processes of tests/integration/apps/tracker.py on fresh topics, tracing into
+    ``log_dir``/trace; ``settings`` are more of its environment variables (SJT_STANDBYS,
+    SJT_REBALANCE_PROTOCOL, ...)."""
+    trace_dir = log_dir / "trace"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("track"),
+        "SJT_BROKER": f"kafka://{bootstrap}",
+        "SJT_SOURCE": unique_topic("events"),
+        "SJT_PARTITIONS": str(partitions),
+        "SJT_TRACE_DIR": str(trace_dir),
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    return Workers("tests.integration.apps.tracker:app", env, log_dir)
+
+
 def join_workers(
     bootstrap: str,
     unique_topic: Callable[..., str],
