@@ -21,10 +21,10 @@ from io import BytesIO
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from tests.integration.support import (
     ROOT,
+    Traffic,
     Workers,
     counter_workers,
     read_all,
@@ -58,35 +58,6 @@ def eager_version(into: Path) -> Path:
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into
-
-
-class Traffic:
-    """Events on 30 keys at a steady rate, until stopped; remembers how many per key."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self.sent: Counter[str] = Counter()
-        self._stop = asyncio.Event()
-
-    async def run(self, per_second: int = 200) -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
-        await producer.start()
-        try:
-            i = 0
-            while not self._stop.is_set():
-                for _ in range(per_second // 20):
-                    key = f"k{i % 30}"
-                    await producer.send(self.topic, b"e", key=key.encode())
-                    self.sent[key] += 1
-                    i += 1
-                await asyncio.sleep(0.05)
-            await producer.flush()
-        finally:
-            await producer.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 async def counts_are_exact(bootstrap: str, workers: Workers, sent: Counter[str]) -> None:
