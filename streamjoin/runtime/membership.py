@@ -90,6 +90,7 @@ class _Code(enum.IntEnum):
     NOT_COORDINATOR = 16
     ILLEGAL_GENERATION = 22
     INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
     UNKNOWN_MEMBER_ID = 25
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
@@ -110,6 +111,7 @@ _FATAL = {
     "type or assignor (another application with the same id?)",
     _Code.GROUP_MAX_SIZE_REACHED: "the group has reached the broker's group.max.size",
     _Code.GROUP_AUTHORIZATION_FAILED: "not authorized to join the group",
+    _Code.INVALID_GROUP_ID: "the broker does not accept this group id",
     _Code.INVALID_SESSION_TIMEOUT: "session_timeout_ms is outside the broker's "
     "group.min.session.timeout.ms..group.max.session.timeout.ms",
 }
@@ -592,7 +594,12 @@ class GroupMembership:
         interval = self.settings.heartbeat_interval_ms / 1000
         while not self._stopping:
             await asyncio.sleep(interval)
-            if self._coordinator is None or self.generation < 0 or self._joining:
+            if self.generation < 0 or self._joining:
+                continue
+            if self._coordinator is None:
+                # Look it up here too: the coordination task may be busy in a slow
+                # revocation, and this member's session must not run out meanwhile.
+                await self._ensure_coordinator()
                 continue
             await self.heartbeat()
             silent = self._clock() - self._last_heartbeat_ok
@@ -655,14 +662,15 @@ class GroupMembership:
         (rebalanced, member removed) or could not be reached: the next commit retries."""
         if not offsets:
             return True
-        if self.generation < 0 or self._coordinator is None:
+        generation = self.generation
+        if generation < 0 or self._coordinator is None:
             return False
         by_topic: dict[str, list[tuple[int, int, str]]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append((partition, offset, ""))
         request = OffsetCommitRequest(
             self.settings.group_id,
-            self.generation,
+            generation,
             self.member_id,
             OffsetCommitRequest.DEFAULT_RETENTION_TIME,
             sorted(by_topic.items()),
@@ -685,7 +693,8 @@ class GroupMembership:
         log.warning("commit of %d partitions refused: %s", len(offsets), names)
         if failed & _COORDINATOR_GONE:
             self._forget_coordinator()
-        if failed & {_Code.REBALANCE_IN_PROGRESS, *_MEMBER_GONE}:
+        if failed & {_Code.REBALANCE_IN_PROGRESS, *_MEMBER_GONE} and generation == self.generation:
+            # (a join that completed meanwhile already answered this)
             self._rejoin.set()
         return False
 

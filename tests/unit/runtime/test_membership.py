@@ -56,6 +56,8 @@ COORDINATOR_LOAD_IN_PROGRESS = 14
 COORDINATOR_NOT_AVAILABLE = 15
 NOT_COORDINATOR = 16
 ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
 UNKNOWN_MEMBER_ID = 25
 REBALANCE_IN_PROGRESS = 27
 GROUP_AUTHORIZATION_FAILED = 30
@@ -522,6 +524,26 @@ async def test_heartbeats_go_on_while_a_slow_revocation_runs(
     assert beats >= 4, during  # every 10 ms for 150 ms; a loaded machine still manages 4
 
 
+async def test_a_heartbeat_finds_a_lost_coordinator_again_during_a_slow_revocation(
+    make_member: Callable[..., Member],
+) -> None:
+    """The coordination task is busy revoking; the heartbeat task looks the coordinator up
+    itself, so that the member's session does not run out meanwhile."""
+    m = make_member()
+    m.listener.revoke_delay = 0.2
+    m.client.script(JoinGroupRequest, join_ok(generation=1), join_ok(generation=2))
+    m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0]))
+    await assigned(m, [0, 1])
+    m.client.script(HeartbeatRequest, heartbeat(REBALANCE_IN_PROGRESS))
+    await eventually(lambda: ("revoked", tps(1)) in m.events)
+    m.client.script(HeartbeatRequest, heartbeat(NOT_COORDINATOR))
+    await eventually(lambda: m.client.lookups == 2)
+    assert ("revoked-done", tps(1)) not in m.events
+    beats = m.client.count(HeartbeatRequest)
+    await eventually(lambda: m.client.count(HeartbeatRequest) >= beats + 2)
+    assert ("revoked-done", tps(1)) not in m.events  # heartbeating again while it revokes
+
+
 async def test_sync_group_rebalance_in_progress_joins_again(
     make_member: Callable[..., Member],
 ) -> None:
@@ -534,6 +556,21 @@ async def test_sync_group_rebalance_in_progress_joins_again(
     assert m.callbacks() == [("assigned", tps(0, 1), tps(0, 1))]
     assert m.membership.metrics.failed_rebalance_total == 1
     assert m.membership.metrics.rebalance_total == 1 and not m.fatal
+
+
+@pytest.mark.parametrize(
+    "code", [INCONSISTENT_GROUP_PROTOCOL, INVALID_GROUP_ID, GROUP_AUTHORIZATION_FAILED]
+)
+async def test_a_join_refused_for_good_is_fatal(
+    make_member: Callable[..., Member], code: int
+) -> None:
+    m = make_member()
+    m.client.script(JoinGroupRequest, join_error(code))
+    await eventually(lambda: m.fatal)
+    [fatal] = m.fatal
+    assert type(fatal) is GroupMembershipError and repr(GROUP) in str(fatal)
+    await asyncio.sleep(0.03)
+    assert len(m.joins()) == 1 and m.callbacks() == []
 
 
 # --------------------------------------------------------------------------- removed from the group
@@ -732,6 +769,32 @@ async def test_a_commit_refused_by_the_group_returns_false_and_rejoins(
     await assigned(m, [0, 1], times=2)
     assert len(m.joins()) == 2 and m.membership.generation == 2
     assert m.client.lookups == 1
+
+
+async def test_a_commit_refused_for_a_generation_the_member_already_left_does_not_rejoin(
+    make_member: Callable[..., Member],
+) -> None:
+    """A commit sent at generation 1 and answered ILLEGAL_GENERATION after the member joined
+    generation 2 says nothing about generation 2: no further rebalance."""
+    m = make_member()
+    m.client.script(JoinGroupRequest, join_ok(generation=1), join_ok(generation=2))
+    m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0, 1]))
+    await assigned(m, [0, 1])
+    release = asyncio.Event()
+
+    async def late_refusal(request: Any) -> Any:
+        await release.wait()
+        return commit_answer(ILLEGAL_GENERATION)(request)
+
+    m.client.script(OffsetCommitRequest, late_refusal)
+    commit = asyncio.ensure_future(m.membership.commit({(TOPIC, 0): 5}))
+    await eventually(lambda: m.client.count(OffsetCommitRequest) == 1)
+    m.client.script(HeartbeatRequest, heartbeat(REBALANCE_IN_PROGRESS))
+    await assigned(m, [0, 1], times=2)
+    release.set()
+    assert await commit is False
+    await asyncio.sleep(0.03)
+    assert len(m.joins()) == 2 and m.membership.generation == 2
 
 
 async def test_commit_without_a_generation_sends_nothing(
