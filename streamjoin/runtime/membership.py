@@ -25,8 +25,11 @@ revoked, restored or committed. Errors are handled as the Java consumer's
 and ILLEGAL_GENERATION mean this member was removed from the group, so its
 partitions are *lost* (no commit, no flush of their pending writes) and it
 rejoins; NOT_COORDINATOR and COORDINATOR_NOT_AVAILABLE look the coordinator
-up again; FENCED_INSTANCE_ID (another worker with our instance id) loses the
-partitions and stops the worker with :class:`FencedInstanceError`.
+up again (without a rejoin when the member is still in the group); FENCED_INSTANCE_ID
+(another worker with our instance id) loses the partitions and stops the worker with
+:class:`FencedInstanceError`. Heartbeats and commits of the protocol versions aiokafka
+speaks carry no instance id, so a replaced static member hears UNKNOWN_MEMBER_ID there: it
+keeps its member id and rejoins with it, which the broker answers FENCED_INSTANCE_ID.
 
 JoinGroup and SyncGroup go over aiokafka's coordination connection; heartbeats
 and offset commits over a second connection to the coordinator, so a commit is
