@@ -4,7 +4,10 @@
    with the same ``--instance-id``: the older one is fenced (FENCED_INSTANCE_ID) and must stop
    on its own, within a bounded time, with one clear error line and a non-zero exit code,
    while the group goes on with the newer one.
-2. ``test_assignment_cli_shows_the_group_as_a_consumer_group``: with membership no longer
+2. ``test_a_static_worker_frozen_past_its_session_timeout_joins_again``: the group drops a
+   static member whose session expired; the member hears UNKNOWN_MEMBER_ID and must join
+   again (a fresh member id for the same instance id), not take itself for fenced.
+3. ``test_assignment_cli_shows_the_group_as_a_consumer_group``: with membership no longer
    aiokafka's, the group must still look like a consumer group to Kafka's tools (protocol
    type ``consumer``) and ``streamjoin assignment`` must show its member and partitions.
 """
@@ -12,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streamjoin.runtime.group_info import describe_group
 from streamjoin.runtime.membership import COOPERATIVE_PROTOCOL, PROTOCOL_TYPE
 from tests.integration.support import (
     ROOT,
@@ -107,6 +112,42 @@ async def test_a_second_worker_with_the_same_instance_id_fences_the_first(
         assert last_counts(everything) == dict.fromkeys(keys, 2), workers.logs()
         assert len(everything) == 2 * len(keys), everything
         assert workers.procs["new"].poll() is None, workers.log_of("new")[-4000:]
+    finally:
+        workers.close()
+
+
+async def test_a_static_worker_frozen_past_its_session_timeout_joins_again(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    workers = counter_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS)
+    group, source, sink = (workers.env[k] for k in ("SJT_APP_ID", "SJT_SOURCE", "SJT_SINK"))
+    keys = [f"k{i}" for i in range(8)]
+    try:
+        workers.start("w1")
+        await wait_for_group(
+            kafka_bootstrap, group, lambda i: sizes(i, source) == [PARTITIONS], workers
+        )
+        proc = workers.procs["w1"]
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            # the counter app's session timeout is 10 s: the group drops the member
+            deadline = time.monotonic() + 30.0
+            while (await describe_group(kafka_bootstrap, group)).members:
+                assert time.monotonic() < deadline, "the frozen member was never dropped"
+                await asyncio.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        info = await wait_for_group(
+            kafka_bootstrap, group, lambda i: sizes(i, source) == [PARTITIONS], workers
+        )
+        assert [m.instance_id for m in info.members] == ["w1"]
+        await produce(kafka_bootstrap, source, [(k, "x") for k in keys])
+        counts = await read_all(kafka_bootstrap, sink, len(keys))
+        assert last_counts(counts) == dict.fromkeys(keys, 1), workers.logs()
+        assert proc.poll() is None, workers.log_of("w1")[-4000:]
+        log = workers.log_of("w1")
+        assert "heartbeat answered UNKNOWN_MEMBER_ID" in log, log[-4000:]
+        assert "Fenced" not in log and " ERROR streamjoin" not in log, log[-4000:]
     finally:
         workers.close()
 
