@@ -25,8 +25,11 @@ revoked, restored or committed. Errors are handled as the Java consumer's
 and ILLEGAL_GENERATION mean this member was removed from the group, so its
 partitions are *lost* (no commit, no flush of their pending writes) and it
 rejoins; NOT_COORDINATOR and COORDINATOR_NOT_AVAILABLE look the coordinator
-up again; FENCED_INSTANCE_ID (another worker with our instance id) loses the
-partitions and stops the worker with :class:`FencedInstanceError`.
+up again (without a rejoin when the member is still in the group); FENCED_INSTANCE_ID
+(another worker with our instance id) loses the partitions and stops the worker with
+:class:`FencedInstanceError`. Heartbeats and commits of the protocol versions aiokafka
+speaks carry no instance id, so a replaced static member hears UNKNOWN_MEMBER_ID there: it
+keeps its member id and rejoins with it, which the broker answers FENCED_INSTANCE_ID.
 
 JoinGroup and SyncGroup go over aiokafka's coordination connection; heartbeats
 and offset commits over a second connection to the coordinator, so a commit is
@@ -90,6 +93,7 @@ class _Code(enum.IntEnum):
     NOT_COORDINATOR = 16
     ILLEGAL_GENERATION = 22
     INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
     UNKNOWN_MEMBER_ID = 25
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
@@ -110,6 +114,7 @@ _FATAL = {
     "type or assignor (another application with the same id?)",
     _Code.GROUP_MAX_SIZE_REACHED: "the group has reached the broker's group.max.size",
     _Code.GROUP_AUTHORIZATION_FAILED: "not authorized to join the group",
+    _Code.INVALID_GROUP_ID: "the broker does not accept this group id",
     _Code.INVALID_SESSION_TIMEOUT: "session_timeout_ms is outside the broker's "
     "group.min.session.timeout.ms..group.max.session.timeout.ms",
 }
@@ -219,6 +224,10 @@ class GroupMembership:
         self.owned: frozenset[TP] = frozenset()
         self.metrics = metrics if metrics is not None else RebalanceMetrics()
         self._coordinator: int | None = None
+        #: set while the coordinator is not known: wakes the coordination task to look it up
+        #: (without a rejoin: the member is still in the group at its generation)
+        self._coordinator_unknown = asyncio.Event()
+        self._coordinator_unknown.set()
         self._rejoin = asyncio.Event()
         self._rejoin.set()
         self._joining = False
@@ -294,25 +303,56 @@ class GroupMembership:
                 await self._join_and_sync()
             except _CoordinatorLost as exc:
                 log.info("group coordinator unavailable (%s); looking it up again", exc)
-                self._coordinator = None
+                self._forget_coordinator()
+                self.metrics.failed(self._clock())
                 await asyncio.sleep(backoff)
             except _Rejoin:
                 await asyncio.sleep(backoff)
             except KafkaError as exc:
                 log.warning("group %s: %r; retrying", self.settings.group_id, exc)
-                self._coordinator = None
+                self._forget_coordinator()
                 self.metrics.failed(self._clock())
                 await asyncio.sleep(backoff)
 
     async def _wait_for_rejoin(self) -> None:
+        """Until a rejoin is requested, the coordinator is lost (it is looked up again, no
+        rejoin) or a planned probing rebalance is due."""
         timeout = None
         if self._probe_at is not None:
             timeout = max(0.0, self._probe_at - self._clock())
+        waits = [
+            asyncio.ensure_future(self._rejoin.wait()),
+            asyncio.ensure_future(self._coordinator_unknown.wait()),
+        ]
         try:
-            await asyncio.wait_for(self._rejoin.wait(), timeout)
-        except asyncio.TimeoutError:
+            done, _ = await asyncio.wait(
+                waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if not done:
             self._probe_at = None
             self.request_rejoin("probing rebalance: are the warmup replicas caught up?")
+
+    def _forget_coordinator(self) -> None:
+        """The coordinator moved or cannot be reached: the coordination task looks it up."""
+        self._coordinator = None
+        self._coordinator_unknown.set()
+
+    def _forget_member_id(self) -> None:
+        """The group answered UNKNOWN_MEMBER_ID to a heartbeat, SyncGroup or commit.
+
+        A dynamic member joins again as a new member. A static member keeps its member id:
+        Heartbeat v0/v1 and OffsetCommit v2/v3 (all aiokafka sends) carry no
+        group_instance_id, so the broker answers UNKNOWN_MEMBER_ID, not FENCED_INSTANCE_ID,
+        when another worker took over this instance id. Joining with an empty member id
+        would take the instance id back from that worker, which would then do the same, for
+        ever; joining with the old member id gets FENCED_INSTANCE_ID in that case, and
+        UNKNOWN_MEMBER_ID (then a fresh join, see :meth:`_join`) if the session expired.
+        """
+        if self.settings.group_instance_id is None:
+            self.member_id = ""
 
     async def _ensure_coordinator(self) -> None:
         backoff = self.settings.retry_backoff_ms / 1000
@@ -331,6 +371,7 @@ class GroupMembership:
                 continue
             if ready:
                 self._coordinator = node
+                self._coordinator_unknown.clear()
                 log.debug("group %s: coordinator is node %s", self.settings.group_id, node)
             else:
                 await asyncio.sleep(backoff)
@@ -347,15 +388,22 @@ class GroupMembership:
             # Eager: nothing may be processed past this point until the new assignment.
             await self._revoke(self.owned)
         self._rejoin.clear()
-        joined = await self._join()
-        # If the group fell back to eager here (a member that speaks only eager joined) while
-        # we still own partitions, we cannot revoke them now: the group is completing its
-        # rebalance and would refuse the commit. Our leaders withhold what a member still
-        # owns whatever the protocol, so what moves is revoked after SyncGroup as usual.
-        assignments: list[tuple[str, bytes]] = []
-        if joined.leader_id == joined.member_id:
-            assignments = await self._lead(joined)
-        assignment = await self._sync(assignments)
+        try:
+            joined = await self._join()
+            # If the group fell back to eager here (a member that speaks only eager joined)
+            # while we still own partitions, we cannot revoke them now: the group is
+            # completing its rebalance and would refuse the commit. Our leaders withhold what
+            # a member still owns whatever the protocol, so what moves is revoked after
+            # SyncGroup as usual.
+            assignments: list[tuple[str, bytes]] = []
+            if joined.leader_id == joined.member_id:
+                assignments = await self._lead(joined)
+            assignment = await self._sync(assignments)
+        except BaseException:
+            # Not joined (coordinator lost, connection broken, ...): join again once the
+            # coordinator is found, whatever made this attempt fail.
+            self._rejoin.set()
+            raise
         await self._apply(assignment)
 
     async def _join(self) -> Any:
@@ -433,7 +481,7 @@ class GroupMembership:
         if code in _MEMBER_GONE:
             await self._lose_all(f"SyncGroup answered {_code_name(code)}")
             if code == _Code.UNKNOWN_MEMBER_ID:
-                self.member_id = ""
+                self._forget_member_id()
         else:
             if code == _Code.FENCED_INSTANCE_ID:
                 await self._lose_all("fenced by another worker with the same instance id")
@@ -549,7 +597,12 @@ class GroupMembership:
         interval = self.settings.heartbeat_interval_ms / 1000
         while not self._stopping:
             await asyncio.sleep(interval)
-            if self._coordinator is None or self.generation < 0 or self._joining:
+            if self.generation < 0 or self._joining:
+                continue
+            if self._coordinator is None:
+                # Look it up here too: the coordination task may be busy in a slow
+                # revocation, and this member's session must not run out meanwhile.
+                await self._ensure_coordinator()
                 continue
             await self.heartbeat()
             silent = self._clock() - self._last_heartbeat_ok
@@ -573,8 +626,7 @@ class GroupMembership:
             response = await self._send(request)
         except _CoordinatorLost as exc:
             log.debug("heartbeat failed: %s", exc)
-            self._coordinator = None
-            self._rejoin.set()
+            self._forget_coordinator()
             return False
         if generation != self.generation:
             return False  # a join completed meanwhile: this answer is about the old one
@@ -591,7 +643,7 @@ class GroupMembership:
         if code in _MEMBER_GONE:
             log.warning("heartbeat answered %s: this member was removed", _code_name(code))
             if code == _Code.UNKNOWN_MEMBER_ID:
-                self.member_id = ""
+                self._forget_member_id()
             await self._lose_all(f"heartbeat answered {_code_name(code)}")
             self._rejoin.set()
             return False
@@ -600,8 +652,7 @@ class GroupMembership:
         try:
             self._check_common(code, "Heartbeat")
         except _CoordinatorLost:
-            self._coordinator = None
-            self._rejoin.set()
+            self._forget_coordinator()
         except GroupMembershipError as exc:
             self._stopping = True
             self._on_fatal(exc)
@@ -614,14 +665,15 @@ class GroupMembership:
         (rebalanced, member removed) or could not be reached: the next commit retries."""
         if not offsets:
             return True
-        if self.generation < 0 or self._coordinator is None:
+        generation = self.generation
+        if generation < 0 or self._coordinator is None:
             return False
         by_topic: dict[str, list[tuple[int, int, str]]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append((partition, offset, ""))
         request = OffsetCommitRequest(
             self.settings.group_id,
-            self.generation,
+            generation,
             self.member_id,
             OffsetCommitRequest.DEFAULT_RETENTION_TIME,
             sorted(by_topic.items()),
@@ -630,7 +682,7 @@ class GroupMembership:
             response = await self._send(request)
         except _CoordinatorLost as exc:
             log.warning("commit of %d partitions failed: %s", len(offsets), exc)
-            self._coordinator = None
+            self._forget_coordinator()
             return False
         failed = {
             _code(code)
@@ -643,8 +695,9 @@ class GroupMembership:
         names = ", ".join(sorted(_code_name(c) for c in failed))
         log.warning("commit of %d partitions refused: %s", len(offsets), names)
         if failed & _COORDINATOR_GONE:
-            self._coordinator = None
-        if failed & {_Code.REBALANCE_IN_PROGRESS, *_MEMBER_GONE}:
+            self._forget_coordinator()
+        if failed & {_Code.REBALANCE_IN_PROGRESS, *_MEMBER_GONE} and generation == self.generation:
+            # (a join that completed meanwhile already answered this)
             self._rejoin.set()
         return False
 
@@ -662,9 +715,24 @@ class GroupMembership:
             try:
                 response = await self._send(request)
             except _CoordinatorLost:
-                self._coordinator = None
+                self._forget_coordinator()
                 await asyncio.sleep(backoff)
                 continue
+            # OffsetFetch v2+ reports a coordinator that is loading or moved, or a refusal,
+            # in a top-level error code with no partitions at all: never "nothing committed"
+            # (which would restart every partition from the reset policy's offset).
+            top = _code(getattr(response, "error_code", 0))
+            if top in _COORDINATOR_GONE:
+                log.info("committed offsets: %s; retrying", _code_name(top))
+                self._forget_coordinator()
+                await asyncio.sleep(backoff)
+                continue
+            if top != _Code.NONE:
+                reason = _FATAL.get(top, "refused") if isinstance(top, _Code) else "refused"
+                raise GroupMembershipError(
+                    f"cannot read the committed offsets of group {self.settings.group_id!r}: "
+                    f"{reason} ({_code_name(top)} from OffsetFetch)"
+                )
             out: dict[TP, int] = {}
             retry = False
             for topic, partitions in response.topics:
@@ -678,7 +746,7 @@ class GroupMembership:
                         out[(topic, partition)] = offset
             if not retry:
                 return out
-            self._coordinator = None
+            self._forget_coordinator()
             await asyncio.sleep(backoff)
 
 

@@ -262,7 +262,14 @@ class Worker(Service):
     def _on_crash(self, exc: BaseException) -> None:
         if self.failure is None:
             self.failure = exc
-            log.error("stopping app %s after a fatal error: %s", self.config.id, exc)
+            # A warning: the error itself is raised again by wait_stopped() (App.wait()), and
+            # whoever waits reports it (the worker process as its one error line).
+            log.warning(
+                "stopping app %s after a fatal error: %s: %s",
+                self.config.id,
+                type(exc).__name__,
+                exc,
+            )
             asyncio.get_running_loop().create_task(self.stop())
 
     async def wait_stopped(self) -> None:

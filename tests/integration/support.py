@@ -84,9 +84,17 @@ class Workers:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def start(self, name: str, *, static: bool = True, cwd: Path | None = None) -> None:
-        """Start worker ``name``; ``cwd`` runs another checkout's streamjoin package (its
-        directory holds ``streamjoin/`` and the test apps)."""
+    def start(
+        self,
+        name: str,
+        *,
+        static: bool = True,
+        cwd: Path | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        """Start worker ``name`` (its instance id is ``name`` unless ``instance_id`` says
+        otherwise); ``cwd`` runs another checkout's streamjoin package (its directory holds
+        ``streamjoin/`` and the test apps)."""
         log = (self.log_dir / f"{name}.log").open("ab")
         args = [
             sys.executable,
@@ -101,7 +109,7 @@ class Workers:
             "info",
         ]
         if static:
-            args += ["--instance-id", name]
+            args += ["--instance-id", instance_id or name]
         self.procs[name] = subprocess.Popen(
             args,
             cwd=cwd or ROOT,
