@@ -408,6 +408,8 @@ class KafkaConsumerService(Service):
         if consumer is None:
             return
         tps = {TopicPartition(*tp) for tp in owned}
+        if tps == consumer.assignment():
+            return  # unchanged (a probing rebalance): keep the fetcher's buffers and positions
         self._fetch_epoch += 1
         consumer.assign(sorted(tps))
         for tp in tps:
