@@ -107,8 +107,8 @@ from tests.integration.support import Workers, tracker_workers
 
 PROTOCOLS = ("eager", "cooperative")
 EVENTS = ("join", "leave", "kill-restart", "kill-new-id")
-#: the issue's sequence; kill-new-id after kill-restart runs into an aiokafka static
-#: membership failure today (docs/benchmarks.md#rebalancing), so it is asked for apart
+#: the issue's sequence; kill-new-id breaks the eager group today (the leader's SyncGroup
+#: fails with FENCED_INSTANCE_ID, see docs/benchmarks.md#rebalancing): asked for apart
 DEFAULT_EVENTS = ("join", "leave", "kill-restart")
 #: the tracker app's table (its changelog is ``<app id>-counts-changelog``)
 TABLE = "counts"
