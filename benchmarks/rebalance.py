@@ -51,8 +51,7 @@ One run per protocol (and per ``--repeat`` round, protocols interleaved):
      after a crash: at-least-once) and keys that lost counts (never allowed), and the CPU
      time of the workers and of this process (the producer).
 
-The cooperative protocol needs ``App(rebalance_protocol=...)`` (issue 12); until streamjoin
-has it, asking for it stops the benchmark before anything runs. Logs, traces and state stay
+Each run sets the workers' ``App(rebalance_protocol=...)``. Logs, traces and state stay
 in ``--workdir`` (a temporary directory otherwise, removed at the end).
 """
 
@@ -61,7 +60,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -118,22 +116,11 @@ def say(message: str) -> None:
     print(f"[rebalance-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def supports_protocol_option() -> bool:
-    """Whether this streamjoin's App takes ``rebalance_protocol`` (issue 12)."""
-    return "rebalance_protocol" in inspect.signature(streamjoin.App).parameters
-
-
 def check_protocols(protocols: list[str]) -> None:
-    """SystemExit for an unknown protocol, or cooperative without the App option."""
+    """SystemExit for an unknown protocol."""
     for p in protocols:
         if p not in PROTOCOLS:
             raise SystemExit(f"--protocol: unknown protocol {p!r}; choose from {PROTOCOLS}")
-    if "cooperative" in protocols and not supports_protocol_option():
-        raise SystemExit(
-            "--protocol cooperative: this streamjoin has no App option rebalance_protocol "
-            "yet (cooperative rebalancing, issue 12, has not landed); only eager can be "
-            "measured: run with --protocol eager"
-        )
 
 
 # --------------------------------------------------------------------------- input
@@ -316,9 +303,8 @@ class GroupRun:
             "SJT_STANDBYS": str(s.standbys),
             "SJT_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
             "SJT_COMMIT_INTERVAL": str(s.commit_interval),
+            "SJT_REBALANCE_PROTOCOL": protocol,
         }
-        if supports_protocol_option():  # else the App's default, the only one: eager
-            extra["SJT_REBALANCE_PROTOCOL"] = protocol
         self.workers: Workers = tracker_workers(
             bootstrap,
             lambda prefix: f"{run_id}-{prefix}",

@@ -16,7 +16,6 @@ App's default), so the same app measures eager and cooperative rebalancing.
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from pathlib import Path
@@ -37,18 +36,8 @@ app = streamjoin.App(
 )
 
 
-def supports_rebalance_protocol() -> bool:
-    """Whether this streamjoin has the ``rebalance_protocol`` App option (issue 12)."""
-    return "rebalance_protocol" in inspect.signature(streamjoin.App).parameters
-
-
 PROTOCOL = os.environ.get("SJT_REBALANCE_PROTOCOL")
 if PROTOCOL:
-    if not supports_rebalance_protocol():
-        raise SystemExit(
-            f"SJT_REBALANCE_PROTOCOL={PROTOCOL}: this streamjoin has no App option "
-            "rebalance_protocol yet (only eager rebalancing); unset the variable to run eager"
-        )
     app.configure(rebalance_protocol=PROTOCOL)
 
 source = app.topic(
