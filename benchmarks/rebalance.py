@@ -103,7 +103,9 @@ from streamjoin.runtime.admin import TopicSpec, ensure_topics
 from streamjoin.runtime.group_info import describe_group
 from tests.integration.support import Workers, tracker_workers
 
-PROTOCOLS = ("eager", "cooperative")
+#: what ``--protocol`` accepts: the rebalance protocol, "-ha" adding high availability
+#: (KIP-441 warmups: tasks stay on caught-up members while their new owner warms up)
+PROTOCOLS = ("eager", "cooperative", "eager-ha", "cooperative-ha")
 EVENTS = ("join", "leave", "kill-restart", "kill-new-id")
 #: the issue's sequence; kill-new-id breaks the eager group today (the leader's SyncGroup
 #: fails with FENCED_INSTANCE_ID, see docs/benchmarks.md#rebalancing): asked for apart
@@ -303,7 +305,8 @@ class GroupRun:
             "SJT_STANDBYS": str(s.standbys),
             "SJT_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
             "SJT_COMMIT_INTERVAL": str(s.commit_interval),
-            "SJT_REBALANCE_PROTOCOL": protocol,
+            "SJT_REBALANCE_PROTOCOL": protocol.removesuffix("-ha"),
+            "SJT_HIGH_AVAILABILITY": "1" if protocol.endswith("-ha") else "0",
         }
         self.workers: Workers = tracker_workers(
             bootstrap,

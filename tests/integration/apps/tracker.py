@@ -11,7 +11,8 @@ Environment: $SJT_BROKER, $SJT_APP_ID, $SJT_SOURCE, $SJT_PARTITIONS (12), $SJT_S
 $SJT_SESSION_TIMEOUT_MS (10000), $SJT_COMMIT_INTERVAL (0.3 s), $SJT_TRACE_DIR (required),
 $SJT_WORKER (the name in the trace; default: the worker's --instance-id, else its pid), and
 $SJT_REBALANCE_PROTOCOL: when set, passed as ``rebalance_protocol`` to the App (unset: the
-App's default), so the same app measures eager and cooperative rebalancing.
+App's default), so the same app measures eager and cooperative rebalancing;
+$SJT_HIGH_AVAILABILITY: "1" or "0" sets the App's ``high_availability``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ app = streamjoin.App(
 PROTOCOL = os.environ.get("SJT_REBALANCE_PROTOCOL")
 if PROTOCOL:
     app.configure(rebalance_protocol=PROTOCOL)
+if os.environ.get("SJT_HIGH_AVAILABILITY"):
+    app.configure(high_availability=os.environ["SJT_HIGH_AVAILABILITY"] == "1")
 
 source = app.topic(
     os.environ.get("SJT_SOURCE", "events"),
