@@ -34,7 +34,7 @@ combinations; no loop over members x tasks.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from streamjoin.assignor.conflicts import NO_CLAIM, Claims
 from streamjoin.assignor.grouping import Group, Grouping
@@ -48,7 +48,8 @@ _UNKNOWN_LAG = 1 << 62
 #: candidate cycles tried per step of the spread search before it gives up on an owner
 _CYCLE_BUDGET = 20_000
 
-Entry = tuple[int, int, int]  # (load in the group, load overall, member)
+#: (load in the group, load overall, turn, member); see _entry
+Entry = tuple[int, int, int, int]
 Bucket = tuple[tuple[str | None, ...], list[Entry]]  # tag values, heap
 
 
@@ -121,7 +122,7 @@ def assign_standbys(
         if not k:
             out.append(None)
             continue
-        spread.begin_group(eligible)
+        spread.begin_group(eligible, len(members))
         out.append(
             _assign_group(
                 group,
@@ -158,6 +159,7 @@ def _assign_group(
     # (floor for everyone, the `extra` +1 slots to whoever fills them first), tag spread
     # and the owner's spread.
     check_tags = tags.active
+    keep = spread.keep
     for p in sorted(candidates):
         ranked = candidates[p]
         if len(ranked) > 1:
@@ -170,13 +172,12 @@ def _assign_group(
                 continue
             if check_tags and not tags.ok(tags.values[i], a, mine):
                 continue
-            if not spread.may_keep(a, i):
+            if not keep(a, i):
                 continue
             if li == lo:
                 extra -= 1
             load[i] = li + 1
             global_load[i] += 1
-            spread.add(a, i)
             mine.append(i)
             if len(mine) == k:
                 break
@@ -185,32 +186,41 @@ def _assign_group(
     def has_room(i: int) -> bool:
         return load[i] < lo or (load[i] == lo and hi_slots[0] > 0)
 
-    def take(i: int, p: int) -> None:
-        if load[i] == lo:
+    add = spread.add
+
+    def take(i: int, p: int) -> Entry:
+        """Place the pick; the member's new heap entry (see _entry)."""
+        li = load[i]
+        if li == lo:
             hi_slots[0] -= 1
-        load[i] += 1
+        load[i] = li + 1
         global_load[i] += 1
-        spread.add(active[p], i)
+        add(active[p], i)
         chosen[p].append(i)
+        return _entry(i, load, global_load, turn)
 
     # Fill phase: one heap per tag combination (least loaded in this group, then
     # overall, then id); see _pick for the order across heaps.
+    turn = {i: t for t, i in enumerate(eligible)}
     by_values: dict[tuple[str | None, ...], list[Entry]] = {}
     for i in eligible:
-        by_values.setdefault(tags.values[i], []).append((load[i], global_load[i], i))
+        by_values.setdefault(tags.values[i], []).append(_entry(i, load, global_load, turn))
     buckets = [(v, by_values[v]) for v in sorted(by_values, key=_tag_sort_key)]
     bucket_of: dict[int, list[Entry]] = {}
     for _, heap in buckets:
         heapq.heapify(heap)
         for entry in heap:
-            bucket_of[entry[2]] = heap
+            bucket_of[entry[3]] = heap
+    single = buckets[0][1] if len(buckets) == 1 and not tags.active else None
     for p in range(n):
         mine = chosen[p]
         a = active[p]
         while len(mine) < k:
-            i = _pick(buckets, a, mine, tags, has_room, spread)
-            take(i, p)
-            heapq.heappush(bucket_of[i], (load[i], global_load[i], i))
+            if single is not None:
+                i = _pick_plain(single, a, mine, has_room, spread)
+            else:
+                i = _pick(buckets, a, mine, tags, has_room, spread)
+            heapq.heappush(bucket_of[i], take(i, p))
 
     _repair(eligible, active, chosen, load, global_load, tags, spread)
     _improve_spread(eligible, active, chosen, load, global_load, tags, spread)
@@ -271,6 +281,60 @@ def _tag_sort_key(values: tuple[str | None, ...]) -> tuple[tuple[int, str], ...]
     return tuple((0, "") if v is None else (1, v) for v in values)
 
 
+#: how far the turns rotate per unit of load (see _entry)
+_TURN_STRIDE = 3
+
+
+def _entry(i: int, load: Sequence[int], global_load: Sequence[int], turn: dict[int, int]) -> Entry:
+    """Heap entry of member i: least loaded first; among equals, in turns that rotate with
+    the load, so that the owners placed in one round of picks get other members in the
+    next round. By member id alone, each owner would get the same neighbours every round
+    and a pick would pass over them; a stride of 3 keeps the +-1 of skipping a task's own
+    active clear of the members an owner got in earlier rounds."""
+    return (load[i], global_load[i], (turn[i] - _TURN_STRIDE * load[i]) % len(turn), i)
+
+
+def _pick_plain(
+    heap: list[Entry], a: int, mine: list[int], has_room: Callable[[int], bool], spread: Spread
+) -> int:
+    """``_pick`` with one heap and no tags (the common case), without building keys.
+
+    Usually the first member that is not the active or a standby of the task is at
+    a's lowest level and taken at once; room is looked at only once members were
+    passed over (those have room: nobody before them lacked it).
+    """
+    level, counts = spread.view(a)
+    skipped: list[Entry] = []
+    passed: list[Entry] = []
+    best: Entry | None = None
+    while heap:
+        entry = heap[0]
+        j = entry[3]
+        if j == a or j in mine:
+            skipped.append(heapq.heappop(heap))
+            continue
+        c = counts.get(j, 0)
+        if c <= level:
+            if not passed or has_room(j):
+                best = heapq.heappop(heap)
+            break  # else one passed over (with room) is better
+        if not has_room(j):
+            if not passed:  # nobody has room
+                best = heapq.heappop(heap)
+            break
+        passed.append(heapq.heappop(heap))
+    if best is None and passed:
+        best = min(passed, key=lambda e: counts.get(e[3], 0))  # the first of the fewest
+        passed.remove(best)
+    if best is None:
+        raise InternalError("no standby candidate although standbys < eligible members")
+    for entry in skipped:
+        heapq.heappush(heap, entry)
+    for entry in passed:
+        heapq.heappush(heap, entry)
+    return best[3]
+
+
 def _pick(
     buckets: list[Bucket],
     a: int,
@@ -287,7 +351,7 @@ def _pick(
     a's lowest level (nothing later in it can do better) or one without room
     (nothing later has room); what it passes are a's own recent picks.
     """
-    level = spread.level(a)
+    level, counts = spread.view(a)
     best: tuple[int, int, Entry] | None = None
     best_heap: list[Entry] | None = None
     aside: list[tuple[list[Entry], list[Entry]]] = []
@@ -296,12 +360,12 @@ def _pick(
         popped: list[Entry] = []
         while heap:
             entry = heap[0]
-            j = entry[2]
+            j = entry[3]
             if j == a or j in mine:
                 popped.append(heapq.heappop(heap))
                 continue
             room = has_room(j)
-            c = spread.count(a, j)
+            c = counts.get(j, 0)
             tier = (0 if room else 1) if spread_ok else (2 if room else 3)
             key = (tier, c, entry)
             if best is None or key < best:
@@ -322,7 +386,7 @@ def _pick(
     for heap, popped in aside:
         for entry in popped:
             heapq.heappush(heap, entry)
-    return chosen[2]
+    return chosen[3]
 
 
 def _repair(
@@ -429,13 +493,15 @@ def _improve_spread(
     loads = [load[i] for i in eligible]
     if max(loads) - min(loads) > 1:
         return
+    owners = set(active)
+    owners.discard(NO_CLAIM)
+    pending = [a for a in sorted(owners) if spread.top(a) - spread.level(a) >= 2]
+    if not pending:
+        return
     tasks_by_owner: dict[int, list[int]] = {}
     for p, a in enumerate(active):
         if chosen[p]:
             tasks_by_owner.setdefault(a, []).append(p)
-    pending = [a for a in sorted(tasks_by_owner) if spread.top(a) - spread.level(a) >= 2]
-    if not pending:
-        return
     tasks_of: dict[int, set[int]] = {i: set() for i in eligible}
     for p, mine in enumerate(chosen):
         for i in mine:
@@ -473,19 +539,20 @@ def _improve_spread(
         high = max(counts.values())
         lows = sorted((j for j, c in counts.items() if c <= high - 2), key=lambda j: (counts[j], j))
         highs = sorted(j for j, c in counts.items() if c == high)
-        steps = [
-            (p, o, m)
-            for o in highs
-            for p in tasks_by_owner[a]
-            if o in chosen[p]
-            for m in lows
-            if standby_move_allowed(p, o, m, active, chosen, tags)
-        ]
-        for p, o, m in steps:
+
+        def steps() -> Iterator[tuple[int, int, int]]:
+            for o in highs:
+                for p in tasks_by_owner[a]:
+                    if o in chosen[p]:
+                        for m in lows:
+                            if standby_move_allowed(p, o, m, active, chosen, tags):
+                                yield p, o, m
+
+        for p, o, m in steps():
             if load[o] > load[m]:
                 move(p, o, m)
                 return [a]
-        for p, o, m in steps:
+        for p, o, m in steps():
             for q in sorted(tasks_of[m]):
                 b = active[q]
                 if b == a or not standby_move_allowed(q, m, o, active, chosen, tags):
@@ -495,7 +562,7 @@ def _improve_spread(
                     move(q, m, o)
                     return [a, b]
         budget = _CYCLE_BUDGET
-        for p, o, m in steps:
+        for p, o, m in steps():
             for q in sorted(tasks_of[m]):
                 for x in eligible:
                     if x in (o, m) or not standby_move_allowed(q, m, x, active, chosen, tags):
