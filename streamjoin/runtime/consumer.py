@@ -397,7 +397,13 @@ class KafkaConsumerService(Service):
             self._pauses.pop(tp, None)
             self._delivered_to.pop(tp, None)
         self._assigned = self._assigned - tps
-        self._fetch(self._assigned, {})
+        # Only paused here: the next assignment points the fetcher at what is owned. Taking
+        # them out of the fetcher's assignment now would reset the kept partitions that had
+        # handed nothing out yet to the reset policy (earliest: a replay onto their state).
+        consumer = self._consumer
+        if consumer is not None:
+            assigned = consumer.assignment()
+            consumer.pause(*(tp for tp in gone if tp in assigned))
         if self._on_revoke is not None:
             self._on_revoke(tasks)
 

@@ -693,10 +693,16 @@ class GroupMembership:
         if not failed:
             return True
         names = ", ".join(sorted(_code_name(c) for c in failed))
+        if failed == {_Code.REBALANCE_IN_PROGRESS}:
+            # The group is completing a rebalance this member already joined: the next
+            # commit, at the new generation, carries these offsets. Asking to rejoin here
+            # would start yet another rebalance, whose commits would be refused the same way.
+            log.info("commit of %d partitions deferred: the group is rebalancing", len(offsets))
+            return False
         log.warning("commit of %d partitions refused: %s", len(offsets), names)
         if failed & _COORDINATOR_GONE:
             self._forget_coordinator()
-        if failed & {_Code.REBALANCE_IN_PROGRESS, *_MEMBER_GONE} and generation == self.generation:
+        if failed & _MEMBER_GONE and generation == self.generation:
             # (a join that completed meanwhile already answered this)
             self._rejoin.set()
         return False

@@ -118,3 +118,49 @@ async def test_an_assigned_partition_is_checked_with_the_broker() -> None:
     assert consumer.asked[:2] == ["highwater", "last_poll_timestamp"]
     assert "end_offsets" in consumer.asked  # caught up per the high watermark: confirmed fresh
     assert [(r.topic, r.timestamp) for r in runtime.dispatched] == [("clk", 5)]
+
+
+class _Fetcher:
+    """aiokafka's consumer as the rebalance callbacks use it: assign, seek, pause."""
+
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = set(assigned)
+        self.calls: list[tuple[str, object]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.calls.append(("assign", sorted(tps)))
+        self.assigned = set(tps)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.calls.append(("seek", (tp, offset)))
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.calls.append(("pause", sorted(tps)))
+
+
+def test_a_revocation_leaves_the_kept_partitions_fetch_positions_alone() -> None:
+    # Re-assigning the fetcher on revocation reset kept partitions that had handed nothing
+    # out yet to auto_offset_reset (earliest): a replay onto their state, double counts.
+    service = _service(_Runtime())
+    fetcher = _Fetcher({TopicPartition("imp", 0), TopicPartition("clk", 0)})
+    service._consumer = fetcher  # type: ignore[assignment]
+    service._assigned = frozenset({("imp", 0), ("clk", 0)})
+    service._drop(frozenset({("clk", 0)}), [])
+    assert fetcher.calls == [("pause", [TopicPartition("clk", 0)])]
+    assert service.assigned == {("imp", 0)}
+
+
+def test_an_assignment_starts_new_partitions_at_the_committed_offset() -> None:
+    service = _service(_Runtime())
+    fetcher = _Fetcher(set())
+    service._consumer = fetcher  # type: ignore[assignment]
+    service._delivered_to[TopicPartition("imp", 0)] = 42  # kept: where it was handed out to
+    service._fetch({("imp", 0), ("clk", 0)}, {("clk", 0): 7, ("imp", 0): 3})
+    assert ("seek", (TopicPartition("imp", 0), 42)) in fetcher.calls
+    assert ("seek", (TopicPartition("clk", 0), 7)) in fetcher.calls
+    calls = len(fetcher.calls)
+    service._fetch({("imp", 0), ("clk", 0)}, {})  # unchanged: the fetcher is left alone
+    assert len(fetcher.calls) == calls

@@ -756,7 +756,7 @@ async def test_a_commit_whose_connection_broke_fails_and_looks_the_coordinator_u
 # --------------------------------------------------------------------------- offsets
 
 
-@pytest.mark.parametrize("code", [ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS])
+@pytest.mark.parametrize("code", [ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID])
 async def test_a_commit_refused_by_the_group_returns_false_and_rejoins(
     make_member: Callable[..., Member], code: int
 ) -> None:
@@ -769,6 +769,22 @@ async def test_a_commit_refused_by_the_group_returns_false_and_rejoins(
     await assigned(m, [0, 1], times=2)
     assert len(m.joins()) == 2 and m.membership.generation == 2
     assert m.client.lookups == 1
+
+
+async def test_a_commit_refused_during_a_rebalance_starts_no_other(
+    make_member: Callable[..., Member],
+) -> None:
+    """REBALANCE_IN_PROGRESS on a commit: the group is completing a rebalance the member is
+    part of; rejoining once it completes would start another one, whose commits would be
+    refused the same way (a cascade of no-op rebalances)."""
+    m = make_member()
+    m.client.script(JoinGroupRequest, join_ok())
+    m.client.script(SyncGroupRequest, sync_ok([0, 1]))
+    await assigned(m, [0, 1])
+    m.client.script(OffsetCommitRequest, commit_answer(REBALANCE_IN_PROGRESS))
+    assert await m.membership.commit({(TOPIC, 0): 5}) is False
+    await asyncio.sleep(0.05)
+    assert len(m.joins()) == 1
 
 
 async def test_a_commit_refused_for_a_generation_the_member_already_left_does_not_rejoin(
