@@ -401,14 +401,17 @@ def decode_subscription(data: bytes) -> SubscriptionUserdata:
         topic = reader.topic_ref("state_lag", topics)
         partitions = reader.set_ref(f"state_lag of {topic!r}", sets)
         per_partition = state_lag.setdefault(topic, {})
-        what = f"a state_lag value of {topic!r}"
-        for partition in partitions:
-            if partition in per_partition:
-                reader.fail(f"two state_lag values for {topic}[{partition}]")
-            lag = reader.uvarint(what)
-            if lag > MAX_LAG:
-                reader.fail(f"state_lag {lag} for {topic}[{partition}] above {MAX_LAG}")
-            per_partition[partition] = lag
+        start = reader.pos
+        lags = reader.uvarints(len(partitions))
+        if (
+            lags is None
+            or max(lags, default=0) > MAX_LAG
+            or not per_partition.keys().isdisjoint(partitions)
+        ):
+            reader.pos = start  # one by one, to name what is wrong
+            _read_lags(reader, topic, partitions, per_partition)
+        else:
+            per_partition.update(zip(partitions, lags, strict=True))
     reader.finish(minor)
     return SubscriptionUserdata(
         generation=generation,
@@ -420,6 +423,20 @@ def decode_subscription(data: bytes) -> SubscriptionUserdata:
         host=host,
         group_instance_id=group_instance_id,
     )
+
+
+def _read_lags(
+    reader: _Reader, topic: str, partitions: tuple[int, ...], per_partition: dict[int, int]
+) -> None:
+    """Lags of ``partitions`` one by one, failing on the first that is missing or wrong."""
+    what = f"a state_lag value of {topic!r}"
+    for partition in partitions:
+        if partition in per_partition:
+            reader.fail(f"two state_lag values for {topic}[{partition}]")
+        lag = reader.uvarint(what)
+        if lag > MAX_LAG:
+            reader.fail(f"state_lag {lag} for {topic}[{partition}] above {MAX_LAG}")
+        per_partition[partition] = lag
 
 
 def decode_assignment(data: bytes) -> AssignmentUserdata:
@@ -507,6 +524,35 @@ class _Reader:
                 return result
             shift += 7
         self.fail(f"varint for {what} longer than {_MAX_VARINT_BYTES} bytes")
+
+    def uvarints(self, n: int) -> list[int] | None:
+        """``n`` varints in a row, or None if they are not all there (the caller then
+        reads them one by one with :meth:`uvarint`, which names what is wrong).
+
+        A leader reads a lag per partition of every member: one slice when they all
+        fit in a byte (caught-up stores), else one loop without a call per value.
+        """
+        body, pos = self.body, self.pos
+        chunk = body[pos : pos + n]
+        if len(chunk) == n and max(chunk, default=0) < 0x80:
+            self.pos = pos + n
+            return list(chunk)
+        out: list[int] = []
+        value = shift = 0
+        limit = 7 * _MAX_VARINT_BYTES
+        for end, byte in enumerate(body[pos:], pos):
+            if byte < 0x80:
+                out.append(value | byte << shift)
+                if len(out) == n:
+                    self.pos = end + 1
+                    return out
+                value = shift = 0
+            else:
+                value |= (byte & 0x7F) << shift
+                shift += 7
+                if shift == limit:
+                    return None
+        return None
 
     def count(self, what: str) -> int:
         """A count of following items; each takes at least one byte, which bounds it."""
