@@ -513,6 +513,9 @@ class _Reader:
 
     def uvarint(self, what: str) -> int:
         body, pos = self.body, self.pos
+        if pos < len(body) and body[pos] < 0x80:  # one byte: most counts and references
+            self.pos = pos + 1
+            return body[pos]
         result = shift = 0
         for i in range(_MAX_VARINT_BYTES):
             if pos + i >= len(body):
@@ -601,8 +604,27 @@ class _Reader:
             self.fail(f"partition {current} in {what} above {MAX_PARTITION}")
         return tuple(out)
 
+    def short_text(self) -> str | None:
+        """A string whose length fits in one byte, or None (then :meth:`text` reads it and
+        says what is wrong, if anything): topic names, without building error labels."""
+        body, pos = self.body, self.pos
+        if pos >= len(body) or body[pos] >= 0x80:
+            return None
+        end = pos + 1 + body[pos]
+        if end > len(body):
+            return None
+        try:
+            value = body[pos + 1 : end].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        self.pos = end
+        return value
+
     def tables(self) -> tuple[list[str], list[tuple[int, ...]]]:
-        topics = [self.text(f"topic #{i}") for i in range(self.count("topic count"))]
+        topics: list[str] = []
+        for i in range(self.count("topic count")):
+            topic = self.short_text()
+            topics.append(self.text(f"topic #{i}") if topic is None else topic)
         if len(set(topics)) != len(topics):
             self.fail("duplicate topic name in the topic table")
         sets = [self.partition_set(f"set #{i}") for i in range(self.count("set count"))]
@@ -623,8 +645,22 @@ class _Reader:
     def topic_map(
         self, what: str, topics: list[str], sets: list[tuple[int, ...]]
     ) -> dict[str, tuple[int, ...]]:
-        out: dict[str, tuple[int, ...]] = {}
-        for _ in range(self.count(f"{what} topic count")):
+        count = self.count(f"{what} topic count")
+        # the usual case at once: one-byte references, in range, no topic twice
+        refs = self.body[self.pos : self.pos + 2 * count]
+        if (
+            len(refs) == 2 * count
+            and max(refs, default=0) < 0x80
+            and max(refs[::2], default=0) < len(topics)
+            and max(refs[1::2], default=0) < len(sets)
+        ):
+            names = map(topics.__getitem__, refs[::2])
+            out = dict(zip(names, map(sets.__getitem__, refs[1::2]), strict=True))
+            if len(out) == count:
+                self.pos += 2 * count
+                return out
+        out = {}
+        for _ in range(count):
             topic = self.topic_ref(what, topics)
             if topic in out:
                 self.fail(f"duplicate topic {topic!r} in {what}")
