@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import compress, repeat
-from operator import itemgetter, ne
+from operator import ne
 
 from streamjoin.assignor.conflicts import NO_CLAIM, Claims
 from streamjoin.assignor.grouping import Group, Grouping
@@ -133,7 +133,6 @@ def _assign_group(
     lo, extra = divmod(k * n, len(eligible))
     load = [0] * len(members)
     tags = TagRule(members, eligible, k)
-    chosen: list[list[int]] = [[] for _ in range(n)]
     single, several = _state_candidates(group, eligible, members, prev_active, active)
 
     # Keep phase: state holders first, in task order, smallest lag first, within balance
@@ -143,17 +142,18 @@ def _assign_group(
     kept = None if check_tags else _keep_unconstrained(single, several, k, lo, extra)
     if kept is not None:
         counts, over = kept
-        for p, (_, i) in single.items():
-            chosen[p].append(i)
+        chosen = [[] if i is None else [i] for i in map(single.get, range(n))]
         for p, ranked in several.items():
             chosen[p].extend(i for _, i in ranked[:k])
         for i, c in counts.items():
             load[i] = c
             global_load[i] += c
         extra -= over
+    else:
+        chosen = [[] for _ in range(n)]
     in_order = sorted(single.keys() | several.keys()) if kept is None else []
     for p in in_order:
-        ranked = several.get(p) or [single[p]]
+        ranked = several.get(p) or [(0, single[p])]  # alone, its lag does not matter
         if len(ranked) > 1:
             ranked.sort()
         a = active[p]
@@ -210,8 +210,8 @@ def _assign_group(
     return chosen
 
 
-#: per task, its state candidates as (lag, member): tasks with one, and tasks with several
-_Candidates = tuple[dict[int, tuple[int, int]], dict[int, list[tuple[int, int]]]]
+#: per task, its state candidates: the member where there is one, (lag, member) where several
+_Candidates = tuple[dict[int, int], dict[int, list[tuple[int, int]]]]
 
 
 def _state_candidates(
@@ -227,11 +227,12 @@ def _state_candidates(
     owner when it loses the active (lag 0 unless reported). A holder that reports
     no lag ranks after every reported lag. The task's active is left out (it
     cannot be its own standby). Tasks with a single candidate, the usual case,
-    are kept apart from those with several, so that each member's candidates
-    are merged with a few dict and set operations instead of a loop per task.
+    are kept apart from those with several, and their lag is looked up only once
+    a second candidate turns up, so that each member's candidates are merged
+    with a few dict and set operations instead of a loop per task.
     """
     n = group.tasks
-    single: dict[int, tuple[int, int]] = {}
+    single: dict[int, int] = {}
     several: dict[int, list[tuple[int, int]]] = {}
     changelogs = group.changelogs
     for i in eligible:
@@ -244,19 +245,19 @@ def _state_candidates(
             keys.update(lags.keys())
         if keys and max(keys) >= n:
             keys = {p for p in keys if p < n}
-        mine = list(compress(keys, map(ne, map(active.__getitem__, keys), repeat(i))))
-        if len(reported) == 1:
-            lag_of: Iterable[int] = map(reported[0].get, mine, repeat(_UNKNOWN_LAG))
-        elif not reported:
-            lag_of = repeat(_UNKNOWN_LAG, len(mine))
-        else:
-            lag_of = [_summed_lag(reported, p) for p in mine]
-        entries = dict(zip(mine, zip(lag_of, repeat(i)), strict=True))
+        not_active = compress(keys, map(ne, map(active.__getitem__, keys), repeat(i)))
+        entries = dict.fromkeys(not_active, i)
         if several:
             for p in entries.keys() & several.keys():
-                several[p].append(entries.pop(p))
+                del entries[p]
+                several[p].append((_candidate_lag(m, changelogs, p), i))
         for p in entries.keys() & single.keys():
-            several[p] = [single.pop(p), entries.pop(p)]
+            del entries[p]
+            j = single.pop(p)
+            several[p] = [
+                (_candidate_lag(members[j], changelogs, p), j),
+                (_candidate_lag(m, changelogs, p), i),
+            ]
         single.update(entries)
     eligible_set = set(eligible)
     for p in compress(range(n), map(ne, prev_active, active)):
@@ -270,20 +271,22 @@ def _state_candidates(
             continue
         one = single.get(p)
         if one is None:
-            single[p] = (0, o)
-        elif one[1] != o:
-            several[p] = [single.pop(p), (0, o)]
+            single[p] = o
+        elif one != o:
+            del single[p]
+            several[p] = [(_candidate_lag(members[one], changelogs, p), one), (0, o)]
     return single, several
 
 
-def _summed_lag(reported: Sequence[Mapping[int, int]], p: int) -> int:
-    """Task p's lag over several changelogs: the sum of what is reported, else unknown."""
-    parts = [lags[p] for lags in reported if p in lags]
+def _candidate_lag(member: MemberState, changelogs: Sequence[str], p: int) -> int:
+    """Task p's lag on a candidate: the sum of what it reports, else unknown."""
+    reported = member.state_lag
+    parts = [reported[t][p] for t in changelogs if t in reported and p in reported[t]]
     return sum(parts) if parts else _UNKNOWN_LAG
 
 
 def _keep_unconstrained(
-    single: Mapping[int, tuple[int, int]],
+    single: Mapping[int, int],
     several: Mapping[int, list[tuple[int, int]]],
     k: int,
     lo: int,
@@ -297,7 +300,7 @@ def _keep_unconstrained(
     task by task. Sorts ``several`` in place. Returns the counts and how many
     members use a ``+1`` slot.
     """
-    counts: Counter[int] = Counter(map(itemgetter(1), single.values()))
+    counts: Counter[int] = Counter(single.values())
     for ranked in several.values():
         ranked.sort()
         counts.update(i for _, i in ranked[:k])
