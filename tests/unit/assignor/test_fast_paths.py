@@ -1,0 +1,280 @@
+"""The leader's fast paths give what the element-by-element code they stand in for gives.
+
+The assignor, the userdata decoder and ``plan()``'s parser handle the usual case in
+bulk (set and dict operations, one slice of bytes, C-level type checks) and fall back
+to the element-by-element code for anything else. Each fast path is compared here
+with that code, including where the fallback must take over.
+"""
+
+from __future__ import annotations
+
+import random
+from unittest import mock
+
+import pytest
+from assignor_support import member, scenario
+from hypothesis import given
+from hypothesis import strategies as st
+from test_assignor_properties import SETTINGS, scenarios
+
+from streamjoin.assignor import (
+    Scenario,
+    assign,
+    plan,
+    protocol,
+    scenario_from_json,
+    standby,
+    validate_assignment,
+)
+from streamjoin.assignor.grouping import build_grouping
+from streamjoin.assignor.model import MemberState
+from streamjoin.assignor.pipeline import sorted_members
+from streamjoin.assignor.protocol import (
+    MalformedUserdata,
+    SubscriptionUserdata,
+    decode_subscription,
+    encode_subscription,
+)
+from streamjoin.assignor.standby import claimed_standbys
+from streamjoin.errors import InvalidScenarioError
+
+# --------------------------------------------------------------------------- standbys
+
+
+def task_by_task(sc: Scenario) -> object:
+    """``assign`` with the standby keep phase always run task by task."""
+    with mock.patch.object(standby, "_keep_unconstrained", lambda *args: None):
+        return assign(sc)
+
+
+@SETTINGS
+@given(scenarios())
+def test_standbys_kept_in_bulk_as_task_by_task(sc: Scenario) -> None:
+    assert assign(sc) == task_by_task(sc)
+
+
+def churned(members: int, tasks: int, seed: int, caught_up: bool) -> Scenario:
+    """A balanced group with 1 standby after one member left, one joined, and some stale
+    reports: lags for tasks members no longer hold, so some tasks have several candidates."""
+    rng = random.Random(seed)
+    topics = ("src", "cl")
+    ids = [f"w{i:03d}" for i in range(members)]
+    previous = assign(
+        scenario(
+            dict.fromkeys(topics, tasks),
+            [member(m, topics) for m in ids],
+            copartition=[topics],
+            changelogs=["cl"],
+            standby_replicas=1,
+        )
+    )
+    out = []
+    for m in ids[1:]:
+        got = previous.assignments[m]
+        lag = dict.fromkeys(got.active.get("cl", ()), 0)
+        lag.update((p, 0 if caught_up else rng.randrange(20_000)) for p in got.standby["cl"])
+        lag.update((rng.randrange(tasks), rng.randrange(20_000)) for _ in range(3))
+        out.append(
+            member(
+                m,
+                topics,
+                generation=1,
+                active=got.active,
+                standby=got.standby,
+                state_lag={"cl": lag},
+            )
+        )
+    out.append(member("new", topics))
+    return scenario(
+        dict.fromkeys(topics, tasks),
+        out,
+        copartition=[topics],
+        changelogs=["cl"],
+        standby_replicas=1,
+    )
+
+
+@pytest.mark.parametrize("caught_up", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_standbys_kept_in_bulk_as_task_by_task_at_a_larger_scale(
+    seed: int, caught_up: bool
+) -> None:
+    sc = churned(40, 300, seed, caught_up)
+    result = assign(sc)
+    validate_assignment(sc, result)
+    assert result == task_by_task(sc)
+
+
+def test_bulk_keep_gives_way_when_balance_could_refuse_a_candidate() -> None:
+    keep = standby._keep_unconstrained
+    # member 2 is the only candidate of three tasks; the share is 1, with one +1 slot
+    assert keep({0: 2, 1: 2, 2: 2}, {}, 1, 1, 1) is None
+    counts, over = keep({0: 2, 1: 2, 2: 1}, {}, 1, 1, 1) or ({}, -1)
+    assert (dict(counts), over) == ({2: 2, 1: 1}, 1)
+    assert keep({0: 2, 1: 2, 2: 1}, {}, 1, 1, 0) is None  # no +1 slot left for member 2
+    # with several candidates, each task's best k count (smallest lag, then member)
+    counts, over = keep({}, {0: [(5, 1), (0, 2)], 1: [(7, 3), (7, 0)]}, 1, 1, 0) or ({}, -1)
+    assert (dict(counts), over) == ({2: 1, 0: 1}, 0)
+
+
+# --------------------------------------------------------------------------- stats
+
+
+@SETTINGS
+@given(scenarios())
+def test_kept_and_promoted_standbys_are_counted_as_defined(sc: Scenario) -> None:
+    """A claimed standby whose task is now active on its holder is a promotion; one still
+    hosted there as a standby is kept."""
+    result = assign(sc)
+    members = sorted_members(sc)
+    grouping = build_grouping(sc.topics, sc.copartition, sc.changelog_topics, members)
+    kept = promoted = 0
+    for group, eligible in zip(grouping.groups, grouping.eligible, strict=True):
+        if not eligible or not group.tasks or not group.changelogs:
+            continue
+        for i in eligible:
+            got = result.assignments[members[i].member_id]
+            owned = set(got.active.get(group.topics[0], ()))
+            hosted = set(got.standby.get(group.changelogs[0], ()))
+            for p in claimed_standbys(members[i], group):
+                if p in owned:
+                    promoted += 1
+                elif p in hosted:
+                    kept += 1
+    assert result.stats.extra["standby_kept"] == kept
+    assert result.stats.extra["standby_promotions"] == promoted
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_a_tuple_shared_by_topics_is_normalized_once_and_stays_shared() -> None:
+    shared = (9, 3, 3, 1)
+    m = MemberState("m", frozenset(), active={"b": shared, "a": shared, "c": [2, 2, 0]})
+    assert m.active == {"a": (1, 3, 9), "b": (1, 3, 9), "c": (0, 2)}
+    assert m.active["a"] is m.active["b"]
+    assert list(m.active) == ["a", "b", "c"]
+
+
+def test_state_lags_that_are_not_plain_ints_are_converted_as_before() -> None:
+    m = MemberState("m", frozenset(), state_lag={"t": {True: 5, 2: False, 0: 7}})
+    assert m.state_lag == {"t": {0: 7, 1: 5, 2: 0}}
+    assert all(type(v) is int for v in m.state_lag["t"].values())
+    with pytest.raises(InvalidScenarioError, match=r"negative state lag -2 for t\[4\]"):
+        MemberState("m", frozenset(), state_lag={"t": {3: 1, 4: -2, 5: -9}})
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+def varints(values: list[int]) -> bytes:
+    out = bytearray()
+    for value in values:
+        while value > 0x7F:
+            out.append((value & 0x7F) | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out)
+
+
+@SETTINGS
+@given(
+    st.lists(st.one_of(st.integers(0, 200), st.integers(0, 2**70 - 1)), max_size=12),
+    st.binary(max_size=12),
+)
+def test_a_run_of_varints_reads_as_one_at_a_time(values: list[int], tail: bytes) -> None:
+    body = varints(values) + tail
+    for n in range(len(values) + 3):
+        fast = protocol._Reader("subscription", body)
+        slow = protocol._Reader("subscription", body)
+        try:
+            expected: list[int] | None = [slow.uvarint("x") for _ in range(n)]
+        except MalformedUserdata:
+            expected = None
+        assert fast.uvarints(n) == expected
+        if expected is not None:
+            assert fast.pos == slow.pos
+
+
+def test_many_topics_sets_and_long_names_round_trip() -> None:
+    """Two-byte topic and set references and names over 127 bytes take the slow path."""
+    userdata = SubscriptionUserdata(
+        generation=3,
+        active={f"topic-{i:03d}": tuple(range(i, i + 3)) for i in range(140)},
+        standby={"x" * 200: (1, 5, 9)},
+        state_lag={"x" * 200: {1: 0, 5: 300, 9: 2**40}},
+    )
+    assert decode_subscription(encode_subscription(userdata)) == userdata
+
+
+def uncompressed(data: bytes) -> bytes:
+    header, body = data[:6], data[6:]
+    if header[5] & protocol.FLAG_DEFLATED:
+        body = protocol._inflate("subscription", body)
+    return header[:5] + b"\x00" + body
+
+
+def test_a_topic_twice_in_the_active_map_is_named() -> None:
+    stored = uncompressed(encode_subscription(SubscriptionUserdata(active={"a": (1,), "b": (1,)})))
+    # the active map: 2 entries, (topic 0, set 0) and (topic 1, set 0)
+    assert stored.count(b"\x02\x00\x00\x01\x00") == 1
+    broken = stored.replace(b"\x02\x00\x00\x01\x00", b"\x02\x00\x00\x00\x00")
+    with pytest.raises(MalformedUserdata, match="duplicate topic 'a' in active"):
+        decode_subscription(broken)
+
+
+def test_lags_of_several_bytes_and_a_lag_given_twice() -> None:
+    lags = {p: 128**k for k, p in enumerate(range(0, 27, 3))}  # 1 to 9 bytes
+    userdata = SubscriptionUserdata(
+        standby={"cl": tuple(lags)}, state_lag={"cl": {**lags, 1: 0, 2: 127}}
+    )
+    assert decode_subscription(encode_subscription(userdata)) == userdata
+    stored = uncompressed(encode_subscription(SubscriptionUserdata(state_lag={"t": {4: 1, 5: 2}})))
+    body = stored[6:]
+    twice = body[:-5] + b"\x02\x00\x00\x01\x02\x00\x00\x01\x02"
+    with pytest.raises(MalformedUserdata, match=r"two state_lag values for t\[4\]"):
+        decode_subscription(stored[:6] + twice)
+
+
+# --------------------------------------------------------------------------- plan()
+
+
+def doc(**member_fields: object) -> dict[str, object]:
+    return {
+        "topics": {"src": 4, "cl": 4},
+        "copartition": [["src", "cl"]],
+        "changelog_topics": ["cl"],
+        "members": [{"id": "w1", "topics": ["src", "cl"], **member_fields}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"active": {"src": [0, 1, True]}}, r"members\[0\]\.active\['src'\]: must be an integer"),
+        ({"active": {"src": [0, 4, 9]}}, "partition 4 out of range 0-3"),
+        ({"active": {"src": [0, -1]}}, "partition -1 out of range 0-3"),
+        ({"active": {"src": [0, 1.0]}}, "must be an integer, got 1.0"),
+        ({"state_lag": {"cl": {"0": 1, "x": 2}}}, "partition key 'x' is not an integer"),
+        ({"state_lag": {"cl": {"0": 1, "7": 2}}}, "partition 7 out of range 0-3"),
+        ({"state_lag": {"cl": {"0": 1, "1": -2}}}, r"cl'\]\['1'\]: must be >= 0"),
+        ({"state_lag": {"cl": {"0": 1, "1": False}}}, "must be an integer, got False"),
+    ],
+)
+def test_bad_elements_in_long_lists_are_still_named(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan(doc(**fields))
+
+
+def test_lag_keys_are_read_as_int_reads_them() -> None:
+    parsed = scenario_from_json(doc(state_lag={"cl": {" 2": 5, "+3": 0, "1": 4, "01": 6}}))
+    assert parsed.members[0].state_lag == {"cl": {1: 6, 2: 5, 3: 0}}
+
+
+def test_equal_partition_lists_of_a_member_become_one_tuple() -> None:
+    parsed = scenario_from_json(doc(active={"src": [2, 0], "cl": [2, 0]}, standby={"cl": [1]}))
+    m = parsed.members[0]
+    assert m.active == {"cl": (0, 2), "src": (0, 2)}
+    assert m.active["cl"] is m.active["src"]
