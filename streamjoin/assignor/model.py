@@ -43,6 +43,16 @@ def normalize_topic_partitions(value: Mapping[str, Iterable[int]]) -> dict[str, 
     return out
 
 
+def sorted_by_key(mapping: Mapping[int, int]) -> dict[int, int]:
+    """A plain-dict copy in key order (lags: normalized once by the decoder, once more
+    by the member state, so a mapping already in order is just copied)."""
+    keys = list(mapping)
+    ordered = sorted(keys)
+    if keys == ordered:
+        return dict(mapping)
+    return dict(zip(ordered, map(mapping.__getitem__, ordered), strict=True))
+
+
 @dataclass(frozen=True)
 class MemberState:
     """What one group member reports in its subscription.
@@ -84,7 +94,7 @@ class MemberState:
                         raise InvalidScenarioError(
                             f"member {self.member_id!r}: negative state lag {v} for {topic}[{p}]"
                         )
-            lag[topic] = dict(sorted(per_partition.items()))
+            lag[topic] = sorted_by_key(per_partition)
         object.__setattr__(self, "state_lag", lag)
         object.__setattr__(self, "tags", dict(sorted(self.tags.items())))
 

@@ -34,6 +34,7 @@ from streamjoin.assignor.model import (
     MemberState,
     TopicPartitions,
     normalize_topic_partitions,
+    sorted_by_key,
 )
 from streamjoin.errors import (
     MalformedUserdata,
@@ -114,7 +115,7 @@ class SubscriptionUserdata:
         object.__setattr__(self, "standby", normalize_topic_partitions(self.standby))
         lags: dict[str, dict[int, int]] = {}
         for topic in sorted(self.state_lag):
-            per_partition = dict(sorted(self.state_lag[topic].items()))
+            per_partition = sorted_by_key(self.state_lag[topic])
             if per_partition:
                 lags[topic] = per_partition
         object.__setattr__(self, "state_lag", lags)
