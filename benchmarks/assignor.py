@@ -22,6 +22,8 @@ round, through the runtime adapter: decode every member's subscription userdata
 validate (``compute_assignment``), and encode every member's assignment
 (``member_assignment``). Each member's userdata carries what it owned, its lags,
 a host and an instance id; encoding it is the members' work and is not timed.
+With ``--plan`` they also time ``plan()`` on the round's scenario document (as
+``streamjoin plan`` reads it, after ``json.loads``): parsing alone, and the whole.
 
 ``moved`` counts tasks whose previous owner is still a member and whose owner
 changed, computed here the same way for every assignor; ``min`` is the least
@@ -60,6 +62,7 @@ from streamjoin.assignor.model import (
     MemberState,
     Scenario,
 )
+from streamjoin.assignor.plan import plan, scenario_from_json, scenario_to_json
 from streamjoin.assignor.protocol import (
     AssignmentUserdata,
     SubscriptionUserdata,
@@ -250,7 +253,7 @@ def interleaved(
 
 
 def run_shape(
-    shape: Shape, assignors: Mapping[str, AssignFn], repeat: int, leader: bool
+    shape: Shape, assignors: Mapping[str, AssignFn], repeat: int, leader: bool, plans: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Rows of every assignor and round, and the leader rows of ours (if ``leader``)."""
     rows: list[dict[str, Any]] = []
@@ -296,7 +299,10 @@ def run_shape(
             )
         del results
         if leader and "streamjoin" in churns:
-            leader_rows.append(leader_row(shape, round_name, churns["streamjoin"], repeat))
+            found = leader_row(shape, round_name, churns["streamjoin"], repeat)
+            if plans:
+                found.update(plan_times(churns["streamjoin"], repeat))
+            leader_rows.append(found)
         del churns
     return rows, leader_rows
 
@@ -379,6 +385,17 @@ def leader_row(shape: Shape, round_name: str, scenario: Scenario, repeat: int) -
         "sent": "fallback" if vetted.fallback else "assignor",
         "violations": [f"{v.code.value}: {v.message}" for v in vetted.violations],
         "subscription_bytes": sum(len(m.user_data) for m in members.values()),
+    }
+
+
+def plan_times(scenario: Scenario, repeat: int) -> dict[str, float]:
+    """CPU time of ``plan()`` on the scenario's document: parsing it, and the whole call."""
+    doc = json.loads(json.dumps(scenario_to_json(scenario)))
+    _, parse = timed(partial(scenario_from_json, doc), repeat)
+    _, whole = timed(partial(plan, doc), repeat)
+    return {
+        "plan_parse_s": round(statistics.median(parse), 5),
+        "plan_s": round(statistics.median(whole), 5),
     }
 
 
@@ -515,6 +532,12 @@ def print_leader_table(rows: list[dict[str, Any]]) -> None:
         line = "{:<28} {:<6} {:>10} {:>11} {:>18} {:>10} {:>10}  ".format(*cells)
         sent = r["sent"] + (f", {len(r['violations'])} violation(s)" if r["violations"] else "")
         print(line + sent)
+    for r in rows:
+        if "plan_s" in r:
+            print(
+                f"plan() on {r['shape']} {r['round']}: parsing {r['plan_parse_s'] * 1e3:.1f} ms,"
+                f" whole call {r['plan_s'] * 1e3:.1f} ms"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -526,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-userdata", action="store_true", help="skip the userdata size measurement"
     )
     parser.add_argument("--no-leader", action="store_true", help="skip the leader's protocol path")
+    parser.add_argument("--plan", action="store_true", help="also time plan() on the churn rounds")
     args = parser.parse_args(argv)
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [n for n in names if n not in SHAPES]
@@ -545,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     leader_rows: list[dict[str, Any]] = []
     for name in names:
         shape_rows, shape_leader = run_shape(
-            SHAPES[name], assignors, args.repeat, leader=not args.no_leader
+            SHAPES[name], assignors, args.repeat, leader=not args.no_leader, plans=args.plan
         )
         rows.extend(shape_rows)
         leader_rows.extend(shape_leader)
