@@ -27,7 +27,7 @@ from streamjoin.assignor import (
     validate_assignment,
 )
 from streamjoin.assignor.grouping import build_grouping
-from streamjoin.assignor.model import MemberState
+from streamjoin.assignor.model import MemberState, sorted_by_key
 from streamjoin.assignor.pipeline import sorted_members
 from streamjoin.assignor.protocol import (
     MalformedUserdata,
@@ -162,6 +162,15 @@ def test_state_lags_that_are_not_plain_ints_are_converted_as_before() -> None:
     assert all(type(v) is int for v in m.state_lag["t"].values())
     with pytest.raises(InvalidScenarioError, match=r"negative state lag -2 for t\[4\]"):
         MemberState("m", frozenset(), state_lag={"t": {3: 1, 4: -2, 5: -9}})
+
+
+@SETTINGS
+@given(st.dictionaries(st.integers(-5, 500), st.integers(0, 2**63 - 1)))
+def test_lags_in_key_order_as_sorting_the_items_puts_them(lags: dict[int, int]) -> None:
+    for given_ in (lags, dict(sorted(lags.items()))):
+        got = sorted_by_key(given_)
+        assert list(got.items()) == sorted(lags.items())
+        assert got is not given_
 
 
 # --------------------------------------------------------------------------- protocol
