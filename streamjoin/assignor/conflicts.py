@@ -6,8 +6,15 @@ of them) keeps a claim alive while a topic is being added to a join, and a
 partial claim still means the member holds that task's state.
 
 Several members may claim one task (a zombie that missed a rebalance, a restart
-reporting stale state). The claim with the highest ``generation`` wins; equal
-highest generations cancel out, so nobody counts as the previous owner (rule 2).
+reporting stale state). A claim backed by caught-up local state (the claimant
+reports every changelog partition of the task, lag at most
+``acceptable_recovery_lag``) beats one that is not; among claims equally caught
+up, the highest ``generation`` wins; equal highest ones cancel out, so nobody
+counts as the previous owner (rule 2). Caught-up state ranks first because of
+full restarts: the first worker back takes every task at a new generation and
+starts restoring the ones it never held, and its newer claims must not beat the
+returning owners that still hold those tasks' state. When the newer claimant is
+caught up too (a promoted standby, a finished restore), it keeps the task.
 A winner that is no longer eligible for the group (it dropped one of its topics)
 loses the claim: the task is orphaned.
 """
@@ -18,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamjoin.assignor.grouping import Group, Grouping
+from streamjoin.assignor.lag import CAUGHT_UP, task_lag
 from streamjoin.assignor.model import MemberState
 
 #: markers in :attr:`Claims.raw`
@@ -56,8 +64,22 @@ def claimed_partitions(member: MemberState, group: Group) -> set[int]:
     return out
 
 
-def resolve_claims(grouping: Grouping, members: Sequence[MemberState]) -> Claims:
-    """Apply rule 2 to every task; independent of member order."""
+def claim_rank(
+    member: MemberState, group: Group, p: int, acceptable_recovery_lag: int
+) -> tuple[bool, int]:
+    """How strong ``member``'s claim on task p is: (caught up, generation); larger wins."""
+    found = task_lag(member, group, p, acceptable_recovery_lag) if group.changelogs else None
+    return (found is not None and found[0] == CAUGHT_UP, member.generation)
+
+
+def resolve_claims(
+    grouping: Grouping, members: Sequence[MemberState], acceptable_recovery_lag: int
+) -> Claims:
+    """Apply rule 2 to every task; independent of member order.
+
+    Lags are looked at only for contested tasks: an uncontested claim wins whatever
+    its state.
+    """
     owners: list[list[int]] = []
     raws: list[list[int]] = []
     contested: set[tuple[int, int]] = set()
@@ -65,7 +87,8 @@ def resolve_claims(grouping: Grouping, members: Sequence[MemberState]) -> Claims
     for group, eligible in zip(grouping.groups, grouping.eligible, strict=True):
         n = group.tasks
         owner = [NO_CLAIM] * n
-        gen = [0] * n
+        #: the best claim so far per task; None until the task is contested
+        best: list[tuple[bool, int] | None] = [None] * n
         if not eligible or not n:
             owners.append(owner)
             raws.append(list(owner))
@@ -74,19 +97,23 @@ def resolve_claims(grouping: Grouping, members: Sequence[MemberState]) -> Claims
             claimed = claimed_partitions(member, group)
             if not claimed:
                 continue
-            g_i = member.generation
             for p in claimed:
                 o = owner[p]
                 if o == NO_CLAIM:
                     owner[p] = i
-                    gen[p] = g_i
                     continue
                 contested.add((group.index, p))
-                if g_i > gen[p]:
+                held = best[p]
+                if held is None:  # o is the only claimant so far, never TIED
+                    held = claim_rank(members[o], group, p, acceptable_recovery_lag)
+                mine = claim_rank(member, group, p, acceptable_recovery_lag)
+                if mine > held:
                     owner[p] = i
-                    gen[p] = g_i
-                elif g_i == gen[p]:
-                    owner[p] = TIED
+                    best[p] = mine
+                else:
+                    best[p] = held
+                    if mine == held:
+                        owner[p] = TIED
         raw = owner
         eligible_set = set(eligible)
         winners = set(raw)

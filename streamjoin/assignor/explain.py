@@ -36,7 +36,7 @@ def explain(scenario: Scenario, result: AssignmentResult) -> str:
     grouping = build_grouping(
         scenario.topics, scenario.copartition, scenario.changelog_topics, members
     )
-    claims = resolve_claims(grouping, members)
+    claims = resolve_claims(grouping, members, scenario.config.acceptable_recovery_lag)
     acceptable = scenario.config.acceptable_recovery_lag
     stats = result.stats
     names = [m.member_id for m in members]
@@ -159,7 +159,7 @@ def _why_active(
     if prev != NO_CLAIM:
         return f"moved from {names[prev]} -> {placed}{promoted}"
     if raw == TIED:
-        cause = "tied claims of equal generation"
+        cause = "tied claims: equal generation, equally caught up"
     elif raw >= 0:
         cause = f"previous owner {names[raw]} no longer subscribes to all of {group.label}"
     else:

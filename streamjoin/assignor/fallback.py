@@ -42,7 +42,7 @@ def fallback_assignment(scenario: Scenario) -> AssignmentResult:
     grouping = build_grouping(
         scenario.topics, scenario.copartition, scenario.changelog_topics, members
     )
-    claims = resolve_claims(grouping, members)
+    claims = resolve_claims(grouping, members, scenario.config.acceptable_recovery_lag)
     count = [0] * len(members)
     owners: list[list[int]] = []
     for group, eligible in zip(grouping.groups, grouping.eligible, strict=True):

@@ -43,7 +43,7 @@ def assign(scenario: Scenario) -> AssignmentResult:
     grouping = build_grouping(
         scenario.topics, scenario.copartition, scenario.changelog_topics, members
     )
-    claims = resolve_claims(grouping, members)
+    claims = resolve_claims(grouping, members, scenario.config.acceptable_recovery_lag)
     plan = assign_actives(grouping, members, claims, scenario.config)
     standbys = assign_standbys(grouping, members, claims, plan.owners, scenario.config)
     held = len(plan.warmups)

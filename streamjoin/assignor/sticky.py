@@ -30,9 +30,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from streamjoin.assignor.conflicts import NO_CLAIM, Claims
+from streamjoin.assignor.conflicts import NO_CLAIM, Claims, claimed_partitions
 from streamjoin.assignor.grouping import Group, Grouping
 from streamjoin.assignor.lag import CAUGHT_UP, HAS_STATE, Holder, state_holders, task_lag
+from streamjoin.assignor.matching import Rooms, augment, caught_up_lookup
 from streamjoin.assignor.model import AssignorConfig, MemberState
 from streamjoin.errors import InternalError
 
@@ -116,41 +117,68 @@ def _assign_equal(
 
     quota = {i: total * cap[i] // cap_sum for i in eligible}
     extra = total - sum(quota.values())
-    if extra:
-        fractional = [i for i in eligible if (total * cap[i]) % cap_sum]
-        fractional.sort(key=lambda i: (prev[i] <= quota[i], -caught_up_orphans[i], i))
-        for i in fractional[:extra]:
+    fractional = [i for i in eligible if (total * cap[i]) % cap_sum] if extra else []
+    fractional.sort(key=lambda i: (prev[i] <= quota[i], -caught_up_orphans[i], i))
+    spare = []
+    for i in fractional:
+        if extra and prev[i] > quota[i]:  # a +1 here saves a move
             quota[i] += 1
+            extra -= 1
+        else:
+            spare.append(i)
+    # The other +1 quotas are spent where caught-up state is while placing (matching.py).
     min_moves = sum(max(0, prev[i] - quota[i]) for i in eligible)
 
     # Phase 1: who gives up how many, who has how much room.
     shed = {i: prev[i] - quota[i] for i in eligible if prev[i] > quota[i]}
     room = {i: max(0, quota[i] - prev[i]) for i in eligible}
+    rooms = Rooms(room, spare, extra)
 
     # Phase 2: one state-first pass over orphans *and* the tasks of over-quota members.
     # A shed task goes where its state is; the exact number of moves is unaffected
     # because every over-quota member still gives up exactly shed[i] tasks.
-    receivers = [i for i in eligible if room[i] > 0]
+    receivers = [i for i in eligible if rooms.can_take(i)]
+    reclaims = _Reclaims(grouping.groups, members)
     offers = [
-        (tier, lag, g, p, i)
+        (tier, 0, reclaims.rank(i, g, p), lag, g, p, i)
         for g in live
         for p, hs in holders[g].items()
         for tier, lag, i in hs
-        if room[i] > 0
+        if rooms.can_take(i)
     ]
     if shed and receivers:
-        offers.extend(_shed_offers(grouping, members, config, live, owners, shed, receivers))
+        offers.extend(
+            _shed_offers(grouping, members, config, live, owners, shed, receivers, reclaims)
+        )
     offers.sort()
-    for _, _, g, p, i in offers:
-        if room[i] <= 0:
+    placed: dict[int, list[tuple[int, int]]] = {}  # caught-up orphans each member took
+    for tier, *_, g, p, i in offers:
+        if not rooms.can_take(i):
             continue
         o = owners[g][p]
         if o != UNASSIGNED:
             if shed.get(o, 0) <= 0:
                 continue  # already placed, or its owner is done shedding
             shed[o] -= 1
+        elif tier == CAUGHT_UP:
+            placed.setdefault(i, []).append((g, p))
         owners[g][p] = i
-        room[i] -= 1
+        rooms.take(i)
+    if placed or rooms.plus:
+        unplaced = ((g, p) for g in live for p in sorted(holders[g]) if owners[g][p] == UNASSIGNED)
+        augment(
+            unplaced,
+            owners,
+            caught_up_lookup(holders, CAUGHT_UP),
+            placed,
+            rooms,
+            lambda i, t: reclaims.rank(i, *t),
+        )
+    for i in spare:  # +1 quotas nobody's state needed, in the order above
+        if rooms.budget and i in rooms.spare:
+            rooms.grant(i)
+    for i in rooms.plus:
+        quota[i] += 1
 
     # What over-quota members still have to give up goes by spread (no receiver holds
     # state for it, or the receivers that do are full).
@@ -185,24 +213,52 @@ def _shed_offers(
     owners: list[list[int]],
     shed: dict[int, int],
     receivers: list[int],
-) -> list[tuple[int, int, int, int, int]]:
-    """(tier, lag, group, task, receiver) for over-quota members' tasks a receiver has state for.
+    reclaims: _Reclaims,
+) -> list[Offer]:
+    """Offers for over-quota members' tasks a receiver has state for.
 
     Only the receivers' own lag reports are visited (``state_holders`` intersects
     them with the sheddable tasks), so the cost follows what receivers report,
-    not members x tasks.
+    not members x tasks; the owner's own lag is looked up once per offered task.
     """
-    out: list[tuple[int, int, int, int, int]] = []
+    acceptable = config.acceptable_recovery_lag
+    out: list[Offer] = []
     for g in live:
         group = grouping.groups[g]
         if not group.changelogs:
             continue
-        sheddable = {p for p, o in enumerate(owners[g]) if o in shed}
+        own = owners[g]
+        sheddable = {p for p, o in enumerate(own) if o in shed}
         if not sheddable:
             continue
-        found = state_holders(group, members, receivers, sheddable, config.acceptable_recovery_lag)
-        out.extend((tier, lag, g, p, i) for p, hs in found.items() for tier, lag, i in hs)
+        found = state_holders(group, members, receivers, sheddable, acceptable)
+        for p, hs in found.items():
+            kept = task_lag(members[own[p]], group, p, acceptable)
+            keeps = 1 if kept is not None and kept[0] == CAUGHT_UP else 0
+            out.extend((tier, keeps, reclaims.rank(i, g, p), lag, g, p, i) for tier, lag, i in hs)
     return out
+
+
+#: (receiver tier, owner caught up, receiver did not claim it, lag, group, task, receiver):
+#: sorts the best placement first
+Offer = tuple[int, int, int, int, int, int, int]
+
+
+class _Reclaims:
+    """Did a receiver claim a task it lost in the conflict (a returning previous owner)?"""
+
+    def __init__(self, groups: Sequence[Group], members: Sequence[MemberState]) -> None:
+        self.groups = groups
+        self.members = members
+        self._claimed: dict[tuple[int, int], set[int]] = {}
+
+    def rank(self, i: int, g: int, p: int) -> int:
+        """0 when member i claims task p of group g, else 1 (sorts returning owners first)."""
+        claimed = self._claimed.get((i, g))
+        if claimed is None:
+            claimed = claimed_partitions(self.members[i], self.groups[g])
+            self._claimed[(i, g)] = claimed
+        return 0 if p in claimed else 1
 
 
 def _revoke(

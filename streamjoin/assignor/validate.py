@@ -201,7 +201,7 @@ def _check_stats_and_balance(
     owners: list[list[int]],
     bad: _Reporter,
 ) -> None:
-    claims = resolve_claims(grouping, members)
+    claims = resolve_claims(grouping, members, scenario.config.acceptable_recovery_lag)
     stats = result.stats
     if stats.tasks != grouping.total_tasks:
         bad(

@@ -139,8 +139,11 @@ def state_key(m: MemberState, group: Group, p: int, acceptable: int) -> tuple[in
 def test_tasks_change_owner_where_their_state_is(sc: Scenario) -> None:
     """Rule 5 with equal subscriptions, for orphans and for the tasks over-quota members shed.
 
-    With key(h, t) = (caught up / has state / none, lag) of member h for task t
-    (smaller is better) and "received" = tasks a member owns now but not before:
+    With key(h, t) = (caught up / has state / none, t's previous owner is caught up,
+    h did not claim t, lag) of member h for task t (smaller is better; the lag of
+    caught-up members does not count: placing one more orphan on a caught-up member
+    may move another to a caught-up member with more lag) and "received" = tasks a
+    member owns now but not before:
 
     * a task placed on n while a member h (not its previous owner) had a better key:
       h was full with tasks at least as good for it (every task h received has
@@ -154,7 +157,7 @@ def test_tasks_change_owner_where_their_state_is(sc: Scenario) -> None:
         return
     members = sorted_members(sc)
     grouping = build_grouping(sc.topics, sc.copartition, sc.changelog_topics, members)
-    claims = resolve_claims(grouping, members)
+    claims = resolve_claims(grouping, members, sc.config.acceptable_recovery_lag)
     acceptable = sc.config.acceptable_recovery_lag
     index = {m.member_id: i for i, m in enumerate(members)}
     live = [g for g in grouping.groups if grouping.eligible[g.index] and g.tasks]
@@ -166,11 +169,17 @@ def test_tasks_change_owner_where_their_state_is(sc: Scenario) -> None:
                 own[p] = index[mid]
         new[g.index] = own
 
-    def key(i: int, g: Group, p: int) -> tuple[int, int]:
-        return state_key(members[i], g, p, acceptable)
+    def key(i: int, g: Group, p: int) -> tuple[int, ...]:
+        tier, lag = state_key(members[i], g, p, acceptable)
+        if (tier, lag) == NO_STATE:
+            return NO_STATE
+        o = claims.owners[g.index][p]
+        keeps = o >= 0 and state_key(members[o], g, p, acceptable)[0] == 0
+        claimed = any(p in members[i].active.get(t, ()) for t in g.topics)
+        return (tier, int(keeps), int(not claimed), lag if tier else 0)
 
-    worst_received: dict[int, tuple[int, int]] = {}
-    worst_gift: dict[int, tuple[int, int]] = {}
+    worst_received: dict[int, tuple[int, ...]] = {}
+    worst_gift: dict[int, tuple[int, ...]] = {}
     for g in live:
         prev, own = claims.owners[g.index], new[g.index]
         for p in range(g.tasks):
@@ -181,7 +190,7 @@ def test_tasks_change_owner_where_their_state_is(sc: Scenario) -> None:
             if prev[p] >= 0:
                 worst_gift[prev[p]] = max(worst_gift.get(prev[p], k), k)
 
-    def full_with_better(h: int, bound: tuple[int, int]) -> bool:
+    def full_with_better(h: int, bound: tuple[int, ...]) -> bool:
         return worst_received.get(h, bound) <= bound
 
     for g in live:

@@ -741,8 +741,14 @@ def test_standbys_stick_to_previous_holders() -> None:
         standby_replicas=1,
     )
     result = run(sc)
-    # z now runs 2, so it must host two of the others; 3 is the most that can stay
-    assert result.stats.extra["standby_kept"] == 3
+    # z now runs 2 and 5, so it must host two of the others' standbys, without state for
+    # them; x and y host theirs where their state is (previous standbys, or the task they
+    # gave away), but with x's standbys spread over y and z (and y's over x and z), y keeps
+    # only one of 0 and 1 and x only one of 3 and 4
+    had_state = {"x": {0, 1, 2, 3, 4, 5}, "y": {0, 1, 3, 4, 5}, "z": {2}}
+    assert sum(len(standby(result, m, "log") & had_state[m]) for m in had_state) == 4
+    assert len(standby(result, "y", "log") & {0, 1}) == 1
+    assert len(standby(result, "x", "log") & {3, 4}) == 1
 
 
 def test_previous_active_becomes_standby_when_moved() -> None:

@@ -27,7 +27,7 @@ def test_no_safety_rule_is_broken(sc: Scenario) -> None:
 def test_previous_owners_keep_their_tasks(sc: Scenario) -> None:
     members = sorted_members(sc)
     grouping = build_grouping(sc.topics, sc.copartition, sc.changelog_topics, members)
-    claims = resolve_claims(grouping, members)
+    claims = resolve_claims(grouping, members, sc.config.acceptable_recovery_lag)
     result = fallback_assignment(sc)
     for group in grouping.groups:
         for p, o in enumerate(claims.owners[group.index]):
