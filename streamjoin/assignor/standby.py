@@ -159,11 +159,26 @@ def _assign_group(
 
     # Keep phase: state holders first, in task order, smallest lag first, within balance
     # (floor for everyone, the `extra` +1 slots to whoever fills them first), tag spread
-    # and the owner's spread.
+    # and the owner's spread. Unless balance, tags or the owners' spread get in the way,
+    # each task keeps its best k (counted in bulk).
     check_tags = tags.active
+    kept = None if check_tags else _keep_unconstrained(single, several, k, lo, extra)
+    if kept is not None and not spread.keep_all(_picks_by_owner(single, several, k, active)):
+        kept = None
+    if kept is not None:
+        counts, over = kept
+        chosen = [[] if i is None else [i] for i in map(single.get, range(n))]
+        for p, ranked in several.items():
+            chosen[p].extend(i for _, i in ranked[:k])
+        for i, c in counts.items():
+            load[i] = c
+            global_load[i] += c
+        extra -= over
+    else:
+        chosen = [[] for _ in range(n)]
     keep = spread.keep
-    chosen: list[list[int]] = [[] for _ in range(n)]
-    for p in sorted(single.keys() | several.keys()):
+    in_order = sorted(single.keys() | several.keys()) if kept is None else []
+    for p in in_order:
         ranked = several.get(p) or [(0, single[p])]  # alone, its lag does not matter
         if len(ranked) > 1:
             ranked.sort()
@@ -331,6 +346,28 @@ def _keep_unconstrained(
         return None
     over = sum(1 for c in counts.values() if c > lo)
     return (counts, over) if over <= extra else None
+
+
+def _picks_by_owner(
+    single: Mapping[int, int],
+    several: Mapping[int, list[tuple[int, int]]],
+    k: int,
+    active: Sequence[int],
+) -> dict[int, dict[int, int]]:
+    """Each task's best ``k`` candidates (``several`` sorted), counted per active owner."""
+    out: dict[int, dict[int, int]] = {}
+    for p, i in single.items():
+        a = active[p]
+        got = out.get(a)
+        if got is None:
+            out[a] = {i: 1}
+        else:
+            got[i] = got.get(i, 0) + 1
+    for p, ranked in several.items():
+        got = out.setdefault(active[p], {})
+        for _, i in ranked[:k]:
+            got[i] = got.get(i, 0) + 1
+    return out
 
 
 def _tag_sort_key(values: tuple[str | None, ...]) -> tuple[tuple[int, str], ...]:

@@ -35,6 +35,7 @@ from streamjoin.assignor.protocol import (
     decode_subscription,
     encode_subscription,
 )
+from streamjoin.assignor.spread import Spread
 from streamjoin.assignor.standby import claimed_standbys
 from streamjoin.errors import InvalidScenarioError
 
@@ -115,6 +116,42 @@ def test_bulk_keep_gives_way_when_balance_could_refuse_a_candidate() -> None:
     # with several candidates, each task's best k count (smallest lag, then member)
     counts, over = keep({}, {0: [(5, 1), (0, 2)], 1: [(7, 3), (7, 0)]}, 1, 1, 0) or ({}, -1)
     assert (dict(counts), over) == ({2: 1, 0: 1}, 0)
+
+
+@SETTINGS
+@given(st.data())
+def test_keeping_many_standbys_at_once_as_one_by_one(data: st.DataObject) -> None:
+    """``Spread.keep_all`` takes the picks exactly when ``keep`` takes each, in any order,
+    and leaves the same counts and levels behind; when it refuses, it changes nothing."""
+    members = data.draw(st.integers(2, 6))
+    tasks = data.draw(st.integers(1, 12))
+    owners = [data.draw(st.lists(st.integers(0, members - 1), min_size=tasks, max_size=tasks))]
+    k = data.draw(st.integers(1, members - 1))
+    earlier = data.draw(st.lists(st.tuples(st.integers(0, tasks - 1), st.integers(0, members - 1))))
+    picks_of = st.lists(st.tuples(st.integers(0, tasks - 1), st.integers(0, members - 1)))
+    picks = [(owners[0][p], j) for p, j in data.draw(picks_of) if owners[0][p] != j]
+    bulk, one_by_one = Spread(owners, [k]), Spread(owners, [k])
+    for spread in (bulk, one_by_one):
+        spread.begin_group(range(members), members)
+        for p, j in earlier:
+            if owners[0][p] != j:
+                spread.keep(owners[0][p], j)
+    before = {a: dict(bulk.counts(a)) for a in range(members)}
+    grouped: dict[int, dict[int, int]] = {}
+    for a, j in picks:
+        grouped.setdefault(a, {})[j] = grouped.get(a, {}).get(j, 0) + 1
+    order = data.draw(st.permutations(picks))
+    taken = [one_by_one.keep(a, j) for a, j in order]
+    if bulk.keep_all(grouped):
+        assert all(taken)
+        for a in range(members):
+            assert bulk.counts(a) == one_by_one.counts(a)
+            assert bulk.level(a) == one_by_one.level(a)
+            assert bulk.top(a) == one_by_one.top(a)
+            assert all(bulk.may_keep(a, j) == one_by_one.may_keep(a, j) for j in range(members))
+    else:
+        assert not all(taken)
+        assert {a: dict(bulk.counts(a)) for a in range(members)} == before
 
 
 # --------------------------------------------------------------------------- stats
