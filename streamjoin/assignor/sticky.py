@@ -140,7 +140,7 @@ def _assign_equal(
     receivers = [i for i in eligible if rooms.can_take(i)]
     reclaims = _Reclaims(grouping.groups, members)
     offers = [
-        (tier, 0, reclaims.rank(i, g, p), lag, g, p, i)
+        (tier, 0, reclaims.rank(i, g, p), 0, lag, g, p, i)
         for g in live
         for p, hs in holders[g].items()
         for tier, lag, i in hs
@@ -234,14 +234,19 @@ def _shed_offers(
         found = state_holders(group, members, receivers, sheddable, acceptable)
         for p, hs in found.items():
             kept = task_lag(members[own[p]], group, p, acceptable)
-            keeps = 1 if kept is not None and kept[0] == CAUGHT_UP else 0
-            out.extend((tier, keeps, reclaims.rank(i, g, p), lag, g, p, i) for tier, lag, i in hs)
+            keeps = kept is not None and kept[0] == CAUGHT_UP
+            stale = -kept[1] if keeps and kept is not None else 0
+            out.extend(
+                (tier, int(keeps), reclaims.rank(i, g, p), stale, lag, g, p, i)
+                for tier, lag, i in hs
+            )
     return out
 
 
-#: (receiver tier, owner caught up, receiver did not claim it, lag, group, task, receiver):
-#: sorts the best placement first
-Offer = tuple[int, int, int, int, int, int, int]
+#: (receiver tier, owner caught up, receiver did not claim it, minus the owner's lag when
+#: caught up, receiver's lag, group, task, receiver): sorts the best placement first. An
+#: owner keeps first the tasks it is caught up on, and of those the freshest.
+Offer = tuple[int, int, int, int, int, int, int, int]
 
 
 class _Reclaims:

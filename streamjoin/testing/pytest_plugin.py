@@ -5,6 +5,12 @@
   loopback broker named by ``STREAMJOIN_KAFKA_BOOTSTRAP`` (e.g. one started with
   ``streamjoin dev-broker``) to skip the JVM start while iterating.
 - ``kafka_bootstrap``: its ``host:port``.
+- ``kafka_broker_with``: ``kafka_broker_with({"group.initial.rebalance.delay.ms": "3000"})``
+  starts (once per session and config) another local broker with those server
+  config overrides and returns its ``host:port``; for behaviour that depends on
+  broker settings the shared broker cannot change (static configs such as the
+  initial rebalance delay). Always a broker of our own, even with
+  ``STREAMJOIN_KAFKA_BOOTSTRAP`` set.
 - ``unique_topic``: a factory of topic names unique to the test, so tests on a
   shared broker never see each other's records.
 """
@@ -15,7 +21,7 @@ import itertools
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
@@ -63,6 +69,29 @@ def kafka_broker() -> Iterator[LocalKafka | _ExternalBroker]:
 def kafka_bootstrap(kafka_broker: LocalKafka | _ExternalBroker) -> str:
     """``host:port`` of the session's broker."""
     return kafka_broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_with() -> Iterator[Callable[[Mapping[str, str]], str]]:
+    """A factory of extra local brokers with server config overrides, by config; each is
+    started on first use and stopped at the end of the session."""
+    started: dict[tuple[tuple[str, str], ...], LocalKafka] = {}
+
+    def broker(overrides: Mapping[str, str]) -> str:
+        key = tuple(sorted(overrides.items()))
+        if key not in started:
+            kafka = LocalKafka(
+                overrides=overrides,
+                progress=lambda line: print(f"[streamjoin] {line}", flush=True),
+            )
+            started[key] = kafka.start()
+        return started[key].bootstrap_servers
+
+    try:
+        yield broker
+    finally:
+        for kafka in started.values():
+            kafka.stop()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from streamjoin.runtime.group_info import GroupInfo, describe_group
+from streamjoin.runtime.group_info import GroupInfo, MemberInfo, describe_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,6 +113,23 @@ class Workers:
         proc.send_signal(sig)
         return proc.wait(60)
 
+    def stop_all(self, sig: int = signal.SIGTERM) -> dict[str, int]:
+        """Signal every worker at once (a full stop), then wait for each; exit codes."""
+        procs, self.procs = self.procs, {}
+        for proc in procs.values():
+            proc.send_signal(sig)
+        return {name: proc.wait(60) for name, proc in procs.items()}
+
+    def name_of(self, member: MemberInfo) -> str:
+        """The worker a group member is: its instance id, else the pid in its client id
+        (``<app id>-<host>-<pid>-<uuid>``, see ``runtime/worker.py``)."""
+        if member.instance_id:
+            return member.instance_id
+        for name, proc in self.procs.items():
+            if f"-{proc.pid}-" in member.member_id:
+                return name
+        raise AssertionError(f"no running worker is member {member.member_id}")
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
@@ -144,6 +162,11 @@ async def wait_for_group(
     raise AssertionError(
         f"group {group} never reached the expected state: {info}\n{workers.logs()}"
     )
+
+
+def replayed_records(log_text: str) -> int:
+    """Changelog records a worker's log says it had to replay to restore active tasks."""
+    return sum(int(n) for n in re.findall(r"(\d+) changelog records to replay", log_text))
 
 
 def sizes(info: GroupInfo, topic: str) -> list[int]:

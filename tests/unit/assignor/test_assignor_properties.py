@@ -140,10 +140,10 @@ def test_tasks_change_owner_where_their_state_is(sc: Scenario) -> None:
     """Rule 5 with equal subscriptions, for orphans and for the tasks over-quota members shed.
 
     With key(h, t) = (caught up / has state / none, t's previous owner is caught up,
-    h did not claim t, lag) of member h for task t (smaller is better; the lag of
-    caught-up members does not count: placing one more orphan on a caught-up member
-    may move another to a caught-up member with more lag) and "received" = tasks a
-    member owns now but not before:
+    h did not claim t, minus that owner's lag if caught up, lag) of member h for task t
+    (smaller is better; the lag of caught-up members does not count: placing one more
+    orphan on a caught-up member may move another to a caught-up member with more lag)
+    and "received" = tasks a member owns now but not before:
 
     * a task placed on n while a member h (not its previous owner) had a better key:
       h was full with tasks at least as good for it (every task h received has
@@ -174,9 +174,10 @@ def test_tasks_change_owner_where_their_state_is(sc: Scenario) -> None:
         if (tier, lag) == NO_STATE:
             return NO_STATE
         o = claims.owners[g.index][p]
-        keeps = o >= 0 and state_key(members[o], g, p, acceptable)[0] == 0
+        owner = state_key(members[o], g, p, acceptable) if o >= 0 else NO_STATE
+        keeps = owner[0] == 0
         claimed = any(p in members[i].active.get(t, ()) for t in g.topics)
-        return (tier, int(keeps), int(not claimed), lag if tier else 0)
+        return (tier, int(keeps), int(not claimed), -owner[1] if keeps else 0, lag if tier else 0)
 
     worst_received: dict[int, tuple[int, ...]] = {}
     worst_gift: dict[int, tuple[int, ...]] = {}
