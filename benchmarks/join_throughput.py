@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import json
 import os
 import platform
@@ -57,13 +56,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from benchmarks.broker import broker
 from examples.ad_traffic import Traffic, generate
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
 
@@ -109,22 +108,6 @@ class Result:
 
 
 # --------------------------------------------------------------------------- environment
-
-
-def check_loopback(bootstrap: str) -> str:
-    for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        host = host.strip("[]")
-        if not port.isdigit():
-            raise SystemExit(f"--bootstrap {server!r}: expected HOST:PORT")
-        if host != "localhost":
-            try:
-                loopback = ipaddress.ip_address(host).is_loopback
-            except ValueError:
-                loopback = False
-            if not loopback:
-                raise SystemExit(f"--bootstrap {server!r}: only loopback brokers are allowed")
-    return bootstrap
 
 
 def venv_python(name: str, root: Path, install: bool) -> tuple[Path | None, str]:
@@ -454,17 +437,6 @@ async def run_system(run: Run, traffic: Traffic, timeout: float, result: Result)
 # --------------------------------------------------------------------------- the run
 
 
-@contextlib.contextmanager
-def broker(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
-        yield check_loopback(bootstrap)
-        return
-    from streamjoin.testing.kafka import LocalKafka
-
-    with LocalKafka(progress=say) as kafka:
-        yield kafka.bootstrap_servers
-
-
 async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict[str, Any]:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for s in systems:
@@ -683,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="streamjoin-join-bench-"))
     try:
-        with broker(args.bootstrap) as bootstrap:
+        with broker(args.bootstrap, say) as bootstrap:
             report = asyncio.run(bench(args, bootstrap, workdir))
     finally:
         if args.keep:

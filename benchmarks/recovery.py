@@ -36,14 +36,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import json
 import os
 import platform
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +51,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.broker import broker
 
 TARGET_RATE = 300_000
 TARGET_RATIO = 10.0
@@ -68,29 +68,6 @@ def default_faust_venv() -> Path:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------- broker
-
-
-def check_loopback(bootstrap: str) -> str:
-    """Refuse anything but loopback addresses: this benchmark floods the broker."""
-    for server in bootstrap.split(","):
-        host, sep, port = server.strip().rpartition(":")
-        if not sep or not port.isdigit():
-            raise SystemExit(f"--bootstrap: {server!r} is not host:port")
-        host = host.strip("[]")
-        try:
-            addresses = {info[4][0] for info in socket.getaddrinfo(host, int(port))}
-        except OSError as exc:
-            raise SystemExit(f"--bootstrap: cannot resolve {host!r}: {exc}") from exc
-        for address in addresses:
-            if not ipaddress.ip_address(str(address).split("%")[0]).is_loopback:
-                raise SystemExit(
-                    f"--bootstrap: {server!r} resolves to {address}, not a loopback "
-                    "address; this benchmark only runs against a local broker"
-                )
-    return bootstrap
 
 
 # ---------------------------------------------------------------------------- data
@@ -619,14 +596,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.bootstrap:
-        bootstrap = check_loopback(args.bootstrap)
+    with broker(args.bootstrap, log) as bootstrap:
         result = asyncio.run(_run(args, bootstrap))
-    else:
-        from streamjoin.testing.kafka import LocalKafka
-
-        with LocalKafka(progress=log) as kafka:
-            result = asyncio.run(_run(args, kafka.bootstrap_servers))
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -65,6 +65,17 @@ class App:
             more data). Raise it for replays much faster than real time.
         align_max_idle_ms: the longest wait for a side known to have more data before the
             other side is processed without it (logged).
+        rebalance_protocol: ``"cooperative"`` (default: members keep processing what
+            they keep while the group rebalances; a task moves in two short steps) or
+            ``"eager"`` (every rebalance stops every task; the protocol of versions
+            before 0.3). A group stays eager while any member speaks only eager.
+        high_availability: KIP-441 style: a task stays on a caught-up member while a
+            warmup replica restores it on its balanced target; it moves only once the
+            warmup is within ``acceptable_recovery_lag`` records.
+        acceptable_recovery_lag: changelog records behind that still count as caught up.
+        max_warmup_replicas: warmup replicas restoring at once (high availability).
+        probing_rebalance_interval: seconds between the rebalances that check whether
+            warmups have caught up (while any warmup exists).
     """
 
     def __init__(
@@ -89,6 +100,11 @@ class App:
         host: str | None = None,
         align_idle_ms: int = 0,
         align_max_idle_ms: int = 5_000,
+        rebalance_protocol: str = "cooperative",
+        high_availability: bool = False,
+        acceptable_recovery_lag: int = 10_000,
+        max_warmup_replicas: int = 2,
+        probing_rebalance_interval: float = 600.0,
     ) -> None:
         self.config = AppConfig.from_options(
             id,
@@ -110,6 +126,11 @@ class App:
             host=host,
             align_idle_ms=align_idle_ms,
             align_max_idle_ms=align_max_idle_ms,
+            rebalance_protocol=rebalance_protocol,
+            high_availability=high_availability,
+            acceptable_recovery_lag=acceptable_recovery_lag,
+            max_warmup_replicas=max_warmup_replicas,
+            probing_rebalance_interval=probing_rebalance_interval,
         )
         #: how declarations reach the running worker (connected while it runs)
         self._link = RuntimeLink()
@@ -618,6 +639,13 @@ class App:
         worker = self._worker or self._last_worker
         found = None if worker is None else worker.shared_values.get(f"join:{name}")
         return found if isinstance(found, JoinStats) else JoinStats()
+
+    def rebalance_metrics(self) -> dict[str, float | int | None]:
+        """This worker's rebalance metrics (the KIP-429 names: ``rebalance-latency-avg``,
+        ``rebalance-total``, ``last-rebalance-seconds-ago``, ...), running or last run;
+        empty before the worker joined a group."""
+        worker = self._worker or self._last_worker
+        return {} if worker is None else worker.rebalance_metrics()
 
     async def __aenter__(self) -> App:
         await self.start()

@@ -20,9 +20,17 @@ from typing import Any
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.errors import ConfigurationError
 
-__all__ = ["PROCESSING_GUARANTEES", "AppConfig", "Secret", "parse_broker_url"]
+__all__ = [
+    "PROCESSING_GUARANTEES",
+    "REBALANCE_PROTOCOLS",
+    "AppConfig",
+    "Secret",
+    "parse_broker_url",
+]
 
 PROCESSING_GUARANTEES = ("at_least_once",)
+#: "cooperative": incremental rebalancing (KIP-429); "eager": every rebalance revokes everything
+REBALANCE_PROTOCOLS = ("cooperative", "eager")
 _APP_ID = re.compile(r"[A-Za-z0-9._-]+")
 _BROKER_SCHEME = re.compile(r"^(kafka|tcp)://", re.IGNORECASE)
 #: client option names whose values are credentials
@@ -122,6 +130,11 @@ class AppConfig:
     host: str | None = None
     align_idle_ms: int = 0
     align_max_idle_ms: int = 5_000
+    rebalance_protocol: str = "cooperative"
+    high_availability: bool = False
+    acceptable_recovery_lag: int = 10_000
+    max_warmup_replicas: int = 2
+    probing_rebalance_interval: float = 600.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are written once, here
@@ -140,6 +153,22 @@ class AppConfig:
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
             raise ConfigurationError(f"commit_interval must be > 0 (seconds), got {interval!r}")
         _int("standby_replicas", self.standby_replicas, 0)
+        if self.rebalance_protocol not in REBALANCE_PROTOCOLS:
+            raise ConfigurationError(
+                f"rebalance_protocol {self.rebalance_protocol!r} is not supported; "
+                f"choose one of {REBALANCE_PROTOCOLS}"
+            )
+        if not isinstance(self.high_availability, bool):
+            raise ConfigurationError(
+                f"high_availability must be True or False, got {self.high_availability!r}"
+            )
+        _int("acceptable_recovery_lag", self.acceptable_recovery_lag, 0)
+        _int("max_warmup_replicas", self.max_warmup_replicas, 0)
+        probing = self.probing_rebalance_interval
+        if isinstance(probing, bool) or not isinstance(probing, int | float) or probing <= 0:
+            raise ConfigurationError(
+                f"probing_rebalance_interval must be > 0 (seconds), got {probing!r}"
+            )
         _int("capacity", self.capacity, 1)
         _int("topic_partitions", self.topic_partitions, 1)
         _int("topic_replication_factor", self.topic_replication_factor, 1)

@@ -56,6 +56,8 @@ __all__ = [
     "CorruptRecordSet",
     "DecodeError",
     "EncodeError",
+    "FencedInstanceError",
+    "GroupMembershipError",
     "IncompatibleWindowState",
     "InternalError",
     "InvalidAssignmentError",
@@ -291,6 +293,19 @@ class NullKeyError(ProcessingError, TypeError):
 
 class RecordTooLargeError(ProcessingError, ValueError):
     """A record does not fit in one producer batch; raise the producer's ``max_batch_size``."""
+
+
+class GroupMembershipError(ProcessingError, RuntimeError):
+    """The consumer group will not have this worker: the worker must stop (one clear line).
+
+    Raised for what retrying cannot fix: another worker took over this worker's
+    ``group_instance_id`` (FENCED_INSTANCE_ID), the group is used by clients of another
+    protocol (INCONSISTENT_GROUP_PROTOCOL), the group is full, or access is denied.
+    """
+
+
+class FencedInstanceError(GroupMembershipError):
+    """Another worker joined the group with this worker's ``group_instance_id``."""
 
 
 # -- joins -----------------------------------------------------------------------------------

@@ -143,11 +143,14 @@ class MemberAssignment:
 
     ``warmup`` (high-availability mode only) lists changelog partitions to restore
     so the member can take over the task's active in a follow-up rebalance.
+    ``pending`` (cooperative rebalancing) lists active partitions meant for this
+    member but withheld until their current owner has revoked them.
     """
 
     active: TopicPartitions
     standby: TopicPartitions
     warmup: TopicPartitions = field(default_factory=dict)
+    pending: TopicPartitions = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ ASSIGNMENT_KIND: Final = 0x41  # "A"
 #: Bumped for changes older decoders cannot skip; decoders reject other majors.
 MAJOR_VERSION: Final = 1
 #: Bumped when fields are appended to the body; older decoders skip them.
-MINOR_VERSION: Final = 0
+#: 1: subscriptions append ``owned``; assignments append ``pending`` and ``warmup``.
+MINOR_VERSION: Final = 1
 HEADER_SIZE: Final = 6
 FLAG_DEFLATED: Final = 0x01
 _KNOWN_HEADER_FLAGS: Final = FLAG_DEFLATED
@@ -97,8 +98,12 @@ class SubscriptionUserdata:
     ``generation`` is the epoch of the last assignment it received (-1: none),
     so that the leader can prefer the newest claim when two members say they
     owned the same partition. ``state_lag`` covers only stores the member holds
-    locally. The Kafka member id and the subscribed topics are not repeated
-    here: the group protocol already carries them.
+    locally. ``active`` is what the member *claims* (for stickiness: what it
+    owned, or was promised, even in a previous process); ``owned`` is what this
+    process is processing right now, which the cooperative leader must not hand
+    to anyone else before the owner revoked it (minor version 1). The Kafka
+    member id and the subscribed topics are not repeated here: the group
+    protocol already carries them.
     """
 
     generation: int = -1
@@ -109,10 +114,12 @@ class SubscriptionUserdata:
     tags: Mapping[str, str] = field(default_factory=dict)
     host: str | None = None
     group_instance_id: str | None = None
+    owned: TopicPartitions = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "active", normalize_topic_partitions(self.active))
         object.__setattr__(self, "standby", normalize_topic_partitions(self.standby))
+        object.__setattr__(self, "owned", normalize_topic_partitions(self.owned))
         lags: dict[str, dict[int, int]] = {}
         for topic in sorted(self.state_lag):
             per_partition = sorted_by_key(self.state_lag[topic])
@@ -165,14 +172,24 @@ class AssignmentUserdata:
     reports it back in its next subscription. Active partitions are not
     repeated: the Kafka assignment already lists them. No routing table is
     carried (it would grow with the group; see docs/protocol.md).
+
+    Minor version 1 appends ``pending`` (active partitions the cooperative
+    leader withheld from this member until their current owner revokes them:
+    the member claims them in its next subscription and warms their state up
+    meanwhile) and ``warmup`` (changelog partitions to restore like standbys so
+    that the member can take their task over once caught up, KIP-441).
     """
 
     generation: int
     standby: TopicPartitions = field(default_factory=dict)
     followup_rebalance: bool = False
+    pending: TopicPartitions = field(default_factory=dict)
+    warmup: TopicPartitions = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "standby", normalize_topic_partitions(self.standby))
+        object.__setattr__(self, "pending", normalize_topic_partitions(self.pending))
+        object.__setattr__(self, "warmup", normalize_topic_partitions(self.warmup))
 
 
 def next_generation(generations: Iterable[int]) -> int:
@@ -185,9 +202,14 @@ def assignment_userdata_for(
 ) -> AssignmentUserdata:
     """The userdata the leader sends to ``member_id`` for this assignment result."""
     member = result.assignments.get(member_id)
-    standby: TopicPartitions = member.standby if member is not None else {}
+    if member is None:
+        return AssignmentUserdata(generation=generation)
     return AssignmentUserdata(
-        generation=generation, standby=standby, followup_rebalance=result.followup_rebalance
+        generation=generation,
+        standby=member.standby,
+        followup_rebalance=result.followup_rebalance,
+        pending=member.pending,
+        warmup=member.warmup,
     )
 
 
@@ -233,6 +255,7 @@ def encode_subscription(userdata: SubscriptionUserdata) -> bytes:
         _put_uvarint(out, set_ref)
         for value in values:
             _put_uvarint(out, value)
+    _put_inline_map(out, userdata.owned)  # minor 1
     return _frame(SUBSCRIPTION_KIND, out)
 
 
@@ -249,6 +272,8 @@ def encode_assignment(userdata: AssignmentUserdata) -> bytes:
     standby = tables.map_refs(userdata.standby)
     tables.write(out)
     _put_refs(out, standby)
+    _put_inline_map(out, userdata.pending)  # minor 1
+    _put_inline_map(out, userdata.warmup)  # minor 1
     return _frame(ASSIGNMENT_KIND, out)
 
 
@@ -341,6 +366,19 @@ def _put_optional_str(out: bytearray, value: str | None) -> None:
     out += raw
 
 
+def _put_inline_map(out: bytearray, value: TopicPartitions) -> None:
+    """A topic map appended by a minor version: names inline (the tables come earlier)."""
+    _put_uvarint(out, len(value))
+    for topic, partitions in value.items():
+        for partition in (partitions[0], partitions[-1]) if partitions else ():
+            if not 0 <= partition <= MAX_PARTITION:
+                raise UserdataOutOfRange(
+                    f"partition {partition} of {topic!r} outside [0, {MAX_PARTITION}]"
+                )
+        _put_str(out, topic)
+        _put_partition_set(out, partitions)
+
+
 def _put_refs(out: bytearray, refs: list[tuple[int, int]]) -> None:
     _put_uvarint(out, len(refs))
     for topic_ref, set_ref in refs:
@@ -413,6 +451,7 @@ def decode_subscription(data: bytes) -> SubscriptionUserdata:
             _read_lags(reader, topic, partitions, per_partition)
         else:
             per_partition.update(zip(partitions, lags, strict=True))
+    owned = reader.inline_map("owned") if minor >= 1 else {}
     reader.finish(minor)
     return SubscriptionUserdata(
         generation=generation,
@@ -423,6 +462,7 @@ def decode_subscription(data: bytes) -> SubscriptionUserdata:
         tags=tags,
         host=host,
         group_instance_id=group_instance_id,
+        owned=owned,
     )
 
 
@@ -451,11 +491,15 @@ def decode_assignment(data: bytes) -> AssignmentUserdata:
         reader.fail(f"unknown assignment flags {flags:#x}")
     topics, sets = reader.tables()
     standby = reader.topic_map("standby", topics, sets)
+    pending = reader.inline_map("pending") if minor >= 1 else {}
+    warmup = reader.inline_map("warmup") if minor >= 1 else {}
     reader.finish(minor)
     return AssignmentUserdata(
         generation=generation,
         standby=standby,
         followup_rebalance=bool(flags & ASSIGNMENT_FLAG_FOLLOWUP),
+        pending=pending,
+        warmup=warmup,
     )
 
 
@@ -666,6 +710,15 @@ class _Reader:
             if topic in out:
                 self.fail(f"duplicate topic {topic!r} in {what}")
             out[topic] = self.set_ref(f"{what} of {topic!r}", sets)
+        return out
+
+    def inline_map(self, what: str) -> dict[str, tuple[int, ...]]:
+        out: dict[str, tuple[int, ...]] = {}
+        for _ in range(self.count(f"{what} topic count")):
+            topic = self.text(f"topic name in {what}")
+            if topic in out:
+                self.fail(f"duplicate topic {topic!r} in {what}")
+            out[topic] = self.partition_set(f"{what} of {topic!r}")
         return out
 
     def finish(self, minor: int) -> None:

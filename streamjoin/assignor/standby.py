@@ -218,7 +218,7 @@ def _assign_group(
         return _entry(i, load, global_load, turn)
 
     # Fill phase: one heap per tag combination (least loaded in this group, then
-    # overall, then id); see _pick for the order across heaps.
+    # overall, then by turn, see _entry); see _pick for the order across heaps.
     turn = {i: t for t, i in enumerate(eligible)}
     by_values: dict[tuple[str | None, ...], list[Entry]] = {}
     for i in eligible:

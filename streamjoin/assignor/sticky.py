@@ -6,11 +6,15 @@ Two paths, chosen by the subscriptions:
 quota arithmetic, as in Kafka's ``UniformHomogeneousAssignmentBuilder``. Member
 i's share is ``T * cap_i / C``; everyone gets the floor, and the ``R`` leftover
 +1 quotas go first to members whose previous task count exceeds their floor
-(each such +1 saves exactly one move), then to members holding caught-up state
-for orphaned tasks, then by member id. Phase 1 places orphans *and* the tasks
-of over-quota members by the receivers' state (so what a member sheds is what
-someone else can take over without a restore); phase 2 revokes what is still
-over quota by spread and fills the rest round-robin. The result reaches
+(each such +1 saves exactly one move); the others are spent while placing, where
+caught-up state is, and what is left goes to members holding caught-up state for
+orphaned tasks, then by member id. Phase 1 places orphans *and* the tasks of
+over-quota members by the receivers' state (so what a member sheds is what
+someone else can take over without a restore, its own stale tasks first, and a
+returning owner's own tasks first), then moves caught-up orphans along chains
+until as many as possible have a caught-up owner (:mod:`streamjoin.assignor.matching`);
+phase 2 revokes what is still over quota by spread and fills the rest
+round-robin. The result reaches
 ``min_possible_moves = sum(max(0, prev_i - quota_i))``, which is a lower bound
 for every floor/ceil assignment, so it is exact.
 

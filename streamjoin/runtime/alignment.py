@@ -53,8 +53,7 @@ class TimestampAligner:
     ) -> None:
         if max_idle_ms < 0 or idle_ms < 0:
             raise ConfigurationError(
-                f"alignment waits must be >= 0 ms, got max_idle_ms={max_idle_ms}, "
-                f"idle_ms={idle_ms}"
+                f"alignment waits must be >= 0 ms, got max_idle_ms={max_idle_ms}, idle_ms={idle_ms}"
             )
         self._groups: list[tuple[str, ...]] = [tuple(g) for g in groups]
         self._group_of: dict[str, int] = {}

@@ -74,6 +74,7 @@ from streamjoin.assignor import (
     fallback_assignment,
     find_violations,
 )
+from streamjoin.assignor.cooperative import withhold_moves
 from streamjoin.assignor.model import AssignorConfig, MemberState, Scenario, TopicPartitions
 from streamjoin.assignor.protocol import (
     SubscriptionUserdata,
@@ -168,13 +169,22 @@ def member_states(
     members: Mapping[str, ConsumerProtocolMemberMetadata],
 ) -> tuple[list[MemberState], dict[str, str]]:
     """The assignor's view of every member, and assignor member id -> Kafka member id."""
+    states, ids, _owned = read_members(members)
+    return states, ids
+
+
+def read_members(
+    members: Mapping[str, ConsumerProtocolMemberMetadata],
+) -> tuple[list[MemberState], dict[str, str], dict[str, TopicPartitions]]:
+    """:func:`member_states`, plus what each member (assignor id) processes right now."""
     userdata = {k: read_subscription(k, members[k].user_data) for k in sorted(members)}
     ids = resolve_member_ids((k, u.group_instance_id) for k, u in userdata.items())
     states = [
         userdata[kafka_id].to_member_state(member_id, members[kafka_id].subscription)
         for member_id, kafka_id in ids.items()
     ]
-    return states, ids
+    owned = {member_id: userdata[kafka_id].owned for member_id, kafka_id in ids.items()}
+    return states, ids, owned
 
 
 def known_partitions(cluster: ClusterMetadata, topics: Iterable[str]) -> dict[str, int]:
@@ -396,8 +406,13 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self._lag_provider = lag_provider
         self._membership_file = membership_file
         self.generation = -1
+        #: what this worker claims (for stickiness): its assignment plus what is pending
         self.active: TopicPartitions = {}
         self.standby: TopicPartitions = {}
+        #: active partitions withheld from this worker until their owner revokes them
+        self.pending: TopicPartitions = {}
+        #: changelog partitions to restore for a future move here (KIP-441 warmups)
+        self.warmup: TopicPartitions = {}
         self.followup_rebalance = False
         self._load_membership()
 
@@ -409,7 +424,12 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             lag_provider=lag_provider,
             copartition=topology.copartition_groups,
             changelog_topics=topology.changelog_topics,
-            config=AssignorConfig(standby_replicas=config.standby_replicas),
+            config=AssignorConfig(
+                standby_replicas=config.standby_replicas,
+                acceptable_recovery_lag=config.acceptable_recovery_lag,
+                high_availability=config.high_availability,
+                max_warmup_replicas=config.max_warmup_replicas,
+            ),
             capacity=config.capacity,
             tags=config.tags,
             host=config.host,
@@ -423,7 +443,10 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
 
     # -- member side
 
-    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+    def metadata(
+        self, topics: Iterable[str], owned: Iterable[tuple[str, int]] = ()
+    ) -> ConsumerProtocolMemberMetadata:
+        """Our subscription: ``owned`` is what this process consumes right now."""
         userdata = SubscriptionUserdata(
             generation=self.generation,
             active=self.active,
@@ -433,6 +456,7 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             tags=self._tags,
             host=self._host,
             group_instance_id=self._instance_id,
+            owned=_group_by_topic(owned),
         )
         # Changelog topics are listed so the leader sees this member as eligible for the
         # groups they belong to; they never appear in the Kafka-level active assignment.
@@ -442,20 +466,34 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         )
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
-        self.active = {t: tuple(sorted(ps)) for t, ps in assignment.assignment}
+        assigned = [(t, p) for t, ps in assignment.assignment for p in ps]
+        self.active = _group_by_topic(assigned)
         try:
             userdata = decode_assignment(assignment.user_data)
         except UserdataError as exc:
             log.error("ignoring unreadable assignment userdata: %s", exc)
+            self.pending, self.warmup, self.followup_rebalance = {}, {}, False
             return
         self.generation = userdata.generation
         self.standby = userdata.standby
+        self.pending = userdata.pending
+        self.warmup = userdata.warmup
         self.followup_rebalance = userdata.followup_rebalance
+        if self.pending:
+            # claimed in the next subscription, so that the follow-up rebalance (once their
+            # owner revoked them) gives them here, as the leader intended
+            pending = [(t, p) for t, ps in self.pending.items() for p in ps]
+            self.active = _group_by_topic([*assigned, *pending])
         self._save_membership()
 
-    def record_active(self, assigned: set[tuple[str, int]]) -> None:
-        """Called after partitions were assigned (keeps ``active`` right if aiokafka filtered)."""
-        self.active = _group_by_topic(assigned)
+    def restore_targets(self) -> dict[str, set[int]]:
+        """Changelog partitions to keep warm here: standbys, warmups and pending tasks."""
+        out: dict[str, set[int]] = {}
+        for source in (self.standby, self.warmup, self.pending):
+            for topic, partitions in source.items():
+                if topic in self._changelog_topics:
+                    out.setdefault(topic, set()).update(partitions)
+        return out
 
     # -- leader side
 
@@ -464,8 +502,24 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         cluster: ClusterMetadata,
         members: Mapping[str, ConsumerProtocolMemberMetadata],
     ) -> dict[str, ConsumerProtocolMemberAssignment]:
-        states, kafka_ids = member_states(members)
-        topics = known_partitions(cluster, (t for s in states for t in s.topics))
+        """The eager assignment, with partition counts from aiokafka's cluster metadata."""
+        topics = {t for m in members.values() for t in m.subscription}
+        return self.assign_members(known_partitions(cluster, topics), members, cooperative=False)
+
+    def assign_members(
+        self,
+        topics: Mapping[str, int],
+        members: Mapping[str, ConsumerProtocolMemberMetadata],
+        *,
+        cooperative: bool,
+    ) -> dict[str, ConsumerProtocolMemberAssignment]:
+        """The leader's work: every member's assignment (Kafka member id -> assignment).
+
+        ``topics`` are the partition counts of the topics the cluster knows. Under the
+        cooperative protocol, and whenever a member still owns partitions, tasks whose
+        owner changes are withheld from their new owner until the owner revoked them.
+        """
+        states, kafka_ids, owned = read_members(members)
         scenario = build_scenario(
             states, topics, self._copartition, self._changelog_topics, self._config
         )
@@ -473,15 +527,20 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         vetted = compute_assignment(scenario)
         log_vetted(generation, vetted)
         result = vetted.result
+        if cooperative or any(owned.values()):
+            result = withhold_moves(result, owned, scenario.topics, scenario.copartition)
         for warning in result.warnings:
             log.warning("assignor: %s", warning)
         log.info(
-            "assignment epoch %d for %d members: %d tasks, %d moved (minimum %s)",
+            "assignment epoch %d for %d members: %d tasks, %d moved (minimum %s)%s",
             generation,
             len(states),
             result.stats.tasks,
             result.stats.moved,
             result.stats.min_possible_moves,
+            f", {withheld} withheld until revoked"
+            if (withheld := result.stats.extra.get("withheld"))
+            else "",
         )
         return {
             kafka_id: member_assignment(result, member_id, generation, self._changelog_topics)

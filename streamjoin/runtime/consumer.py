@@ -1,5 +1,12 @@
 """The Kafka consumer as a mode service: fetch, hand records to tasks' agents, commit.
 
+Group membership is ours (:class:`~streamjoin.runtime.membership.GroupMembership`):
+the aiokafka consumer only fetches, by manual assignment, what the membership
+service says this worker owns, and starts each newly assigned partition at the
+group's committed offset. Under the cooperative protocol a rebalance changes
+only the partitions that move; the others keep their fetch position and their
+tasks never stop.
+
 At-least-once: offsets are committed from each task's offset ledger, i.e. only
 up to events that were processed and whose sends were acknowledged, right after
 the tables those events wrote were flushed; commits happen every
@@ -7,72 +14,98 @@ the tables those events wrote were flushed; commits happen every
 stops. Revocation suspends the revoked tasks first (nothing more is dispatched
 or started), waits a bounded time for their in-flight events and sends, then
 flushes and commits exactly what they processed, and only then forgets them. A
-member that was fenced out of the group (its session expired) loses its tasks
+member that was removed from the group (its session expired) *loses* its tasks
 instead: nothing of theirs is flushed or committed, their next owner replays.
 State restoration runs in a background service after assignment.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
 from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.membership import (
+    GroupAssignor,
+    GroupMembership,
+    MembershipSettings,
+)
 from streamjoin.runtime.processing import TaskProcessing
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.rebalance_metrics import RebalanceMetrics
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager, TaskState
 
 log = logging.getLogger("streamjoin.consumer")
 
-#: aiokafka's generation after it reset a fenced member (OffsetCommitRequest.DEFAULT_GENERATION_ID)
-_NO_GENERATION = -1
+TP = tuple[str, int]
+
 #: pause an aligned partition when the aligner holds this many of its records; resume below LOW
 _ALIGN_HIGH = 5_000
 _ALIGN_LOW = 1_000
+#: consumer options that configure group membership (ours), not aiokafka's fetching
+_GROUP_OPTIONS = frozenset(
+    {
+        "session_timeout_ms",
+        "heartbeat_interval_ms",
+        "rebalance_timeout_ms",
+        "max_poll_interval_ms",
+        "group_id",
+        "group_instance_id",
+        "partition_assignment_strategy",
+        "enable_auto_commit",
+        "auto_commit_interval_ms",
+    }
+)
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, service: KafkaConsumerService) -> None:
-        self._service = service
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._service.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._service.on_assigned(assigned)
+def split_consumer_options(
+    options: Mapping[str, Any], settings: MembershipSettings
+) -> tuple[MembershipSettings, dict[str, Any]]:
+    """Group options (the Java/aiokafka names) into ``settings``; the rest for fetching."""
+    rebalance = options.get("rebalance_timeout_ms", options.get("max_poll_interval_ms"))
+    changes: dict[str, Any] = {}
+    for name in ("session_timeout_ms", "heartbeat_interval_ms"):
+        if name in options:
+            changes[name] = int(options[name])
+    if rebalance is not None:
+        changes["rebalance_timeout_ms"] = int(rebalance)
+    if "retry_backoff_ms" in options:
+        changes["retry_backoff_ms"] = int(options["retry_backoff_ms"])
+    fetching = {k: v for k, v in options.items() if k not in _GROUP_OPTIONS}
+    return MembershipSettings(**{**settings.__dict__, **changes}), fetching
 
 
 class KafkaConsumerService(Service):
-    """One consumer in the app's group, using the streamjoin assignor."""
+    """One member of the app's group: our membership service plus an aiokafka fetcher."""
 
     def __init__(
         self,
         bootstrap_servers: str,
         *,
-        group_id: str,
         client_id: str,
         runtime: AgentRuntime,
         tasks: TaskManager,
         sender: KafkaSender,
-        assignor: AbstractPartitionAssignor,
+        assignor: GroupAssignor,
+        membership: MembershipSettings,
         commit_interval: float,
-        group_instance_id: str | None,
         client_options: Mapping[str, Any],
         consumer_options: Mapping[str, Any],
+        on_fatal: Callable[[BaseException], None],
         revoke_timeout: float = 10.0,
         on_assignment: Callable[[set[tuple[str, int]]], None] | None = None,
-        on_revoke: Callable[[], None] | None = None,
-        flush_tables: Callable[[list[Task]], Awaitable[object]] | None = None,
+        on_revoke: Callable[[list[Task]], None] | None = None,
+        flush_tables: Callable[[list[Task]], Any] | None = None,
         aligned_groups: Iterable[Iterable[str]] = (),
         align_max_idle_ms: int = 5_000,
         align_idle_ms: int = 0,
@@ -83,20 +116,28 @@ class KafkaConsumerService(Service):
         self._commit_interval = commit_interval
         self._on_assignment = on_assignment
         self._on_revoke = on_revoke
+        self._on_fatal = on_fatal
+        self._assignor = assignor
+        self._bootstrap = bootstrap_servers
+        self._client_id = client_id
+        self._client_options = dict(client_options)
+        self.settings, fetching = split_consumer_options(consumer_options, membership)
         self._options: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
-            "group_id": group_id,
+            "group_id": None,
             "client_id": client_id,
-            "group_instance_id": group_instance_id,
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
-            "partition_assignment_strategy": (assignor,),
             "max_poll_records": 10_000,
             **client_options,
-            **consumer_options,
+            **fetching,
         }
         self._consumer: AIOKafkaConsumer | None = None
-        self._assigned: set[TopicPartition] = set()
+        self._client: AIOKafkaClient | None = None
+        self.membership: GroupMembership | None = None
+        #: kept across the membership's lifetime (read after the worker stopped, too)
+        self.rebalance_metrics = RebalanceMetrics()
+        self._assigned: frozenset[TP] = frozenset()
         self._aligner = TimestampAligner(
             aligned_groups, max_idle_ms=align_max_idle_ms, idle_ms=align_idle_ms
         )
@@ -113,30 +154,65 @@ class KafkaConsumerService(Service):
         #: why each partition is paused ("restore": its tables are restoring, "align": the
         #: aligner holds enough of it); it is resumed when no reason is left
         self._pauses: dict[TopicPartition, set[str]] = {}
-        #: offset after the last record getmany handed us, per partition. aiokafka's own
-        #: position() can run ahead of that (it counts records fetched into its buffer but
-        #: not handed out yet), which would make a partition look caught up too early.
+        #: the next offset to hand out, per partition: after the last record getmany handed
+        #: us, or where a restoring partition was sought back to. aiokafka's own position()
+        #: can run ahead of that (it counts records fetched into its buffer but not handed
+        #: out yet), which would make a partition look caught up too early; and a kept
+        #: partition resumes here when the fetcher's assignment changes.
         self._delivered_to: dict[TopicPartition, int] = {}
+        #: bumped whenever the fetcher's assignment changes (a batch fetched before is stale)
+        self._fetch_epoch = 0
 
     @property
     def assigned(self) -> set[tuple[str, int]]:
-        return {(tp.topic, tp.partition) for tp in self._assigned}
+        return set(self._assigned)
 
     async def on_start(self) -> None:
         self._consumer = AIOKafkaConsumer(**self._options)
         await self._consumer.start()
-        self._consumer.subscribe(topics=sorted(self._runtime.topics), listener=_Listener(self))
+        settings = self.settings
+        # JoinGroup is held by the broker until the rebalance completes (at most the
+        # rebalance timeout): the client's request timeout must outlast it.
+        request_timeout = max(
+            int(self._client_options.get("request_timeout_ms", 40_000)),
+            settings.rebalance_timeout_ms + 5_000,
+        )
+        self._client = AIOKafkaClient(
+            bootstrap_servers=self._bootstrap,
+            client_id=self._client_id,
+            **{**self._client_options, "request_timeout_ms": request_timeout},
+        )
+        await self._client.bootstrap()
+        self.membership = GroupMembership(
+            self._client,
+            settings,
+            topics=self._runtime.topics,
+            assignor=self._assignor,
+            listener=self,
+            on_fatal=self._on_fatal,
+            metrics=self.rebalance_metrics,
+        )
+        self.membership.start()
 
     async def shutdown(self) -> None:
-        """Ordered stop: no more fetching, finish in-flight events, flush sends, commit, leave."""
+        """Ordered stop: no more fetching or rebalancing, finish in-flight events, flush
+        sends, commit, leave the group (static members stay), close the clients."""
         await self._stop_futures()  # cancels the fetch and commit loops
+        if self.membership is not None:
+            await self.membership.stop()
         await self.processing.stop()
+        if self.membership is not None:
+            await self.membership.leave()
+            self.membership = None
         if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+            consumer, self._consumer = self._consumer, None
+            await _stop_consumer(consumer)
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
 
     async def on_stop(self) -> None:
-        if self._consumer is not None:
+        if self._consumer is not None or self.membership is not None:
             await self.shutdown()
 
     @Service.task
@@ -155,7 +231,12 @@ class KafkaConsumerService(Service):
             # (read again from the committed offsets by whoever owns the partition next);
             # a task created meanwhile for the same partition never gets these records.
             owners = {tp: self._task_manager.task_for(tp.topic, tp.partition) for tp in batches}
+            fetch_epoch = self._fetch_epoch
             for tp, records in batches.items():
+                if fetch_epoch != self._fetch_epoch:
+                    # The fetcher was pointed elsewhere while this batch was handed out: the
+                    # rest of it is fetched again from where each partition was handed to.
+                    break
                 task = owners[tp]
                 if not records or task is None:
                     continue
@@ -163,7 +244,7 @@ class KafkaConsumerService(Service):
                     if task.state is TaskState.RESTORING:
                         # Its tables are still restoring: read these records again later.
                         consumer.seek(tp, records[0].offset)
-                        self._delivered_to.pop(tp, None)
+                        self._delivered_to[tp] = records[0].offset
                         self._pause(tp, "restore")
                     continue
                 self._delivered_to[tp] = records[-1].offset + 1
@@ -243,7 +324,7 @@ class KafkaConsumerService(Service):
         reasons.discard(reason)
         if not reasons:
             del self._pauses[tp]
-            if self._consumer is not None and tp in self._assigned:
+            if self._consumer is not None and (tp.topic, tp.partition) in self._assigned:
                 self._consumer.resume(tp)
 
     @Service.task
@@ -259,79 +340,98 @@ class KafkaConsumerService(Service):
             await self.processing.commit(tasks)
 
     async def _commit_offsets(self, positions: Mapping[tuple[str, int], int]) -> bool:
-        consumer = self._consumer
-        owned = self.assigned
-        offsets = {
-            TopicPartition(t, p): pos for (t, p), pos in positions.items() if (t, p) in owned
-        }
-        if consumer is None or not offsets:
-            return consumer is not None
-        try:
-            await consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # The group rebalanced under us; the new owner restarts from the last commit.
-            log.warning("commit of %d partitions skipped: %s", len(offsets), exc)
+        membership = self.membership
+        if membership is None:
             return False
-        except KafkaError as exc:
-            log.error("commit failed: %r", exc)
-            return False
-        return True
+        owned = self._assigned
+        offsets = {tp: pos for tp, pos in positions.items() if tp in owned}
+        return await membership.commit(offsets)
 
     async def _confirm_membership(self) -> bool:
         """Ask the group coordinator, right before state is flushed, whether this member is
         still in the group (a heartbeat). A member stalled past its session timeout (a long
-        GC pause, SIGSTOP, CPU starvation) has been replaced, but aiokafka only learns it
-        at its next heartbeat: flushing before that would write changelog records for
-        partitions it no longer owns. After a successful heartbeat the coordinator keeps
-        the member for a whole session timeout, far longer than a flush takes."""
-        if not self._member_in_good_standing():
-            return False
-        coordinator = self._coordinator()
-        heartbeat = getattr(coordinator, "_do_heartbeat", None)
-        if coordinator is None or heartbeat is None:
-            return True  # not in a group (manual assignment): nothing to confirm
-        if getattr(coordinator, "coordinator_id", None) is None:
-            return False  # the coordinator is being looked up again: commit next time
-        try:
-            confirmed = bool(await heartbeat())
-        except KafkaError as exc:
-            log.warning("could not confirm group membership before committing: %r", exc)
-            return False
-        return confirmed and self._member_in_good_standing()
+        GC pause, SIGSTOP, CPU starvation) has been replaced, but only learns it at its next
+        heartbeat: flushing before that would write changelog records for partitions it no
+        longer owns. After a successful heartbeat the coordinator keeps the member for a
+        whole session timeout, far longer than a flush takes."""
+        membership = self.membership
+        return membership is not None and await membership.heartbeat()
 
-    def _member_in_good_standing(self) -> bool:
-        """False once aiokafka knows this member was fenced out (its generation was reset):
-        flushing state then would write changelog records for partitions it no longer owns."""
-        generation = getattr(self._coordinator(), "generation", None)
-        return generation is None or generation != _NO_GENERATION
+    # -- the membership service's callbacks (heartbeats go on meanwhile)
 
-    def _coordinator(self) -> Any:
-        """aiokafka's group coordinator (a private attribute: None outside a group)."""
-        return None if self._consumer is None else getattr(self._consumer, "_coordinator", None)
+    async def on_partitions_revoked(self, revoked: frozenset[TP]) -> None:
+        tasks = await self.processing.revoke(set(revoked), fenced=False)
+        self._drop(revoked, tasks)
 
-    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        fenced = not self._member_in_good_standing()
-        await self.processing.revoke({(tp.topic, tp.partition) for tp in revoked}, fenced=fenced)
-        self._pauses.clear()  # a new assignment starts unpaused
-        self._delivered_to.clear()
-        self._assigned = set()
-        if self._on_revoke is not None:
-            self._on_revoke()
+    async def on_partitions_lost(self, lost: frozenset[TP]) -> None:
+        tasks = await self.processing.revoke(set(lost), fenced=True)
+        self._drop(lost, tasks)
 
-    def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._assigned = set(assigned)
-        log.info(
-            "assigned %d partitions: %s",
-            len(assigned),
-            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned)),
-        )
+    async def on_partitions_assigned(self, added: frozenset[TP], owned: frozenset[TP]) -> None:
+        consumer, membership = self._consumer, self.membership
+        if consumer is None or membership is None:
+            return
+        unknown = [tp for tp in owned if TopicPartition(*tp) not in self._delivered_to]
+        committed = await membership.committed(unknown)
+        # No await from here on: the fetch loop must not see the new partitions before
+        # their tasks exist and their start offsets are set.
+        self._assigned = owned
+        if added:
+            log.info(
+                "assigned %d partitions: %s (owning %d)",
+                len(added),
+                ", ".join(f"{t}[{p}]" for t, p in sorted(added)),
+                len(owned),
+            )
         if self._on_assignment is not None:
-            self._on_assignment(self.assigned)
-        for tp in assigned:
-            task = self._task_manager.task_for(tp.topic, tp.partition)
+            self._on_assignment(set(owned))
+        self._fetch(owned, committed)
+        for topic, partition in added:
+            task = self._task_manager.task_for(topic, partition)
             if task is not None and task.state is TaskState.RESTORING:
-                self._pause(tp, "restore")
+                self._pause(TopicPartition(topic, partition), "restore")
+
+    def _drop(self, tps: frozenset[TP], tasks: list[Task]) -> None:
+        gone = {TopicPartition(*tp) for tp in tps}
+        for tp in gone:
+            self._pauses.pop(tp, None)
+            self._delivered_to.pop(tp, None)
+        self._assigned = self._assigned - tps
+        self._fetch(self._assigned, {})
+        if self._on_revoke is not None:
+            self._on_revoke(tasks)
+
+    def _fetch(self, owned: Iterable[TP], committed: Mapping[TP, int]) -> None:
+        """Point the fetcher at ``owned``: kept partitions resume where they were handed out
+        up to, others start at the committed offset (or the reset policy's, if none)."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        tps = {TopicPartition(*tp) for tp in owned}
+        if tps == consumer.assignment():
+            return  # unchanged (a probing rebalance): keep the fetcher's buffers and positions
+        self._fetch_epoch += 1
+        consumer.assign(sorted(tps))
+        for tp in tps:
+            start = self._delivered_to.get(tp, committed.get((tp.topic, tp.partition)))
+            if start is not None:
+                consumer.seek(tp, start)
+            if self._pauses.get(tp):
+                consumer.pause(tp)
 
     def resume(self, topic: str, partition: int) -> None:
         """Start fetching a partition again (its tables finished restoring)."""
         self._resume(TopicPartition(topic, partition), "restore")
+
+
+async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop a group-less aiokafka consumer; its stop() can re-raise the cancellation of
+    its own fetch task, which is not ours to propagate."""
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except KafkaError as exc:
+        log.debug("consumer stop: %r", exc)

@@ -73,7 +73,7 @@ async def serve(app: Runnable) -> int:
         try:
             await waiter
         except Exception as exc:
-            log.error("worker stopped after a fatal error: %s", exc)
+            log.error("worker stopped after a fatal error: %s: %s", type(exc).__name__, exc)
             return EXIT_FAILURE
         return EXIT_OK
     finally:

@@ -271,14 +271,22 @@ class StateService(Service):
     def set_assignment(
         self, active: Mapping[str, set[int]], standby: Mapping[str, set[int]]
     ) -> None:
-        """Called on assignment (must be quick: the rebalance callback is waiting)."""
+        """Called on assignment (must be quick: the rebalance callback is waiting).
+
+        Active partitions that are ready and stay active are left alone: their tasks
+        keep running through a cooperative rebalance.
+        """
         self._wanted_active = {t: set(ps) for t, ps in active.items()}
         self._wanted_standby = {t: set(ps) for t, ps in standby.items()}
-        self._ready.clear()
+        self._ready = {(t, p) for t, p in self._ready if p in self._wanted_active.get(t, ())}
         self._changed.set()
 
-    def revoke_all(self) -> None:
-        self._ready.clear()
+    def revoke(self, keys: Iterable[TaskKey]) -> None:
+        """These active partitions were revoked: their stores may serve as standbys next."""
+        gone = set(keys)
+        self._ready -= gone
+        for table, partition in gone:
+            self._wanted_active.get(table, set()).discard(partition)
 
     def is_ready(self, table: str, partition: int) -> bool:
         return (table, partition) in self._ready
@@ -365,6 +373,8 @@ class StateService(Service):
         ranges: dict[TopicPartition, tuple[int, int | None]] = {}
         for (name, partition), tp in zip(wanted, tps, strict=True):
             table = self.stores.tables[name]
+            if (name, partition) in self._ready:
+                continue  # active, restored and running here: nothing to read
             store = self.stores.open(table, partition)
             plan = plan_restore(store.changelog_offset(), starts[tp], ends[tp])
             if plan.action is RestoreAction.REBUILD:

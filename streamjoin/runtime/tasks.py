@@ -174,6 +174,10 @@ class TaskManager:
         task = self.table_task(table, partition)
         if task is None:
             return None
+        if table in task.tables:
+            # Ready once already (two assignments in quick succession can signal it twice):
+            # the partition it has may hold unflushed writes, which a new one would drop.
+            return None
         task.tables[table] = state
         task.restoring.discard(table)
         if task.state is TaskState.RESTORING and not task.restoring:

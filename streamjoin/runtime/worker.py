@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from mode import Service
@@ -29,6 +30,7 @@ from streamjoin.context import RuntimeLink
 from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
@@ -130,6 +132,12 @@ class Worker(Service):
         """Values agents keep for the worker's lifetime (join counters)."""
         return {} if self.runtime is None else self.runtime.shared_values
 
+    def rebalance_metrics(self) -> dict[str, float | int | None]:
+        """The group membership's rebalance metrics (empty when not in a group)."""
+        if self.consumer is None:
+            return {}
+        return self.consumer.rebalance_metrics.snapshot(time.monotonic())
+
     async def on_start(self) -> None:
         topology, config = self.topology, self.config
         await prepare_topics(topology, config)
@@ -166,18 +174,23 @@ class Worker(Service):
             )
             self.consumer = KafkaConsumerService(
                 config.broker,
-                group_id=config.id,
                 client_id=self.client_id,
                 runtime=self.runtime,
                 tasks=self.tasks,
                 sender=self.sender,
                 assignor=self.assignor,
+                membership=MembershipSettings(
+                    group_id=config.id,
+                    group_instance_id=config.group_instance_id,
+                    cooperative=config.rebalance_protocol == "cooperative",
+                    probing_rebalance_interval=config.probing_rebalance_interval,
+                ),
                 commit_interval=config.commit_interval,
-                group_instance_id=config.group_instance_id,
                 client_options=config.client_kwargs(),
                 consumer_options=config.consumer_options,
+                on_fatal=self._on_crash,
                 on_assignment=self._assigned,
-                on_revoke=self.state_service.revoke_all if self.state_service is not None else None,
+                on_revoke=self._revoked,
                 flush_tables=self._flush_tables if self.stores is not None else None,
                 aligned_groups=topology.aligned_groups(),
                 align_idle_ms=config.align_idle_ms,
@@ -221,16 +234,23 @@ class Worker(Service):
     def _assigned(self, assigned: set[tuple[str, int]]) -> None:
         if self._stopping:
             return  # a rebalance that completed while stopping: nothing new starts
-        if self.assignor is not None:
-            self.assignor.record_active(assigned)
         self.tasks.assign(assigned)
         if self.state_service is None or self.assignor is None:
             return
         active = self.tasks.active_table_partitions()
+        # standbys, warmups and tasks pending for this worker are all kept warm here
+        warm = self.assignor.restore_targets()
         standby: dict[str, set[int]] = {}
         for table in self.topology.tables.values():
-            standby[table.name] = set(self.assignor.standby.get(table.changelog.name, ()))
+            standby[table.name] = set(warm.get(table.changelog.name, ()))
         self.state_service.set_assignment(active, standby)
+
+    def _revoked(self, tasks: list[Task]) -> None:
+        """Revoked (or lost) tasks' table partitions are no longer active here."""
+        if self.state_service is not None:
+            self.state_service.revoke(
+                (table, task.partition) for task in tasks for table in task.group.tables
+            )
 
     def _table_ready(self, table: str, partition: int, store: StorePartition) -> None:
         task = self.tasks.table_ready(table, partition, TablePartition(table, partition, store))
@@ -242,7 +262,14 @@ class Worker(Service):
     def _on_crash(self, exc: BaseException) -> None:
         if self.failure is None:
             self.failure = exc
-            log.error("stopping app %s after a fatal error: %s", self.config.id, exc)
+            # A warning: the error itself is raised again by wait_stopped() (App.wait()), and
+            # whoever waits reports it (the worker process as its one error line).
+            log.warning(
+                "stopping app %s after a fatal error: %s: %s",
+                self.config.id,
+                type(exc).__name__,
+                exc,
+            )
             asyncio.get_running_loop().create_task(self.stop())
 
     async def wait_stopped(self) -> None:

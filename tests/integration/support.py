@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,17 @@ class Workers:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def start(self, name: str, *, static: bool = True) -> None:
+    def start(
+        self,
+        name: str,
+        *,
+        static: bool = True,
+        cwd: Path | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        """Start worker ``name`` (its instance id is ``name`` unless ``instance_id`` says
+        otherwise); ``cwd`` runs another checkout's streamjoin package (its directory holds
+        ``streamjoin/`` and the test apps)."""
         log = (self.log_dir / f"{name}.log").open("ab")
         args = [
             sys.executable,
@@ -99,10 +110,10 @@ class Workers:
             "info",
         ]
         if static:
-            args += ["--instance-id", name]
+            args += ["--instance-id", instance_id or name]
         self.procs[name] = subprocess.Popen(
             args,
-            cwd=ROOT,
+            cwd=cwd or ROOT,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -193,6 +204,31 @@ def counter_workers(
     return Workers("tests.integration.apps.counter:app", env, log_dir)
 
 
+def tracker_workers(
+    bootstrap: str,
+    unique_topic: Callable[..., str],
+    log_dir: Path,
+    partitions: int,
+    **settings: str,
+) -> Workers:
+    """Worker processes of tests/integration/apps/tracker.py on fresh topics, tracing into
+    ``log_dir``/trace; ``settings`` are more of its environment variables (SJT_STANDBYS,
+    SJT_REBALANCE_PROTOCOL, ...)."""
+    trace_dir = log_dir / "trace"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("track"),
+        "SJT_BROKER": f"kafka://{bootstrap}",
+        "SJT_SOURCE": unique_topic("events"),
+        "SJT_PARTITIONS": str(partitions),
+        "SJT_TRACE_DIR": str(trace_dir),
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    return Workers("tests.integration.apps.tracker:app", env, log_dir)
+
+
 def join_workers(
     bootstrap: str,
     unique_topic: Callable[..., str],
@@ -235,3 +271,32 @@ async def produce_traffic(
         await producer.flush()
     finally:
         await producer.stop()
+
+
+class Traffic:
+    """Events on 30 keys at a steady rate, until stopped; remembers how many per key."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.sent: Counter[str] = Counter()
+        self._stop = asyncio.Event()
+
+    async def run(self, per_second: int = 200) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        try:
+            i = 0
+            while not self._stop.is_set():
+                for _ in range(per_second // 20):
+                    key = f"k{i % 30}"
+                    await producer.send(self.topic, b"e", key=key.encode())
+                    self.sent[key] += 1
+                    i += 1
+                await asyncio.sleep(0.05)
+            await producer.flush()
+        finally:
+            await producer.stop()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -20,6 +20,10 @@ app = streamjoin.App(
     commit_interval=float(os.environ.get("SJT_COMMIT_INTERVAL", "0.3")),
     standby_replicas=int(os.environ.get("SJT_STANDBYS", "0")),
     consumer_options={"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000},
+    rebalance_protocol=os.environ.get("SJT_PROTOCOL", "cooperative"),
+    high_availability=os.environ.get("SJT_HIGH_AVAILABILITY") == "1",
+    acceptable_recovery_lag=int(os.environ.get("SJT_RECOVERY_LAG", "10000")),
+    probing_rebalance_interval=float(os.environ.get("SJT_PROBING_S", "600")),
 )
 source = app.topic(
     os.environ.get("SJT_SOURCE", "events"),

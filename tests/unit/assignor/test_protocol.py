@@ -135,9 +135,9 @@ def test_empty_userdata_round_trips_and_is_tiny() -> None:
 
 
 def test_body_is_deflated_only_when_that_shrinks_it() -> None:
-    small = encode_assignment(AssignmentUserdata(generation=1))
-    assert small[5] == 0  # flags: stored as is, deflate would add bytes to a 5-byte body
-    assert len(small) == 6 + 5
+    small = encode_assignment(AssignmentUserdata(generation=300, standby={"t": (7,)}))
+    assert small[5] == 0  # flags: stored as is, deflate would add bytes to a 14-byte body
+    assert len(small) == 6 + 14
     repetitive = SubscriptionUserdata(tags={f"key-{i}": "the same long value" for i in range(40)})
     big = encode_subscription(repetitive)
     assert big[5] == 1  # flags: deflated
@@ -224,7 +224,9 @@ def test_newer_minor_versions_may_append_fields_older_decoders_skip() -> None:
 
 
 def test_newer_minor_assignment_flags_are_ignored() -> None:
-    data = bytearray(encode_assignment(AssignmentUserdata(4, followup_rebalance=True)))
+    data = bytearray(
+        uncompressed(encode_assignment(AssignmentUserdata(4, followup_rebalance=True)))
+    )
     data[7] |= 0x02  # an extra flag bit: generation 4 is one byte, flags the next
     with pytest.raises(MalformedUserdata, match="unknown assignment flags"):
         decode_assignment(bytes(data))
@@ -331,13 +333,14 @@ def test_partition_numbers_above_int32_are_malformed() -> None:
 
 def test_duplicate_and_oversized_lags_are_malformed() -> None:
     stored = uncompressed(encode_subscription(SubscriptionUserdata(state_lag={"t": {4: 1, 5: 2}})))
-    body = stored[6:]
-    # the body ends with the state-lag section: count 1, topic 0, set 0, lags 1 and 2
+    body = stored[6:-1]  # without the minor-1 "owned" map (empty: one zero byte)
+    assert stored[-1:] == b"\x00"
+    # the state-lag section: count 1, topic 0, set 0, lags 1 and 2
     assert body[-5:] == b"\x01\x00\x00\x01\x02"
-    twice = body[:-5] + b"\x02\x00\x00\x01\x02\x00\x00\x01\x02"
+    twice = body[:-5] + b"\x02\x00\x00\x01\x02\x00\x00\x01\x02\x00"
     with pytest.raises(MalformedUserdata, match="two state_lag values"):
         decode_subscription(stored[:6] + twice)
-    huge = body[:-2] + b"\xff" * 9 + b"\x01" + b"\x02"  # 2**63 + ...
+    huge = body[:-2] + b"\xff" * 9 + b"\x01" + b"\x02\x00"  # 2**63 + ...
     with pytest.raises(MalformedUserdata, match="above"):
         decode_subscription(stored[:6] + huge)
 
@@ -448,4 +451,25 @@ def test_assignment_userdata_never_mentions_other_members() -> None:
         "generation",
         "standby",
         "followup_rebalance",
+        "pending",
+        "warmup",
     }
+
+
+def test_minor_1_fields_round_trip() -> None:
+    sub = SubscriptionUserdata(generation=3, owned={"a": (0, 2, 4), "b": (7,)})
+    assert decode_subscription(encode_subscription(sub)) == sub
+    assignment = AssignmentUserdata(
+        4, {CHANGELOG: (1,)}, pending={"a": (5, 6), CHANGELOG: (5, 6)}, warmup={CHANGELOG: (9,)}
+    )
+    assert decode_assignment(encode_assignment(assignment)) == assignment
+
+
+def test_a_minor_0_message_decodes_with_empty_minor_1_fields() -> None:
+    # what a worker of the previous version sends: the body ends before the minor-1 fields
+    body = uncompressed(encode_subscription(SubscriptionUserdata(generation=3)))
+    minor0 = with_header(body[:-1], minor=0)
+    assert decode_subscription(minor0) == SubscriptionUserdata(generation=3)
+    body = uncompressed(encode_assignment(AssignmentUserdata(2, {CHANGELOG: (1,)})))
+    minor0 = with_header(body[:-2], minor=0)
+    assert decode_assignment(minor0) == AssignmentUserdata(2, {CHANGELOG: (1,)})

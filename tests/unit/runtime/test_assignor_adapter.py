@@ -366,12 +366,6 @@ def test_unreadable_assignment_userdata_keeps_the_epoch(
     assert saved is not None and saved.generation == 4 and dict(saved.active) == {"clicks": (0,)}
 
 
-def test_record_active_follows_what_aiokafka_assigned() -> None:
-    worker = join_assignor()
-    worker.record_active({("clicks", 2), ("impressions", 2), ("clicks", 0)})
-    assert worker.active == {"clicks": (0, 2), "impressions": (2,)}
-
-
 def test_metadata_reports_lags_capacity_tags_host_and_instance_id() -> None:
     worker = join_assignor(
         capacity=3,
@@ -510,3 +504,50 @@ def test_a_valid_result_is_sent_untouched() -> None:
     vetted = compute_assignment(sc)
     assert (vetted.violations, vetted.error, vetted.fallback) == ((), None, False)
     assert vetted.result == assignor_adapter.assign(sc)
+
+
+# --------------------------------------------------------------------------- cooperative
+
+
+def test_the_cooperative_leader_withholds_what_another_member_still_owns() -> None:
+    leader = join_assignor()
+    everything = {t: (0, 1, 2, 3) for t in SUBSCRIBED}
+    members = {
+        "k1": meta(
+            SUBSCRIBED,
+            SubscriptionUserdata(
+                generation=5, active=everything, owned=dict.fromkeys(JOIN, (0, 1, 2, 3))
+            ),
+        ),
+        "k2": meta(SUBSCRIBED, SubscriptionUserdata()),
+    }
+    counts = dict(CLUSTER)
+    out = leader.assign_members(counts, members, cooperative=True)
+    assert consumed(out)["k2"] == {}  # nothing moves while k1 still processes it
+    pending = decode_assignment(out["k2"].user_data).pending
+    kept = consumed(out)["k1"]["clicks"]
+    assert set(pending["clicks"]) == {0, 1, 2, 3} - kept
+    assert set(pending[CHANGELOG]) == set(pending["clicks"])  # warmed up meanwhile
+    # eager: k1 revoked everything before joining (owns nothing), so all moves happen now
+    eager = dict(
+        members, k1=meta(SUBSCRIBED, SubscriptionUserdata(generation=5, active=everything))
+    )
+    out = leader.assign_members(counts, eager, cooperative=False)
+    assert consumed(out)["k2"]["clicks"] == set(pending["clicks"])
+
+    # the new owner claims what is pending for it, and keeps its state warm
+    member = join_assignor()
+    member.on_assignment(
+        out_for_pending := leader.assign_members(counts, members, cooperative=True)["k2"]
+    )
+    assert member.active == pending
+    assert member.restore_targets() == {CHANGELOG: set(pending[CHANGELOG])}
+    assert out_for_pending.assignment == []
+    claim = decode_subscription(member.metadata(SUBSCRIBED).user_data)
+    assert claim.active == pending and claim.owned == {}
+
+
+def test_owned_partitions_travel_in_the_subscription() -> None:
+    member = join_assignor()
+    data = member.metadata(SUBSCRIBED, owned=[("clicks", 1), ("impressions", 1)]).user_data
+    assert decode_subscription(data).owned == {"clicks": (1,), "impressions": (1,)}

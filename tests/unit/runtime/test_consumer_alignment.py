@@ -7,6 +7,7 @@ from aiokafka import TopicPartition
 import streamjoin
 from streamjoin.events import RawRecord
 from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.stream import Stream
 
@@ -74,19 +75,23 @@ class _Consumer:
         return {tp: self.end for tp in tps}
 
 
+def _fail(exc: BaseException) -> None:
+    raise AssertionError(f"unexpected fatal error: {exc!r}")
+
+
 def _service(runtime: _Runtime) -> KafkaConsumerService:
     return KafkaConsumerService(
         "127.0.0.1:9",
-        group_id="g",
         client_id="c",
         runtime=runtime,  # type: ignore[arg-type]
         tasks=_tasks(),
         sender=_Sender(),  # type: ignore[arg-type]
         assignor=None,  # type: ignore[arg-type]
+        membership=MembershipSettings(group_id="g"),
         commit_interval=1.0,
-        group_instance_id=None,
         client_options={},
         consumer_options={},
+        on_fatal=_fail,
         aligned_groups=[("imp", "clk")],
     )
 

@@ -140,6 +140,11 @@ def test_task_lifecycle() -> None:
     state = TablePartition("j-buffer", 1, MemoryStorePartition())
     assert manager.table_ready("j-buffer", 1, state) is join_task
     assert join_task.running and join_task.tables.get("j-buffer") is state
+    # ready signalled twice (two assignments in quick succession): unflushed writes stay
+    state.put(b"k", b"unflushed")
+    again = TablePartition("j-buffer", 1, MemoryStorePartition())
+    assert manager.table_ready("j-buffer", 1, again) is None
+    assert join_task.tables["j-buffer"] is state and state.get(b"k") == b"unflushed"
 
     join_task.tracker.register(("left", 1), 10, 1)
     join_task.tracker.ack(("left", 1), 10)
