@@ -8,7 +8,9 @@ with that code, including where the fallback must take over.
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Mapping
 from unittest import mock
 
 import pytest
@@ -26,8 +28,16 @@ from streamjoin.assignor import (
     standby,
     validate_assignment,
 )
-from streamjoin.assignor.grouping import build_grouping
-from streamjoin.assignor.model import MemberState, sorted_by_key
+from streamjoin.assignor.cooperative import withhold_moves
+from streamjoin.assignor.grouping import build_grouping, merge_copartition
+from streamjoin.assignor.model import (
+    AssignmentResult,
+    MemberAssignment,
+    MemberState,
+    TopicPartitions,
+    normalize_topic_partitions,
+    sorted_by_key,
+)
 from streamjoin.assignor.pipeline import sorted_members
 from streamjoin.assignor.protocol import (
     MalformedUserdata,
@@ -180,6 +190,80 @@ def test_kept_and_promoted_standbys_are_counted_as_defined(sc: Scenario) -> None
                     kept += 1
     assert result.stats.extra["standby_kept"] == kept
     assert result.stats.extra["standby_promotions"] == promoted
+
+
+# --------------------------------------------------------------------------- cooperative
+
+
+def withheld_one_by_one(
+    result: AssignmentResult,
+    owned: Mapping[str, TopicPartitions],
+    topics: Mapping[str, int],
+    copartition: tuple[tuple[str, ...], ...],
+) -> AssignmentResult:
+    """``withhold_moves`` as first written: per topic partition owned, per task assigned."""
+    owners: dict[tuple[str, int], set[str]] = {}
+    for member_id, tps in owned.items():
+        for topic, partitions in tps.items():
+            for p in partitions:
+                owners.setdefault((topic, p), set()).add(member_id)
+    if not owners:
+        extra = {**result.stats.extra, "withheld": 0}
+        return dataclasses.replace(
+            result,
+            assignments=dict(result.assignments),
+            stats=dataclasses.replace(result.stats, extra=extra),
+        )
+    group_of = {t: g for g in merge_copartition(topics, copartition) for t in g}
+    assignments: dict[str, MemberAssignment] = {}
+    withheld = 0
+    for member_id, assignment in result.assignments.items():
+        tasks: dict[tuple[tuple[str, ...], int], bool] = {}
+        for topic, partitions in assignment.active.items():
+            group = group_of.get(topic, (topic,))
+            for p in partitions:
+                if (group, p) not in tasks:
+                    tasks[(group, p)] = any(
+                        others - {member_id} for t in group if (others := owners.get((t, p)))
+                    )
+        held = {key for key, elsewhere in tasks.items() if elsewhere}
+        if not held:
+            assignments[member_id] = assignment
+            continue
+        withheld += len(held)
+        active: dict[str, list[int]] = {}
+        pending: dict[str, list[int]] = {t: list(ps) for t, ps in assignment.pending.items()}
+        for topic, partitions in assignment.active.items():
+            group = group_of.get(topic, (topic,))
+            for p in partitions:
+                (pending if (group, p) in held else active).setdefault(topic, []).append(p)
+        assignments[member_id] = dataclasses.replace(
+            assignment,
+            active=normalize_topic_partitions(active),
+            pending=normalize_topic_partitions(pending),
+        )
+    extra = {**result.stats.extra, "withheld": withheld}
+    stats = dataclasses.replace(result.stats, extra=extra)
+    return dataclasses.replace(result, assignments=assignments, stats=stats)
+
+
+@SETTINGS
+@given(scenarios(), st.data())
+def test_moves_withheld_per_group_as_per_topic_partition(sc: Scenario, data: st.DataObject) -> None:
+    result = assign(sc)
+    ids = [m.member_id for m in sc.members] + ["gone"]
+    names = [*sc.topics, "ghost"]
+    owned: dict[str, dict[str, tuple[int, ...]]] = {}
+    for mid in data.draw(st.lists(st.sampled_from(ids), unique=True)):
+        shared = tuple(data.draw(st.lists(st.integers(0, 13), max_size=5)))
+        owned[mid] = {
+            t: shared
+            if data.draw(st.booleans())
+            else tuple(data.draw(st.lists(st.integers(0, 13))))
+            for t in data.draw(st.lists(st.sampled_from(names), unique=True))
+        }
+    expected = withheld_one_by_one(result, owned, sc.topics, sc.copartition)
+    assert withhold_moves(result, owned, sc.topics, sc.copartition) == expected
 
 
 # --------------------------------------------------------------------------- model
