@@ -17,11 +17,15 @@ the median of ``--repeat`` runs, the assignors' runs interleaved; building the
 ``Scenario`` is timed separately and not included.
 
 *Leader* rows time what the group leader does for our assignor on each churn
-round, through the runtime adapter: decode every member's subscription userdata
-(``member_states``), build the ``Scenario`` (``build_scenario``), assign and
-validate (``compute_assignment``), and encode every member's assignment
-(``member_assignment``). Each member's userdata carries what it owned, its lags,
-a host and an instance id; encoding it is the members' work and is not timed.
+round under the cooperative protocol, step by step as
+``StreamjoinAssignor.assign_members`` does it (checked against it once per row):
+decode every member's subscription userdata (``read_members``), build the
+``Scenario`` (``build_scenario``), assign and validate (``compute_assignment``),
+withhold the tasks whose owner changes (``withhold_moves``), and encode every
+member's assignment (``member_assignment``). Each member's userdata carries what
+it claims and owns (its previous actives; changelog partitions are restored, not
+owned), its lags, a host and an instance id; encoding it is the members' work
+and is not timed.
 With ``--plan`` they also time ``plan()`` on the round's scenario document (as
 ``streamjoin plan`` reads it, after ``json.loads``): parsing alone, and the whole.
 
@@ -53,9 +57,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
 
 from benchmarks.baselines import BASELINES, range_assign
+from streamjoin.assignor.cooperative import withhold_moves
 from streamjoin.assignor.model import (
     AssignmentResult,
     AssignorConfig,
@@ -73,10 +81,12 @@ from streamjoin.assignor.protocol import (
 )
 from streamjoin.runtime.assignor_adapter import (
     CONSUMER_PROTOCOL_VERSION,
+    StreamjoinAssignor,
+    Vetted,
     build_scenario,
     compute_assignment,
     member_assignment,
-    member_states,
+    read_members,
 )
 
 AssignFn = Callable[[Scenario], AssignmentResult]
@@ -321,6 +331,7 @@ def subscriptions(scenario: Scenario) -> dict[str, ConsumerProtocolMemberMetadat
             state_lag=m.state_lag,
             host=f"{m.member_id}.streamjoin.internal:6066",
             group_instance_id=m.member_id,
+            owned={t: ps for t, ps in m.active.items() if t not in scenario.changelog_topics},
         )
         kafka_id = f"{m.member_id}-6f1c2e0a-3b7d-4c55-9e21-8a4b0c9d7e13"
         out[kafka_id] = ConsumerProtocolMemberMetadata(
@@ -330,17 +341,17 @@ def subscriptions(scenario: Scenario) -> dict[str, ConsumerProtocolMemberMetadat
 
 
 #: the leader's steps, in order, as reported
-LEADER_STEPS = ("decode", "scenario", "assign+validate", "encode")
+LEADER_STEPS = ("decode", "scenario", "assign+validate", "withhold", "encode")
 
 
 def leader_round(
     members: Mapping[str, ConsumerProtocolMemberMetadata], like: Scenario
-) -> tuple[dict[str, float], Any]:
-    """The leader's work for one rebalance, as the runtime adapter does it (minus the
-    cluster metadata lookup and logging): CPU time per step, and the vetted result."""
+) -> tuple[dict[str, float], Vetted, dict[str, ConsumerProtocolMemberAssignment]]:
+    """The cooperative leader's work for one rebalance, as ``assign_members`` does it
+    (minus logging): CPU time per step, the vetted result and every assignment."""
     clock = time.process_time
     start = clock()
-    states, kafka_ids = member_states(members)
+    states, kafka_ids, owned = read_members(members)
     decoded = clock()
     scenario = build_scenario(
         states, like.topics, like.copartition, like.changelog_topics, like.config
@@ -349,25 +360,43 @@ def leader_round(
     generation = next_generation(s.generation for s in states)
     vetted = compute_assignment(scenario)
     assigned = clock()
+    result = withhold_moves(vetted.result, owned, scenario.topics, scenario.copartition)
+    withheld = clock()
     changelogs = like.changelog_topics
     out = {
-        kafka_id: member_assignment(vetted.result, member_id, generation, changelogs)
+        kafka_id: member_assignment(result, member_id, generation, changelogs)
         for member_id, kafka_id in kafka_ids.items()
     }
     encoded = clock()
-    assert len(out) == len(members)
-    steps = (decoded - start, built - decoded, assigned - built, encoded - assigned)
-    return dict(zip(LEADER_STEPS, steps, strict=True)), vetted
+    steps = (decoded - start, built - decoded, assigned - built, withheld - assigned)
+    return dict(zip(LEADER_STEPS, (*steps, encoded - withheld), strict=True)), vetted, out
+
+
+def same_as_the_adapter(
+    members: Mapping[str, ConsumerProtocolMemberMetadata],
+    like: Scenario,
+    out: Mapping[str, ConsumerProtocolMemberAssignment],
+) -> bool:
+    """Does ``StreamjoinAssignor.assign_members`` send what ``leader_round`` computed?"""
+    assignor = StreamjoinAssignor(
+        copartition=like.copartition, changelog_topics=like.changelog_topics, config=like.config
+    )
+    sent = assignor.assign_members(like.topics, members, cooperative=True)
+    return {k: a.encode() for k, a in sent.items()} == {k: a.encode() for k, a in out.items()}
 
 
 def leader_row(shape: Shape, round_name: str, scenario: Scenario, repeat: int) -> dict[str, Any]:
     members = subscriptions(scenario)
+    _, _, out = leader_round(members, scenario)
+    if not same_as_the_adapter(members, scenario, out):
+        raise AssertionError("leader_round no longer does what assign_members does")
+    del out
     runs: list[dict[str, float]] = []
     vetted = None
     for _ in range(repeat):
         vetted = None
         gc.collect()
-        steps, vetted = leader_round(members, scenario)
+        steps, vetted, _ = leader_round(members, scenario)
         runs.append(steps)
     assert vetted is not None
     totals = [sum(r.values()) for r in runs]
@@ -519,7 +548,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def print_leader_table(rows: list[dict[str, Any]]) -> None:
     columns = ("leader (ours)", "round", *(f"{s} ms" for s in LEADER_STEPS), "total ms")
-    header = "{:<28} {:<6} {:>10} {:>11} {:>18} {:>10} {:>10}  sent".format(*columns)
+    header = "{:<28} {:<6} {:>10} {:>11} {:>18} {:>12} {:>10} {:>10}  sent".format(*columns)
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -529,7 +558,7 @@ def print_leader_table(rows: list[dict[str, Any]]) -> None:
             *(f"{r[f'{s}_s'] * 1e3:.1f}" for s in LEADER_STEPS),
             f"{r['total_s'] * 1e3:.1f}",
         )
-        line = "{:<28} {:<6} {:>10} {:>11} {:>18} {:>10} {:>10}  ".format(*cells)
+        line = "{:<28} {:<6} {:>10} {:>11} {:>18} {:>12} {:>10} {:>10}  ".format(*cells)
         sent = r["sent"] + (f", {len(r['violations'])} violation(s)" if r["violations"] else "")
         print(line + sent)
     for r in rows:
