@@ -552,6 +552,8 @@ class _Reader:
         self.body = body
         self.pos = 0
         self.partitions_decoded = 0
+        #: every non-empty partition set read so far: its encoding and the tuple
+        self.sets_read: list[tuple[bytes, tuple[int, ...]]] = []
 
     def fail(self, what: str) -> NoReturn:
         raise MalformedUserdata(f"{self.kind} userdata: {what} (at body offset {self.pos})")
@@ -628,6 +630,7 @@ class _Reader:
         return None if length == 0 else self.raw_str(what, length - 1)
 
     def partition_set(self, what: str) -> tuple[int, ...]:
+        start = self.pos
         n = self.uvarint(f"size of {what}")
         if n == 0:
             return ()
@@ -647,7 +650,27 @@ class _Reader:
             current = out[-1]
         if current > MAX_PARTITION:
             self.fail(f"partition {current} in {what} above {MAX_PARTITION}")
-        return tuple(out)
+        parts = tuple(out)
+        self.sets_read.append((self.body[start : self.pos], parts))
+        return parts
+
+    def set_read_before(self) -> tuple[int, ...] | None:
+        """The tuple of a partition set encoded here exactly as one read before, or None.
+
+        An encoding is self-delimiting and decodes the same way each time, so the
+        bytes match only where reading them would give that tuple again. The
+        ``owned`` map repeats its set for every co-partitioned topic (and it is
+        the active set of the table): read once, the tuple is shared.
+        """
+        body, pos = self.body, self.pos
+        for raw, parts in self.sets_read:
+            if body.startswith(raw, pos):
+                if self.partitions_decoded + len(parts) > MAX_DECODED_PARTITIONS:
+                    return None  # read it, to fail where it would
+                self.partitions_decoded += len(parts)
+                self.pos = pos + len(raw)
+                return parts
+        return None
 
     def short_text(self) -> str | None:
         """A string whose length fits in one byte, or None (then :meth:`text` reads it and
@@ -715,10 +738,13 @@ class _Reader:
     def inline_map(self, what: str) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}
         for _ in range(self.count(f"{what} topic count")):
-            topic = self.text(f"topic name in {what}")
+            topic = self.short_text()
+            if topic is None:
+                topic = self.text(f"topic name in {what}")
             if topic in out:
                 self.fail(f"duplicate topic {topic!r} in {what}")
-            out[topic] = self.partition_set(f"{what} of {topic!r}")
+            parts = self.set_read_before()
+            out[topic] = self.partition_set(f"{what} of {topic!r}") if parts is None else parts
         return out
 
     def finish(self, minor: int) -> None:

@@ -367,6 +367,38 @@ def test_lags_of_several_bytes_and_a_lag_given_twice() -> None:
         decode_subscription(stored[:6] + twice)
 
 
+def test_a_set_repeated_in_the_owned_map_is_read_once_and_shared() -> None:
+    sources = ("clicks", "impressions", "views")
+    mine = (3, 7, 11, 2_000, 4_001)
+    userdata = SubscriptionUserdata(
+        generation=4,
+        active={t: mine for t in (*sources, "cl")},
+        owned={**{t: mine for t in sources}, "other": (1, 2)},
+    )
+    decoded = decode_subscription(encode_subscription(userdata))
+    assert decoded == userdata
+    assert decoded.owned["clicks"] is decoded.owned["views"]
+
+
+def test_a_repeated_set_still_counts_towards_the_partition_limit() -> None:
+    n = varints([2_500_000])
+    one_set = n + b"\x00\x01" + varints([2_500_000 - 3])  # 0, 1, 2, ...: one repeated run
+    body = (
+        b"\x01\x01\x00\x00\x00"  # generation -1, capacity 1, no instance id, host, tags
+        + b"\x01\x01a\x01"
+        + one_set  # topic table "a", one set
+        + b"\x01\x00\x00\x00\x00"  # active a -> set 0; no standby, no lags
+        + b"\x01\x01x"
+        + one_set  # owned x -> the same set again: 5,000,000 in all
+    )
+    header = protocol.MAGIC + bytes((protocol.SUBSCRIPTION_KIND, protocol.MAJOR_VERSION, 1, 0))
+    with pytest.raises(MalformedUserdata, match="more than 4194304 partitions declared"):
+        decode_subscription(header + body)
+    assert len(decode_subscription(header + body[: -len(one_set) - 3] + b"\x00").active["a"]) == (
+        2_500_000
+    )
+
+
 # --------------------------------------------------------------------------- plan()
 
 
