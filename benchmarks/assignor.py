@@ -6,13 +6,28 @@ Run from the repository root::
 
 For each shape (members x tasks x co-partitioned topics, the last topic of the
 group being its changelog, 1 standby replica) and each round -- *fresh* (no
-previous assignment) and *churn* (the fresh result as previous assignment,
-then one member leaves and a new one joins; members report lag 0 for active
-and a small lag for standby changelog partitions) -- it times
+previous assignment), *churn* (the fresh result as previous assignment, then
+one member leaves and a new one joins; members report lag 0 for active and a
+spread-out lag for standby changelog partitions) and *churn0* (the same, with
+lag 0 for standbys too: every standby caught up) -- it times
 ``streamjoin.assignor.assign`` and the baselines of ``benchmarks.baselines`` in
-this process, on the same ``Scenario`` objects. Each assignor's churn round
-starts from its *own* fresh result. Times are the median of ``--repeat`` runs;
-building the ``Scenario`` is timed separately and not included.
+this process, on the same ``Scenario`` objects. Each assignor's churn rounds
+start from its *own* fresh result. Times are CPU time (``time.process_time``),
+the median of ``--repeat`` runs, the assignors' runs interleaved; building the
+``Scenario`` is timed separately and not included.
+
+*Leader* rows time what the group leader does for our assignor on each churn
+round under the cooperative protocol, step by step as
+``StreamjoinAssignor.assign_members`` does it (checked against it once per row):
+decode every member's subscription userdata (``read_members``), build the
+``Scenario`` (``build_scenario``), assign and validate (``compute_assignment``),
+withhold the tasks whose owner changes (``withhold_moves``), and encode every
+member's assignment (``member_assignment``). Each member's userdata carries what
+it claims and owns (its previous actives; changelog partitions are restored, not
+owned), its lags, a host and an instance id; encoding it is the members' work
+and is not timed.
+With ``--plan`` they also time ``plan()`` on the round's scenario document (as
+``streamjoin plan`` reads it, after ``json.loads``): parsing alone, and the whole.
 
 ``moved`` counts tasks whose previous owner is still a member and whose owner
 changed, computed here the same way for every assignor; ``min`` is the least
@@ -39,15 +54,23 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
 from benchmarks.baselines import BASELINES, range_assign
+from streamjoin.assignor.cooperative import withhold_moves
 from streamjoin.assignor.model import (
     AssignmentResult,
     AssignorConfig,
     MemberState,
     Scenario,
 )
+from streamjoin.assignor.plan import plan, scenario_from_json, scenario_to_json
 from streamjoin.assignor.protocol import (
     AssignmentUserdata,
     SubscriptionUserdata,
@@ -55,6 +78,15 @@ from streamjoin.assignor.protocol import (
     encode_assignment,
     encode_subscription,
     next_generation,
+)
+from streamjoin.runtime.assignor_adapter import (
+    CONSUMER_PROTOCOL_VERSION,
+    StreamjoinAssignor,
+    Vetted,
+    build_scenario,
+    compute_assignment,
+    member_assignment,
+    read_members,
 )
 
 AssignFn = Callable[[Scenario], AssignmentResult]
@@ -116,8 +148,18 @@ def fresh_scenario(shape: Shape) -> Scenario:
     )
 
 
-def churn_scenario(shape: Shape, fresh: Scenario, previous: AssignmentResult) -> Scenario:
-    """``previous`` as owned state; member ``members // 2`` leaves, a new one joins."""
+#: churn rounds: name -> whether standbys report lag 0 (else ``standby_lag``)
+CHURN_ROUNDS = {"churn": False, "churn0": True}
+
+
+def churn_scenario(
+    shape: Shape, fresh: Scenario, previous: AssignmentResult, caught_up: bool = False
+) -> Scenario:
+    """``previous`` as owned state; member ``members // 2`` leaves, a new one joins.
+
+    Members report lag 0 for their actives' changelog partitions and, for their
+    standbys, lag 0 if ``caught_up`` else the spread-out ``standby_lag``.
+    """
     generation = next_generation(m.generation for m in fresh.members)
     leaving = member_id(shape.members // 2)
     members: list[MemberState] = []
@@ -126,7 +168,10 @@ def churn_scenario(shape: Shape, fresh: Scenario, previous: AssignmentResult) ->
             continue
         owned = previous.assignments[m.member_id]
         lag = dict.fromkeys(owned.active.get(CHANGELOG, ()), 0)
-        lag.update((p, standby_lag(p)) for p in owned.standby.get(CHANGELOG, ()))
+        standbys = owned.standby.get(CHANGELOG, ())
+        lag.update(
+            dict.fromkeys(standbys, 0) if caught_up else {p: standby_lag(p) for p in standbys}
+        )
         members.append(
             MemberState(
                 m.member_id,
@@ -194,28 +239,193 @@ def check_valid(scenario: Scenario, result: AssignmentResult, tasks: int) -> str
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, list[float]]:
-    """Result of the last run and the wall time of each run (GC collected before each)."""
-    times, result = [], None
+    """Result of the last run and the CPU time of each run (GC collected before each)."""
+    results, times = interleaved({"": fn}, repeat)
+    return results[""], times[""]
+
+
+def interleaved(
+    fns: Mapping[str, Callable[[], Any]], repeat: int
+) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """Each function ``repeat`` times, taking turns (so that a busy spell on a shared
+    machine hits all of them alike): the last result and the CPU time of each run,
+    with the GC collected before each run and left enabled during it."""
+    results: dict[str, Any] = {}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return result, times
+        for name, fn in fns.items():
+            results.pop(name, None)
+            gc.collect()
+            start = time.process_time()
+            results[name] = fn()
+            times[name].append(time.process_time() - start)
+    return results, times
 
 
-def run_shape(shape: Shape, assignors: Mapping[str, AssignFn], repeat: int) -> list[dict[str, Any]]:
+def run_shape(
+    shape: Shape, assignors: Mapping[str, AssignFn], repeat: int, leader: bool, plans: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows of every assignor and round, and the leader rows of ours (if ``leader``)."""
     rows: list[dict[str, Any]] = []
+    leader_rows: list[dict[str, Any]] = []
     fresh, build_times = timed(lambda: fresh_scenario(shape), 1)
     first_topic = topic_names(shape)[0]
-    for name, fn in assignors.items():
-        result, times = timed(lambda fn=fn: fn(fresh), repeat)  # type: ignore[misc]
-        rows.append(row(shape, "fresh", name, fresh, result, times, build_times[0], first_topic))
-        churn, churn_build = timed(lambda r=result: churn_scenario(shape, fresh, r), 1)  # type: ignore[misc]
-        result, times = timed(lambda fn=fn, c=churn: fn(c), repeat)  # type: ignore[misc]
-        rows.append(row(shape, "churn", name, churn, result, times, churn_build[0], first_topic))
-        del churn, result
-    return rows
+    runs = {name: partial(fn, fresh) for name, fn in assignors.items()}
+    fresh_results, times = interleaved(runs, repeat)
+    for name in assignors:
+        rows.append(
+            row(
+                shape,
+                "fresh",
+                name,
+                fresh,
+                fresh_results[name],
+                times[name],
+                build_times[0],
+                first_topic,
+            )
+        )
+    for round_name, caught_up in CHURN_ROUNDS.items():
+        churns: dict[str, Scenario] = {}
+        builds: dict[str, float] = {}
+        for name in assignors:
+            build = partial(churn_scenario, shape, fresh, fresh_results[name], caught_up)
+            churns[name], churn_build = timed(build, 1)
+            builds[name] = churn_build[0]
+        runs = {name: partial(fn, churns[name]) for name, fn in assignors.items()}
+        results, times = interleaved(runs, repeat)
+        for name in assignors:
+            rows.append(
+                row(
+                    shape,
+                    round_name,
+                    name,
+                    churns[name],
+                    results[name],
+                    times[name],
+                    builds[name],
+                    first_topic,
+                )
+            )
+        del results
+        if leader and "streamjoin" in churns:
+            found = leader_row(shape, round_name, churns["streamjoin"], repeat)
+            if plans:
+                found.update(plan_times(churns["streamjoin"], repeat))
+            leader_rows.append(found)
+        del churns
+    return rows, leader_rows
+
+
+# --------------------------------------------------------------------------- leader path
+
+
+def subscriptions(scenario: Scenario) -> dict[str, ConsumerProtocolMemberMetadata]:
+    """What every member of ``scenario`` sends when it joins, by Kafka member id."""
+    out = {}
+    for m in scenario.members:
+        userdata = SubscriptionUserdata(
+            generation=m.generation,
+            active=m.active,
+            standby=m.standby,
+            state_lag=m.state_lag,
+            host=f"{m.member_id}.streamjoin.internal:6066",
+            group_instance_id=m.member_id,
+            owned={t: ps for t, ps in m.active.items() if t not in scenario.changelog_topics},
+        )
+        kafka_id = f"{m.member_id}-6f1c2e0a-3b7d-4c55-9e21-8a4b0c9d7e13"
+        out[kafka_id] = ConsumerProtocolMemberMetadata(
+            CONSUMER_PROTOCOL_VERSION, sorted(m.topics), encode_subscription(userdata)
+        )
+    return out
+
+
+#: the leader's steps, in order, as reported
+LEADER_STEPS = ("decode", "scenario", "assign+validate", "withhold", "encode")
+
+
+def leader_round(
+    members: Mapping[str, ConsumerProtocolMemberMetadata], like: Scenario
+) -> tuple[dict[str, float], Vetted, dict[str, ConsumerProtocolMemberAssignment]]:
+    """The cooperative leader's work for one rebalance, as ``assign_members`` does it
+    (minus logging): CPU time per step, the vetted result and every assignment."""
+    clock = time.process_time
+    start = clock()
+    states, kafka_ids, owned = read_members(members)
+    decoded = clock()
+    scenario = build_scenario(
+        states, like.topics, like.copartition, like.changelog_topics, like.config
+    )
+    built = clock()
+    generation = next_generation(s.generation for s in states)
+    vetted = compute_assignment(scenario)
+    assigned = clock()
+    result = withhold_moves(vetted.result, owned, scenario.topics, scenario.copartition)
+    withheld = clock()
+    changelogs = like.changelog_topics
+    out = {
+        kafka_id: member_assignment(result, member_id, generation, changelogs)
+        for member_id, kafka_id in kafka_ids.items()
+    }
+    encoded = clock()
+    steps = (decoded - start, built - decoded, assigned - built, withheld - assigned)
+    return dict(zip(LEADER_STEPS, (*steps, encoded - withheld), strict=True)), vetted, out
+
+
+def same_as_the_adapter(
+    members: Mapping[str, ConsumerProtocolMemberMetadata],
+    like: Scenario,
+    out: Mapping[str, ConsumerProtocolMemberAssignment],
+) -> bool:
+    """Does ``StreamjoinAssignor.assign_members`` send what ``leader_round`` computed?"""
+    assignor = StreamjoinAssignor(
+        copartition=like.copartition, changelog_topics=like.changelog_topics, config=like.config
+    )
+    sent = assignor.assign_members(like.topics, members, cooperative=True)
+    return {k: a.encode() for k, a in sent.items()} == {k: a.encode() for k, a in out.items()}
+
+
+def leader_row(shape: Shape, round_name: str, scenario: Scenario, repeat: int) -> dict[str, Any]:
+    members = subscriptions(scenario)
+    _, _, out = leader_round(members, scenario)
+    if not same_as_the_adapter(members, scenario, out):
+        raise AssertionError("leader_round no longer does what assign_members does")
+    del out
+    runs: list[dict[str, float]] = []
+    vetted = None
+    for _ in range(repeat):
+        vetted = None
+        gc.collect()
+        steps, vetted, _ = leader_round(members, scenario)
+        runs.append(steps)
+    assert vetted is not None
+    totals = [sum(r.values()) for r in runs]
+    return {
+        "shape": shape.name,
+        "members": shape.members,
+        "tasks": shape.tasks,
+        "topics": shape.topics,
+        "round": round_name,
+        "total_s": round(statistics.median(totals), 5),
+        "runs_s": [round(t, 5) for t in totals],
+        **{
+            f"{step}_s": round(statistics.median(r[step] for r in runs), 5) for step in LEADER_STEPS
+        },
+        "sent": "fallback" if vetted.fallback else "assignor",
+        "violations": [f"{v.code.value}: {v.message}" for v in vetted.violations],
+        "subscription_bytes": sum(len(m.user_data) for m in members.values()),
+    }
+
+
+def plan_times(scenario: Scenario, repeat: int) -> dict[str, float]:
+    """CPU time of ``plan()`` on the scenario's document: parsing it, and the whole call."""
+    doc = json.loads(json.dumps(scenario_to_json(scenario)))
+    _, parse = timed(partial(scenario_from_json, doc), repeat)
+    _, whole = timed(partial(plan, doc), repeat)
+    return {
+        "plan_parse_s": round(statistics.median(parse), 5),
+        "plan_s": round(statistics.median(whole), 5),
+    }
 
 
 def row(
@@ -237,7 +447,7 @@ def row(
         "round": round_name,
         "assignor": assignor,
         "build_s": round(build_s, 5),
-        "assign_s": round(statistics.median(times), 5),
+        "assign_s": round(statistics.median(times), 5),  # CPU time
         "runs_s": [round(t, 5) for t in times],
         "moved": count_moves(scenario, result, topic),
         "min_possible_moves": min_possible_moves(scenario, topic, shape.tasks),
@@ -336,6 +546,29 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(f"{line}{r['valid']:<5}  {says}".rstrip())
 
 
+def print_leader_table(rows: list[dict[str, Any]]) -> None:
+    columns = ("leader (ours)", "round", *(f"{s} ms" for s in LEADER_STEPS), "total ms")
+    header = "{:<28} {:<6} {:>10} {:>11} {:>18} {:>12} {:>10} {:>10}  sent".format(*columns)
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        cells = (
+            f"{r['shape']} {r['members']}x{r['tasks']}x{r['topics']}",
+            r["round"],
+            *(f"{r[f'{s}_s'] * 1e3:.1f}" for s in LEADER_STEPS),
+            f"{r['total_s'] * 1e3:.1f}",
+        )
+        line = "{:<28} {:<6} {:>10} {:>11} {:>18} {:>12} {:>10} {:>10}  ".format(*cells)
+        sent = r["sent"] + (f", {len(r['violations'])} violation(s)" if r["violations"] else "")
+        print(line + sent)
+    for r in rows:
+        if "plan_s" in r:
+            print(
+                f"plan() on {r['shape']} {r['round']}: parsing {r['plan_parse_s'] * 1e3:.1f} ms,"
+                f" whole call {r['plan_s'] * 1e3:.1f} ms"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="small,medium,large", help="comma-separated")
@@ -344,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-userdata", action="store_true", help="skip the userdata size measurement"
     )
+    parser.add_argument("--no-leader", action="store_true", help="skip the leader's protocol path")
+    parser.add_argument("--plan", action="store_true", help="also time plan() on the churn rounds")
     args = parser.parse_args(argv)
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [n for n in names if n not in SHAPES]
@@ -360,8 +595,13 @@ def main(argv: list[str] | None = None) -> int:
     assignors.update(BASELINES)
 
     rows: list[dict[str, Any]] = []
+    leader_rows: list[dict[str, Any]] = []
     for name in names:
-        rows.extend(run_shape(SHAPES[name], assignors, args.repeat))
+        shape_rows, shape_leader = run_shape(
+            SHAPES[name], assignors, args.repeat, leader=not args.no_leader, plans=args.plan
+        )
+        rows.extend(shape_rows)
+        leader_rows.extend(shape_leader)
         if not args.json:
             print(f"... {name} done", file=sys.stderr)
     userdata = None
@@ -374,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "repeat": args.repeat,
         "rows": rows,
+        "leader": leader_rows,
         "userdata": userdata,
         "notes": notes,
     }
@@ -381,8 +622,11 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
         return 0
-    print(f"{report['python']} on {report['machine']}, median of {args.repeat} run(s)\n")
+    print(f"{report['python']} on {report['machine']}, CPU time, median of {args.repeat} run(s)\n")
     print_table(rows)
+    if leader_rows:
+        print()
+        print_leader_table(leader_rows)
     if userdata is not None:
         u = userdata
         print(

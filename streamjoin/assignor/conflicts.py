@@ -53,10 +53,12 @@ def claimed_partitions(member: MemberState, group: Group) -> set[int]:
     """Task numbers ``member`` claims in ``group`` (any of its topics counts)."""
     out: set[int] = set()
     active = member.active
+    last = None
     for topic in group.topics:
         parts = active.get(topic)
-        if parts:
+        if parts and parts is not last:  # co-partitioned topics often share one tuple
             out.update(parts)
+            last = parts
     if out and max(out) >= group.tasks:
         out = {p for p in out if p < group.tasks}
     return out

@@ -49,28 +49,36 @@ def withhold_moves(
     ``owned`` maps assignor member ids to what they process now; ``topics`` and
     ``copartition`` are the scenario's, so tasks are whole co-partition groups.
     The number of withheld tasks is added to the stats as ``withheld``.
+
+    The leader runs this on every rebalance, with up to every partition owned: it
+    works on sets of task numbers per co-partition group (a member's partitions of
+    a group's topics, usually one shared tuple), not on single topic partitions.
     """
-    owners: dict[TP, set[str]] = {}
-    for member_id, tps in owned.items():
-        for topic, partitions in tps.items():
-            for p in partitions:
-                owners.setdefault((topic, p), set()).add(member_id)
-    if not owners:
+    if not any(any(tps.values()) for tps in owned.values()):
         return _with_withheld(result, result.assignments, 0)
     group_of = {t: g for g in merge_copartition(topics, copartition) for t in g}
+    mine = {member_id: _tasks(tps, group_of) for member_id, tps in owned.items()}
+    #: per group, every owned task, and those owned by more than one member
+    anyone: dict[Group, set[int]] = {}
+    shared: dict[Group, set[int]] = {}
+    for per_group in mine.values():
+        for group, ps in per_group.items():
+            seen = anyone.setdefault(group, set())
+            both = seen & ps
+            if both:
+                shared.setdefault(group, set()).update(both)
+            seen |= ps
     assignments: dict[str, MemberAssignment] = {}
     withheld = 0
     for member_id, assignment in result.assignments.items():
-        tasks: dict[tuple[tuple[str, ...], int], bool] = {}
-        for topic, partitions in assignment.active.items():
-            group = group_of.get(topic, (topic,))
-            for p in partitions:
-                key = (group, p)
-                if key not in tasks:
-                    tasks[key] = any(
-                        others - {member_id} for t in group if (others := owners.get((t, p)))
-                    )
-        held = {key for key, elsewhere in tasks.items() if elsewhere}
+        own = mine.get(member_id, {})
+        held: set[tuple[Group, int]] = set()
+        for group, ps in _tasks(assignment.active, group_of).items():
+            elsewhere = ps & anyone.get(group, _NONE)
+            if elsewhere:
+                # owned by someone, less what only this member owns
+                only_mine = own.get(group, _NONE) - shared.get(group, _NONE)
+                held.update((group, p) for p in elsewhere - only_mine)
         if not held:
             assignments[member_id] = assignment
             continue
@@ -87,6 +95,28 @@ def withhold_moves(
             pending=normalize_topic_partitions(pending),
         )
     return _with_withheld(result, assignments, withheld)
+
+
+#: a co-partition group, as its sorted topics
+Group = tuple[str, ...]
+_NONE: frozenset[int] = frozenset()
+
+
+def _tasks(tps: TopicPartitions, group_of: Mapping[str, Group]) -> dict[Group, set[int]]:
+    """Task numbers per group in a topic map (a topic outside every group is its own)."""
+    out: dict[Group, set[int]] = {}
+    last: dict[Group, tuple[int, ...]] = {}  # co-partitioned topics often share one tuple
+    for topic, partitions in tps.items():
+        if not partitions:
+            continue
+        group = group_of.get(topic, (topic,))
+        got = out.get(group)
+        if got is None:
+            out[group] = set(partitions)
+        elif partitions is not last[group]:
+            got.update(partitions)
+        last[group] = partitions
+    return out
 
 
 def _with_withheld(

@@ -13,18 +13,44 @@ from dataclasses import dataclass, field
 
 from streamjoin.errors import InvalidScenarioError
 
+#: state lags whose keys and values are all of these types need no conversion
+_INT = frozenset([int])
+
 #: topic name -> sorted partition numbers
 TopicPartitions = Mapping[str, tuple[int, ...]]
 
 
 def normalize_topic_partitions(value: Mapping[str, Iterable[int]]) -> dict[str, tuple[int, ...]]:
-    """Sorted, de-duplicated partitions per topic; topics with no partitions dropped."""
+    """Sorted, de-duplicated partitions per topic; topics with no partitions dropped.
+
+    Co-partitioned topics usually share one partition tuple (decoded userdata
+    and assignments do): it is normalized once, and the result stays shared.
+    """
     out: dict[str, tuple[int, ...]] = {}
+    #: id of a given tuple -> (that tuple, kept alive so the id stays its own; normalized)
+    done: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for topic in sorted(value):
-        parts = tuple(sorted(set(value[topic])))
+        given = value[topic]
+        if type(given) is tuple:
+            hit = done.get(id(given))
+            if hit is None:
+                hit = done[id(given)] = (given, tuple(sorted(set(given))))
+            parts = hit[1]
+        else:
+            parts = tuple(sorted(set(given)))
         if parts:
             out[topic] = parts
     return out
+
+
+def sorted_by_key(mapping: Mapping[int, int]) -> dict[int, int]:
+    """A plain-dict copy in key order (lags: normalized once by the decoder, once more
+    by the member state, so a mapping already in order is just copied)."""
+    keys = list(mapping)
+    ordered = sorted(keys)
+    if keys == ordered:
+        return dict(mapping)
+    return dict(zip(ordered, map(mapping.__getitem__, ordered), strict=True))
 
 
 @dataclass(frozen=True)
@@ -59,13 +85,16 @@ class MemberState:
         object.__setattr__(self, "standby", normalize_topic_partitions(self.standby))
         lag: dict[str, dict[int, int]] = {}
         for topic in sorted(self.state_lag):
-            per_partition = {int(p): int(v) for p, v in self.state_lag[topic].items()}
-            for p, v in per_partition.items():
-                if v < 0:
-                    raise InvalidScenarioError(
-                        f"member {self.member_id!r}: negative state lag {v} for {topic}[{p}]"
-                    )
-            lag[topic] = dict(sorted(per_partition.items()))
+            per_partition = self.state_lag[topic]
+            if not set(map(type, per_partition)) | set(map(type, per_partition.values())) <= _INT:
+                per_partition = {int(p): int(v) for p, v in per_partition.items()}
+            if per_partition and min(per_partition.values()) < 0:
+                for p, v in per_partition.items():
+                    if v < 0:
+                        raise InvalidScenarioError(
+                            f"member {self.member_id!r}: negative state lag {v} for {topic}[{p}]"
+                        )
+            lag[topic] = sorted_by_key(per_partition)
         object.__setattr__(self, "state_lag", lag)
         object.__setattr__(self, "tags", dict(sorted(self.tags.items())))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
+from operator import ne
 
 from streamjoin.assignor.conflicts import Claims, resolve_claims
 from streamjoin.assignor.errors import InvalidScenarioError
@@ -50,8 +51,9 @@ def assign(scenario: Scenario) -> AssignmentResult:
         chosen = standbys[g]
         if chosen is not None and target in chosen[p]:
             del plan.warmups[(g, p)]  # its standby there already restores that state
-    assignments = _expand(grouping, members, plan, standbys)
-    stats = _stats(grouping, members, claims, plan, standbys, held)
+    tasks = _tasks_by_member(grouping, len(members), plan, standbys)
+    assignments = _expand(grouping, members, plan, tasks)
+    stats = _stats(grouping, members, claims, plan, standbys, tasks, held)
     return AssignmentResult(
         assignments=assignments,
         unassigned=grouping.unassigned,
@@ -61,37 +63,62 @@ def assign(scenario: Scenario) -> AssignmentResult:
     )
 
 
+#: per group (None where nothing is assigned): each member's active tasks and standby
+#: tasks (None without standbys), ascending
+_Tasks = list[tuple[list[tuple[int, ...]], list[tuple[int, ...]] | None] | None]
+
+
+def _tasks_by_member(
+    grouping: Grouping,
+    n_members: int,
+    plan: ActivePlan,
+    standbys: Sequence[list[list[int]] | None],
+) -> _Tasks:
+    """Each member's tasks per group, built once for the output and the stats."""
+    out: _Tasks = []
+    for group in grouping.groups:
+        if not grouping.eligible[group.index] or not group.tasks:
+            out.append(None)
+            continue
+        # one list per member, in task order, plus a last one that collects UNASSIGNED (-1)
+        owned: list[list[int]] = [[] for _ in range(n_members + 1)]
+        for p, o in enumerate(plan.owners[group.index]):
+            owned[o].append(p)
+        hosted: list[tuple[int, ...]] | None = None
+        chosen = standbys[group.index]
+        if chosen is not None:
+            by_holder: list[list[int]] = [[] for _ in range(n_members)]
+            for p, holders in enumerate(chosen):
+                for i in holders:
+                    by_holder[i].append(p)
+            hosted = list(map(tuple, by_holder))
+        out.append((list(map(tuple, owned[:-1])), hosted))
+    return out
+
+
 def _expand(
     grouping: Grouping,
     members: Sequence[MemberState],
     plan: ActivePlan,
-    standbys: Sequence[list[list[int]] | None],
+    tasks: _Tasks,
 ) -> dict[str, MemberAssignment]:
     active: list[dict[str, tuple[int, ...]]] = [{} for _ in members]
     standby: list[dict[str, tuple[int, ...]]] = [{} for _ in members]
     warmup: list[dict[str, tuple[int, ...]]] = [{} for _ in members]
-    for group in grouping.groups:
-        if not grouping.eligible[group.index] or not group.tasks:
+    for group, layout in zip(grouping.groups, tasks, strict=True):
+        if layout is None:
             continue
-        per_member: dict[int, list[int]] = {}
-        for p, o in enumerate(plan.owners[group.index]):
-            if o != UNASSIGNED:
-                per_member.setdefault(o, []).append(p)
-        for i, ps in per_member.items():
-            parts = tuple(ps)
-            target = active[i]
-            for topic in group.topics:
-                target[topic] = parts
-        chosen = standbys[group.index]
-        if chosen is not None:
-            per_member = {}
-            for p, holders in enumerate(chosen):
-                for i in holders:
-                    per_member.setdefault(i, []).append(p)
-            for i, ps in per_member.items():
-                parts = tuple(sorted(ps))
+        owned, hosted = layout
+        for i, parts in enumerate(owned):
+            if parts:
+                target = active[i]
+                for topic in group.topics:
+                    target[topic] = parts
+        for i, parts in enumerate(hosted or ()):
+            if parts:
+                target = standby[i]
                 for topic in group.changelogs:
-                    standby[i][topic] = parts
+                    target[topic] = parts
     for (g, p), i in sorted(plan.warmups.items()):
         for topic in grouping.groups[g].changelogs:
             warmup[i][topic] = (*warmup[i].get(topic, ()), p)
@@ -111,6 +138,7 @@ def _stats(
     claims: Claims,
     plan: ActivePlan,
     standbys: Sequence[list[list[int]] | None],
+    tasks: _Tasks,
     held: int,
 ) -> AssignmentStats:
     moved = orphaned = 0
@@ -121,19 +149,27 @@ def _stats(
             continue
         prev = claims.owners[g]
         new = plan.owners[g]
-        orphaned += prev.count(UNASSIGNED)
-        moved += sum(1 for a, b in zip(prev, new, strict=True) if a != b and a != UNASSIGNED)
+        unclaimed = prev.count(UNASSIGNED)
+        orphaned += unclaimed
+        # counted at C speed: tasks whose owner changed, less orphans (they did not move)
+        moved += sum(map(ne, prev, new)) - unclaimed
+        if unclaimed and UNASSIGNED in new:
+            moved += sum(1 for a, b in zip(prev, new, strict=True) if a == b == UNASSIGNED)
         chosen = standbys[g]
         if chosen is not None:
-            standby_tasks += sum(len(c) for c in chosen)
-        if not group.changelogs:
+            standby_tasks += sum(map(len, chosen))
+        layout = tasks[g]
+        if not group.changelogs or layout is None:
             continue
+        owned, hosted = layout
         for i in grouping.eligible[g]:
-            for p in claimed_standbys(members[i], group):
-                if new[p] == i:
-                    promoted += 1
-                elif chosen is not None and i in chosen[p]:
-                    kept += 1
+            claimed = claimed_standbys(members[i], group)
+            if not claimed:
+                continue
+            # set operations on the member's own tasks (no lookups all over the task lists)
+            promoted += len(claimed.intersection(owned[i]))
+            if hosted is not None:
+                kept += len(claimed.intersection(hosted[i]).difference(owned[i]))
     extra = {
         "orphaned": orphaned,
         "contested": claims.contested,

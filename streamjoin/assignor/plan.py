@@ -38,6 +38,8 @@ _SCENARIO_FIELDS = frozenset(
         "members",
     }
 )
+#: the one type a list of plain integers holds
+_INT = frozenset([int])
 _MEMBER_FIELDS = frozenset(
     {
         "id",
@@ -108,13 +110,16 @@ def _partitions(
     value: Any, where: str, topics: Mapping[str, int], only: frozenset[str] | None = None
 ) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
+    #: equal lists (co-partitioned topics) become one tuple, so later steps handle it once
+    seen: dict[tuple[int, ...], tuple[int, ...]] = {}
     for topic, parts in _obj(value, where).items():
         here = f"{where}[{topic!r}]"
         if topic not in topics:
             raise _fail(where, f"unknown topic {topic!r}")
         if only is not None and topic not in only:
             raise _fail(where, f"{topic!r} is not a changelog topic")
-        out[topic] = tuple(_partition(p, here, topics[topic]) for p in _list(parts, here))
+        checked = _partition_list(_list(parts, here), here, topics[topic])
+        out[topic] = seen.setdefault(checked, checked)
     return out
 
 
@@ -123,6 +128,43 @@ def _partition(value: Any, where: str, count: int) -> int:
     if not 0 <= p < count:
         raise _fail(where, f"partition {p} out of range 0-{count - 1}")
     return p
+
+
+def _all_ints(values: list[Any]) -> bool:
+    """Plain ints only (no bools), checked at C speed: a scenario can list a million."""
+    return set(map(type, values)) <= _INT
+
+
+def _partition_list(parts: list[Any], where: str, count: int) -> tuple[int, ...]:
+    """Partition numbers in range; element by element only to name a bad one."""
+    if _all_ints(parts) and (not parts or (min(parts) >= 0 and max(parts) < count)):
+        return tuple(parts)
+    return tuple(_partition(p, where, count) for p in parts)
+
+
+def _lags(per: Mapping[str, Any], where: str, count: int) -> dict[int, int]:
+    """Partition (a decimal string key) -> lag; element by element only to name a bad one."""
+    try:
+        keys = list(map(int, per))
+    except (TypeError, ValueError):
+        keys = []
+    lags = list(per.values())
+    if (
+        len(keys) == len(lags)
+        and _all_ints(lags)
+        and (not lags or min(lags) >= 0)
+        and (not keys or (min(keys) >= 0 and max(keys) < count))
+    ):
+        return dict(zip(keys, lags, strict=True))
+    out: dict[int, int] = {}
+    for key, lag in per.items():
+        try:
+            p = int(key)
+        except (TypeError, ValueError):
+            raise _fail(where, f"partition key {key!r} is not an integer") from None
+        _partition(p, where, count)
+        out[p] = _int(lag, f"{where}[{key!r}]", 0)
+    return out
 
 
 def scenario_from_json(doc: Mapping[str, Any]) -> Scenario:
@@ -183,14 +225,7 @@ def scenario_from_json(doc: Mapping[str, Any]) -> Scenario:
                 raise _fail(f"{where}.state_lag", f"unknown topic {topic!r}")
             if topic not in only:
                 raise _fail(f"{where}.state_lag", f"{topic!r} is not a changelog topic")
-            lags[topic] = {}
-            for key, lag in _obj(per, here).items():
-                try:
-                    p = int(key)
-                except (TypeError, ValueError):
-                    raise _fail(here, f"partition key {key!r} is not an integer") from None
-                _partition(p, here, topics[topic])
-                lags[topic][p] = _int(lag, f"{here}[{key!r}]", 0)
+            lags[topic] = _lags(_obj(per, here), here, topics[topic])
         tags = {
             _str(k, f"{where}.tags"): _str(v, f"{where}.tags[{k!r}]")
             for k, v in _obj(m.get("tags", {}), f"{where}.tags").items()

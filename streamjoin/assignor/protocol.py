@@ -34,6 +34,7 @@ from streamjoin.assignor.model import (
     MemberState,
     TopicPartitions,
     normalize_topic_partitions,
+    sorted_by_key,
 )
 from streamjoin.errors import (
     MalformedUserdata,
@@ -121,7 +122,7 @@ class SubscriptionUserdata:
         object.__setattr__(self, "owned", normalize_topic_partitions(self.owned))
         lags: dict[str, dict[int, int]] = {}
         for topic in sorted(self.state_lag):
-            per_partition = dict(sorted(self.state_lag[topic].items()))
+            per_partition = sorted_by_key(self.state_lag[topic])
             if per_partition:
                 lags[topic] = per_partition
         object.__setattr__(self, "state_lag", lags)
@@ -439,14 +440,17 @@ def decode_subscription(data: bytes) -> SubscriptionUserdata:
         topic = reader.topic_ref("state_lag", topics)
         partitions = reader.set_ref(f"state_lag of {topic!r}", sets)
         per_partition = state_lag.setdefault(topic, {})
-        what = f"a state_lag value of {topic!r}"
-        for partition in partitions:
-            if partition in per_partition:
-                reader.fail(f"two state_lag values for {topic}[{partition}]")
-            lag = reader.uvarint(what)
-            if lag > MAX_LAG:
-                reader.fail(f"state_lag {lag} for {topic}[{partition}] above {MAX_LAG}")
-            per_partition[partition] = lag
+        start = reader.pos
+        lags = reader.uvarints(len(partitions))
+        if (
+            lags is None
+            or max(lags, default=0) > MAX_LAG
+            or not per_partition.keys().isdisjoint(partitions)
+        ):
+            reader.pos = start  # one by one, to name what is wrong
+            _read_lags(reader, topic, partitions, per_partition)
+        else:
+            per_partition.update(zip(partitions, lags, strict=True))
     owned = reader.inline_map("owned") if minor >= 1 else {}
     reader.finish(minor)
     return SubscriptionUserdata(
@@ -460,6 +464,20 @@ def decode_subscription(data: bytes) -> SubscriptionUserdata:
         group_instance_id=group_instance_id,
         owned=owned,
     )
+
+
+def _read_lags(
+    reader: _Reader, topic: str, partitions: tuple[int, ...], per_partition: dict[int, int]
+) -> None:
+    """Lags of ``partitions`` one by one, failing on the first that is missing or wrong."""
+    what = f"a state_lag value of {topic!r}"
+    for partition in partitions:
+        if partition in per_partition:
+            reader.fail(f"two state_lag values for {topic}[{partition}]")
+        lag = reader.uvarint(what)
+        if lag > MAX_LAG:
+            reader.fail(f"state_lag {lag} for {topic}[{partition}] above {MAX_LAG}")
+        per_partition[partition] = lag
 
 
 def decode_assignment(data: bytes) -> AssignmentUserdata:
@@ -534,12 +552,17 @@ class _Reader:
         self.body = body
         self.pos = 0
         self.partitions_decoded = 0
+        #: every non-empty partition set read so far: its encoding and the tuple
+        self.sets_read: list[tuple[bytes, tuple[int, ...]]] = []
 
     def fail(self, what: str) -> NoReturn:
         raise MalformedUserdata(f"{self.kind} userdata: {what} (at body offset {self.pos})")
 
     def uvarint(self, what: str) -> int:
         body, pos = self.body, self.pos
+        if pos < len(body) and body[pos] < 0x80:  # one byte: most counts and references
+            self.pos = pos + 1
+            return body[pos]
         result = shift = 0
         for i in range(_MAX_VARINT_BYTES):
             if pos + i >= len(body):
@@ -551,6 +574,35 @@ class _Reader:
                 return result
             shift += 7
         self.fail(f"varint for {what} longer than {_MAX_VARINT_BYTES} bytes")
+
+    def uvarints(self, n: int) -> list[int] | None:
+        """``n`` varints in a row, or None if they are not all there (the caller then
+        reads them one by one with :meth:`uvarint`, which names what is wrong).
+
+        A leader reads a lag per partition of every member: one slice when they all
+        fit in a byte (caught-up stores), else one loop without a call per value.
+        """
+        body, pos = self.body, self.pos
+        chunk = body[pos : pos + n]
+        if len(chunk) == n and max(chunk, default=0) < 0x80:
+            self.pos = pos + n
+            return list(chunk)
+        out: list[int] = []
+        value = shift = 0
+        limit = 7 * _MAX_VARINT_BYTES
+        for end, byte in enumerate(body[pos:], pos):
+            if byte < 0x80:
+                out.append(value | byte << shift)
+                if len(out) == n:
+                    self.pos = end + 1
+                    return out
+                value = shift = 0
+            else:
+                value |= (byte & 0x7F) << shift
+                shift += 7
+                if shift == limit:
+                    return None
+        return None
 
     def count(self, what: str) -> int:
         """A count of following items; each takes at least one byte, which bounds it."""
@@ -578,6 +630,7 @@ class _Reader:
         return None if length == 0 else self.raw_str(what, length - 1)
 
     def partition_set(self, what: str) -> tuple[int, ...]:
+        start = self.pos
         n = self.uvarint(f"size of {what}")
         if n == 0:
             return ()
@@ -597,10 +650,49 @@ class _Reader:
             current = out[-1]
         if current > MAX_PARTITION:
             self.fail(f"partition {current} in {what} above {MAX_PARTITION}")
-        return tuple(out)
+        parts = tuple(out)
+        self.sets_read.append((self.body[start : self.pos], parts))
+        return parts
+
+    def set_read_before(self) -> tuple[int, ...] | None:
+        """The tuple of a partition set encoded here exactly as one read before, or None.
+
+        An encoding is self-delimiting and decodes the same way each time, so the
+        bytes match only where reading them would give that tuple again. The
+        ``owned`` map repeats its set for every co-partitioned topic (and it is
+        the active set of the table): read once, the tuple is shared.
+        """
+        body, pos = self.body, self.pos
+        for raw, parts in self.sets_read:
+            if body.startswith(raw, pos):
+                if self.partitions_decoded + len(parts) > MAX_DECODED_PARTITIONS:
+                    return None  # read it, to fail where it would
+                self.partitions_decoded += len(parts)
+                self.pos = pos + len(raw)
+                return parts
+        return None
+
+    def short_text(self) -> str | None:
+        """A string whose length fits in one byte, or None (then :meth:`text` reads it and
+        says what is wrong, if anything): topic names, without building error labels."""
+        body, pos = self.body, self.pos
+        if pos >= len(body) or body[pos] >= 0x80:
+            return None
+        end = pos + 1 + body[pos]
+        if end > len(body):
+            return None
+        try:
+            value = body[pos + 1 : end].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        self.pos = end
+        return value
 
     def tables(self) -> tuple[list[str], list[tuple[int, ...]]]:
-        topics = [self.text(f"topic #{i}") for i in range(self.count("topic count"))]
+        topics: list[str] = []
+        for i in range(self.count("topic count")):
+            topic = self.short_text()
+            topics.append(self.text(f"topic #{i}") if topic is None else topic)
         if len(set(topics)) != len(topics):
             self.fail("duplicate topic name in the topic table")
         sets = [self.partition_set(f"set #{i}") for i in range(self.count("set count"))]
@@ -621,8 +713,22 @@ class _Reader:
     def topic_map(
         self, what: str, topics: list[str], sets: list[tuple[int, ...]]
     ) -> dict[str, tuple[int, ...]]:
-        out: dict[str, tuple[int, ...]] = {}
-        for _ in range(self.count(f"{what} topic count")):
+        count = self.count(f"{what} topic count")
+        # the usual case at once: one-byte references, in range, no topic twice
+        refs = self.body[self.pos : self.pos + 2 * count]
+        if (
+            len(refs) == 2 * count
+            and max(refs, default=0) < 0x80
+            and max(refs[::2], default=0) < len(topics)
+            and max(refs[1::2], default=0) < len(sets)
+        ):
+            names = map(topics.__getitem__, refs[::2])
+            out = dict(zip(names, map(sets.__getitem__, refs[1::2]), strict=True))
+            if len(out) == count:
+                self.pos += 2 * count
+                return out
+        out = {}
+        for _ in range(count):
             topic = self.topic_ref(what, topics)
             if topic in out:
                 self.fail(f"duplicate topic {topic!r} in {what}")
@@ -632,10 +738,13 @@ class _Reader:
     def inline_map(self, what: str) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}
         for _ in range(self.count(f"{what} topic count")):
-            topic = self.text(f"topic name in {what}")
+            topic = self.short_text()
+            if topic is None:
+                topic = self.text(f"topic name in {what}")
             if topic in out:
                 self.fail(f"duplicate topic {topic!r} in {what}")
-            out[topic] = self.partition_set(f"{what} of {topic!r}")
+            parts = self.set_read_before()
+            out[topic] = self.partition_set(f"{what} of {topic!r}") if parts is None else parts
         return out
 
     def finish(self, minor: int) -> None:

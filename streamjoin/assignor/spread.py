@@ -19,7 +19,7 @@ are per group, over the group's eligible members.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 class _Owner:
@@ -122,6 +122,33 @@ class Spread:
             state.at_level -= 1
             if not state.at_level:
                 self._relevel(a, state)
+        return True
+
+    def keep_all(self, picks: Mapping[int, Mapping[int, int]]) -> bool:
+        """Keep every one of ``picks`` (owner -> holder -> how many more) if ``keep``
+        would take each of them, whatever the order; else keep none and say so.
+
+        For the keep phase's bulk path: ``keep`` takes all of them exactly when no
+        holder ends above the owner's quota + 1, none already is above the quota,
+        and the holders reaching quota + 1 fit in the owner's ``extra``.
+        """
+        for a, adds in picks.items():
+            state = self._owners.get(a) or self._owner(a)
+            mine = self._pairs.get(a) or {}
+            crossing = 0
+            for j, more in adds.items():
+                after = mine.get(j, 0) + more
+                if after > state.quota + 1:
+                    return False
+                if after == state.quota + 1:
+                    crossing += 1
+            if state.over + crossing > state.extra:
+                return False
+        for a, adds in picks.items():
+            mine = self._pairs.setdefault(a, {})
+            for j, more in adds.items():
+                mine[j] = mine.get(j, 0) + more
+            del self._owners[a]  # its level and holders above quota: found again when asked
         return True
 
     def add(self, a: int, j: int) -> None:

@@ -34,7 +34,10 @@ combinations; no loop over members x tasks.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import compress, repeat
+from operator import ne
 
 from streamjoin.assignor.conflicts import NO_CLAIM, Claims
 from streamjoin.assignor.grouping import Group, Grouping
@@ -152,16 +155,31 @@ def _assign_group(
     lo, extra = divmod(k * n, len(eligible))
     load = [0] * len(members)
     tags = TagRule(members, eligible, k)
-    chosen: list[list[int]] = [[] for _ in range(n)]
-    candidates = _state_candidates(group, eligible, members, prev_active, active)
+    single, several = _state_candidates(group, eligible, members, prev_active, active)
 
     # Keep phase: state holders first, in task order, smallest lag first, within balance
     # (floor for everyone, the `extra` +1 slots to whoever fills them first), tag spread
-    # and the owner's spread.
+    # and the owner's spread. Unless balance, tags or the owners' spread get in the way,
+    # each task keeps its best k (counted in bulk).
     check_tags = tags.active
+    kept = None if check_tags else _keep_unconstrained(single, several, k, lo, extra)
+    if kept is not None and not spread.keep_all(_picks_by_owner(single, several, k, active)):
+        kept = None
+    if kept is not None:
+        counts, over = kept
+        chosen = [[] if i is None else [i] for i in map(single.get, range(n))]
+        for p, ranked in several.items():
+            chosen[p].extend(i for _, i in ranked[:k])
+        for i, c in counts.items():
+            load[i] = c
+            global_load[i] += c
+        extra -= over
+    else:
+        chosen = [[] for _ in range(n)]
     keep = spread.keep
-    for p in sorted(candidates):
-        ranked = candidates[p]
+    in_order = sorted(single.keys() | several.keys()) if kept is None else []
+    for p in in_order:
+        ranked = several.get(p) or [(0, single[p])]  # alone, its lag does not matter
         if len(ranked) > 1:
             ranked.sort()
         a = active[p]
@@ -211,13 +229,14 @@ def _assign_group(
         heapq.heapify(heap)
         for entry in heap:
             bucket_of[entry[3]] = heap
-    single = buckets[0][1] if len(buckets) == 1 and not tags.active else None
-    for p in range(n):
+    plain = buckets[0][1] if len(buckets) == 1 and not tags.active else None
+    # only the tasks still short of k standbys, in task order
+    for p in compress(range(n), map(k.__gt__, map(len, chosen))):
         mine = chosen[p]
         a = active[p]
         while len(mine) < k:
-            if single is not None:
-                i = _pick_plain(single, a, mine, has_room, spread)
+            if plain is not None:
+                i = _pick_plain(plain, a, mine, has_room, spread)
             else:
                 i = _pick(buckets, a, mine, tags, has_room, spread)
             heapq.heappush(bucket_of[i], take(i, p))
@@ -227,53 +246,127 @@ def _assign_group(
     return chosen
 
 
+#: per task, its state candidates: the member where there is one, (lag, member) where several
+_Candidates = tuple[dict[int, int], dict[int, list[tuple[int, int]]]]
+
+
 def _state_candidates(
     group: Group,
     eligible: Sequence[int],
     members: Sequence[MemberState],
     prev_active: Sequence[int],
     active: Sequence[int],
-) -> dict[int, list[tuple[int, int]]]:
-    """Per task, (lag, member) of members that likely hold its state.
+) -> _Candidates:
+    """Per task, (lag, member) of members other than its active that likely hold its state.
 
     Previous standby holders, members reporting a lag, and the previous active
     owner when it loses the active (lag 0 unless reported). A holder that reports
-    no lag ranks after every reported lag.
+    no lag ranks after every reported lag. The task's active is left out (it
+    cannot be its own standby). Tasks with a single candidate, the usual case,
+    are kept apart from those with several, and their lag is looked up only once
+    a second candidate turns up, so that each member's candidates are merged
+    with a few dict and set operations instead of a loop per task.
     """
     n = group.tasks
-    out: dict[int, list[tuple[int, int]]] = {}
+    single: dict[int, int] = {}
+    several: dict[int, list[tuple[int, int]]] = {}
     changelogs = group.changelogs
     for i in eligible:
         m = members[i]
-        claimed = claimed_standbys(m, group)
+        keys = claimed_standbys(m, group)
         reported = [m.state_lag[t] for t in changelogs if t in m.state_lag]
-        if not reported and not claimed:
+        if not reported and not keys:
             continue
-        keys: set[int] = set(claimed)
         for lags in reported:
             keys.update(lags.keys())
-        if len(reported) == 1:
-            only = reported[0]
-            for p in keys:
-                if p < n:
-                    entry = (only.get(p, _UNKNOWN_LAG), i)
-                    got = out.get(p)
-                    if got is None:
-                        out[p] = [entry]
-                    else:
-                        got.append(entry)
-        else:
-            for p in keys:
-                if p < n:
-                    parts = [lags[p] for lags in reported if p in lags]
-                    entry = (sum(parts) if parts else _UNKNOWN_LAG, i)
-                    out.setdefault(p, []).append(entry)
+        if keys and max(keys) >= n:
+            keys = {p for p in keys if p < n}
+        not_active = compress(keys, map(ne, map(active.__getitem__, keys), repeat(i)))
+        entries = dict.fromkeys(not_active, i)
+        if several:
+            for p in entries.keys() & several.keys():
+                del entries[p]
+                several[p].append((_candidate_lag(m, changelogs, p), i))
+        for p in entries.keys() & single.keys():
+            del entries[p]
+            j = single.pop(p)
+            several[p] = [
+                (_candidate_lag(members[j], changelogs, p), j),
+                (_candidate_lag(m, changelogs, p), i),
+            ]
+        single.update(entries)
     eligible_set = set(eligible)
-    for p, (o, a) in enumerate(zip(prev_active, active, strict=True)):
-        if o != a and o != NO_CLAIM and o in eligible_set:
-            got = out.setdefault(p, [])
+    for p in compress(range(n), map(ne, prev_active, active)):
+        o = prev_active[p]
+        if o == NO_CLAIM or o not in eligible_set:
+            continue
+        got = several.get(p)
+        if got is not None:
             if all(j != o for _, j in got):
                 got.append((0, o))
+            continue
+        one = single.get(p)
+        if one is None:
+            single[p] = o
+        elif one != o:
+            del single[p]
+            several[p] = [(_candidate_lag(members[one], changelogs, p), one), (0, o)]
+    return single, several
+
+
+def _candidate_lag(member: MemberState, changelogs: Sequence[str], p: int) -> int:
+    """Task p's lag on a candidate: the sum of what it reports, else unknown."""
+    reported = member.state_lag
+    parts = [reported[t][p] for t in changelogs if t in reported and p in reported[t]]
+    return sum(parts) if parts else _UNKNOWN_LAG
+
+
+def _keep_unconstrained(
+    single: Mapping[int, int],
+    several: Mapping[int, list[tuple[int, int]]],
+    k: int,
+    lo: int,
+    extra: int,
+) -> tuple[Counter[int], int] | None:
+    """Picks per member if every task could keep its best ``k`` candidates, else None.
+
+    When no member would get more than ``lo + 1`` and at most ``extra`` would get
+    ``lo + 1``, the keep phase never refuses a candidate for balance, so (without
+    tags) its result is each task's best ``k``: counted here in bulk instead of
+    task by task. Sorts ``several`` in place. Returns the counts and how many
+    members use a ``+1`` slot.
+    """
+    counts: Counter[int] = Counter(single.values())
+    for ranked in several.values():
+        ranked.sort()
+        counts.update(i for _, i in ranked[:k])
+    if not counts:
+        return counts, 0
+    if max(counts.values()) > lo + 1:
+        return None
+    over = sum(1 for c in counts.values() if c > lo)
+    return (counts, over) if over <= extra else None
+
+
+def _picks_by_owner(
+    single: Mapping[int, int],
+    several: Mapping[int, list[tuple[int, int]]],
+    k: int,
+    active: Sequence[int],
+) -> dict[int, dict[int, int]]:
+    """Each task's best ``k`` candidates (``several`` sorted), counted per active owner."""
+    out: dict[int, dict[int, int]] = {}
+    for p, i in single.items():
+        a = active[p]
+        got = out.get(a)
+        if got is None:
+            out[a] = {i: 1}
+        else:
+            got[i] = got.get(i, 0) + 1
+    for p, ranked in several.items():
+        got = out.setdefault(active[p], {})
+        for _, i in ranked[:k]:
+            got[i] = got.get(i, 0) + 1
     return out
 
 
