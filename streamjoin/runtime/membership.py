@@ -434,9 +434,7 @@ class GroupMembership:
                 await self._lose_all("the group no longer knows this member id")
                 self.member_id = ""
                 continue
-            if code == _Code.FENCED_INSTANCE_ID:
-                await self._lose_all("fenced by another worker with the same instance id")
-            self._check_common(code, "JoinGroup")
+            await self._check_common(code, "JoinGroup")
             self.metrics.failed(self._clock())
             self._rejoin.set()
             raise _Rejoin()
@@ -483,9 +481,7 @@ class GroupMembership:
             if code == _Code.UNKNOWN_MEMBER_ID:
                 self._forget_member_id()
         else:
-            if code == _Code.FENCED_INSTANCE_ID:
-                await self._lose_all("fenced by another worker with the same instance id")
-            self._check_common(code, "SyncGroup")
+            await self._check_common(code, "SyncGroup")
         self.metrics.failed(self._clock())
         self._rejoin.set()
         raise _Rejoin()
@@ -558,11 +554,13 @@ class GroupMembership:
         self.metrics.lost.add(self._clock() - started)
         self.metrics.partitions_lost_total += len(lost)
 
-    def _check_common(self, code: _Code | int, what: str) -> None:
-        """Raise for errors every group request handles the same way."""
+    async def _check_common(self, code: _Code | int, what: str) -> None:
+        """Raise for errors every group request handles the same way (a fenced member
+        loses its partitions first)."""
         if code in _COORDINATOR_GONE:
             raise _CoordinatorLost(f"{what}: {_code_name(code)}")
         if code == _Code.FENCED_INSTANCE_ID:
+            await self._lose_all("fenced by another worker with the same instance id")
             raise FencedInstanceError(
                 f"another worker joined group {self.settings.group_id!r} with this worker's "
                 f"group_instance_id {self.settings.group_instance_id!r}; this one stops"
@@ -647,10 +645,8 @@ class GroupMembership:
             await self._lose_all(f"heartbeat answered {_code_name(code)}")
             self._rejoin.set()
             return False
-        if code == _Code.FENCED_INSTANCE_ID:
-            await self._lose_all("fenced by another worker with the same instance id")
         try:
-            self._check_common(code, "Heartbeat")
+            await self._check_common(code, "Heartbeat")
         except _CoordinatorLost:
             self._forget_coordinator()
         except GroupMembershipError as exc:
