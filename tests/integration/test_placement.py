@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,13 +37,10 @@ EVENTS = [(KEYS[(i * 7) % len(KEYS)], f"e{i}") for i in range(3000)]
 
 
 @pytest.fixture
-def counters(
-    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
-) -> Iterator[Workers]:
-    group = counter_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS)
-    group.env["SJT_STANDBYS"] = "1"
-    yield group
-    group.close()
+def counters(counters: Workers) -> Workers:
+    """The shared counter workers (conftest), with one standby replica."""
+    counters.env["SJT_STANDBYS"] = "1"
+    return counters
 
 
 class Group:

@@ -24,11 +24,10 @@ import json
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from examples.ad_traffic import GRACE_MS, Traffic, generate
@@ -38,7 +37,6 @@ from streamjoin.runtime.group_info import describe_group
 from tests.integration.support import (
     Workers,
     committed_offsets,
-    counter_workers,
     join_workers,
     produce_traffic,
     read_all,
@@ -142,15 +140,6 @@ async def sample_progress(
 
 
 # ------------------------------------------------------------- 1: no double counting
-
-
-@pytest.fixture
-def counters(
-    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
-) -> Iterator[Workers]:
-    group = counter_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS)
-    yield group
-    group.close()
 
 
 async def test_clean_rebalances_never_count_an_event_twice(

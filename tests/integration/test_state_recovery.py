@@ -13,17 +13,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import pytest
 
 from streamjoin.partitioner import partition_for_key
 from tests.integration.support import (
     ROOT,
     Workers,
     committed_offsets,
-    counter_workers,
     produce,
     read_all,
     sizes,
@@ -32,15 +27,6 @@ from tests.integration.support import (
 
 PARTITIONS = 4
 KEYS = [f"user-{i}" for i in range(12)]
-
-
-@pytest.fixture
-def counters(
-    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
-) -> Iterator[Workers]:
-    group = counter_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS)
-    yield group
-    group.close()
 
 
 def latest_counts(records: list[tuple[str, str, dict[str, bytes]]]) -> dict[str, int]:
