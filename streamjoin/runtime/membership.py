@@ -64,6 +64,7 @@ from aiokafka.protocol.group import (
 
 from streamjoin.assignor.cooperative import partition_changes
 from streamjoin.errors import FencedInstanceError, GroupMembershipError
+from streamjoin.runtime.assignor_adapter import known_partitions
 from streamjoin.runtime.rebalance_metrics import RebalanceMetrics, RebalanceRecord
 
 log = logging.getLogger("streamjoin.membership")
@@ -452,17 +453,12 @@ class GroupMembership:
         return [(member_id, a.encode()) for member_id, a in result.items()]
 
     async def _partition_counts(self, topics: list[str]) -> dict[str, int]:
-        cluster = self._client.cluster
-        if any(not cluster.partitions_for_topic(t) for t in topics):
+        """Partition counts of the topics the cluster knows (metadata refreshed if needed)."""
+        if any(not self._client.cluster.partitions_for_topic(t) for t in topics):
             for topic in topics:
                 self._client.add_topic(topic)
             await self._client.force_metadata_update()
-        out: dict[str, int] = {}
-        for topic in topics:
-            partitions = self._client.cluster.partitions_for_topic(topic)
-            if partitions:
-                out[topic] = len(partitions)
-        return out
+        return known_partitions(self._client.cluster, topics)
 
     async def _sync(self, assignments: list[tuple[str, bytes]]) -> ConsumerProtocolMemberAssignment:
         request = SyncGroupRequest(
