@@ -1,12 +1,13 @@
-"""Plugs the pure assignor into aiokafka's client-side assignment.
+"""Plugs the pure assignor into the consumer group protocol (our membership service).
 
-aiokafka calls :meth:`StreamjoinAssignor.metadata` when joining (our
-subscription userdata: what this worker owned, its epoch, lags, capacity,
-tags, instance id), :meth:`assign` on the elected leader (decode every member,
-run :func:`streamjoin.assignor.assign`, validate, encode), and
-:meth:`on_assignment` on every member (remember the new epoch, active and
-standby partitions for the next join). aiokafka rebalances eagerly; an
-instance is accepted where it expects an assignor class.
+The membership service (:mod:`streamjoin.runtime.membership`) calls
+:meth:`StreamjoinAssignor.metadata` when joining (our subscription userdata:
+what this worker claims and owns, its epoch, lags, capacity, tags, instance
+id), :meth:`~StreamjoinAssignor.assign_members` on the elected leader (decode
+every member, run :func:`streamjoin.assignor.assign`, validate, withhold moving
+tasks under the cooperative protocol, encode), and
+:meth:`~StreamjoinAssignor.on_assignment` on every member (remember the new
+epoch, standby, pending and warmup partitions for the next join).
 
 Every decision the leader makes is a small function of its own, tested without
 a broker: :func:`read_subscription` (unreadable or incompatible userdata: the
@@ -31,17 +32,15 @@ sends (:func:`compute_assignment`):
   leader sends :func:`~streamjoin.assignor.fallback_assignment` (previous owners
   keep their tasks, orphans go to the least loaded member), itself validated.
 
-The leader does not raise from :meth:`assign` for these, although that is the
-obvious way to "fail loudly": aiokafka 0.14 wraps the exception in a
-``KafkaError`` (``CoordinatorGroupRebalance._on_join_leader``), never sends
-SyncGroup, and hands the error to the next ``getmany`` of the leader (which
-stops our fetch loop) while the other members wait in SyncGroup until the
-leader's session times out. The next leader then computes the same result from
-the same input (the assignor is deterministic) and fails the same way: the
-group would never get an assignment. Only when the fallback too is unsafe (the
-grouping itself is broken) does :meth:`assign` raise
-:class:`~streamjoin.assignor.InvalidAssignmentError`, as nothing safe is left
-to send.
+The leader does not raise for these, although that is the obvious way to
+"fail loudly": a leader that sends no SyncGroup leaves the other members
+waiting until its session times out, and the next leader computes the same
+result from the same input (the assignor is deterministic) and fails the same
+way: the group would never get an assignment. Only when the fallback too is
+unsafe (the grouping itself is broken) does
+:meth:`~StreamjoinAssignor.assign_members` raise
+:class:`~streamjoin.assignor.InvalidAssignmentError` (the worker stops with it),
+as nothing safe is left to send.
 
 What a worker owned is also saved to ``<state_dir>/membership.json`` after
 each assignment, so a restarted process claims its previous tasks (at its old
@@ -60,7 +59,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiokafka.cluster import ClusterMetadata
-from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
@@ -165,18 +163,11 @@ def resolve_member_ids(members: Iterable[tuple[str, str | None]]) -> dict[str, s
     return out
 
 
-def member_states(
-    members: Mapping[str, ConsumerProtocolMemberMetadata],
-) -> tuple[list[MemberState], dict[str, str]]:
-    """The assignor's view of every member, and assignor member id -> Kafka member id."""
-    states, ids, _owned = read_members(members)
-    return states, ids
-
-
 def read_members(
     members: Mapping[str, ConsumerProtocolMemberMetadata],
 ) -> tuple[list[MemberState], dict[str, str], dict[str, TopicPartitions]]:
-    """:func:`member_states`, plus what each member (assignor id) processes right now."""
+    """The assignor's view of every member, assignor member id -> Kafka member id, and
+    what each member (assignor id) processes right now."""
     userdata = {k: read_subscription(k, members[k].user_data) for k in sorted(members)}
     ids = resolve_member_ids((k, u.group_instance_id) for k, u in userdata.items())
     states = [
@@ -380,8 +371,8 @@ def write_membership(path: Path, membership: Membership) -> None:
         log.warning("could not save %s: %s", path, exc)
 
 
-class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
-    """aiokafka assignor backed by :mod:`streamjoin.assignor`."""
+class StreamjoinAssignor:
+    """The group's assignor, backed by :mod:`streamjoin.assignor`."""
 
     def __init__(
         self,
@@ -436,10 +427,6 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             group_instance_id=config.group_instance_id,
             membership_file=config.state_path / "membership.json",
         )
-
-    @property
-    def name(self) -> str:
-        return ASSIGNOR_NAME
 
     # -- member side
 
@@ -496,15 +483,6 @@ class StreamjoinAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         return out
 
     # -- leader side
-
-    def assign(
-        self,
-        cluster: ClusterMetadata,
-        members: Mapping[str, ConsumerProtocolMemberMetadata],
-    ) -> dict[str, ConsumerProtocolMemberAssignment]:
-        """The eager assignment, with partition counts from aiokafka's cluster metadata."""
-        topics = {t for m in members.values() for t in m.subscription}
-        return self.assign_members(known_partitions(cluster, topics), members, cooperative=False)
 
     def assign_members(
         self,

@@ -64,7 +64,7 @@ from aiokafka.protocol.group import (
 
 from streamjoin.assignor.cooperative import partition_changes
 from streamjoin.errors import FencedInstanceError, GroupMembershipError
-from streamjoin.runtime.assignor_adapter import known_partitions
+from streamjoin.runtime.assignor_adapter import ASSIGNOR_NAME, known_partitions
 from streamjoin.runtime.rebalance_metrics import RebalanceMetrics, RebalanceRecord
 
 log = logging.getLogger("streamjoin.membership")
@@ -80,7 +80,8 @@ __all__ = [
 
 TP = tuple[str, int]
 
-EAGER_PROTOCOL = "streamjoin"
+#: the assignor's name in every earlier (eager, aiokafka-based) version: kept for upgrades
+EAGER_PROTOCOL = ASSIGNOR_NAME
 COOPERATIVE_PROTOCOL = "streamjoin-cooperative"
 PROTOCOL_TYPE = "consumer"
 

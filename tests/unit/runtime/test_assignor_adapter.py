@@ -54,6 +54,7 @@ from streamjoin.runtime.assignor_adapter import (
     read_subscription,
     resolve_member_ids,
 )
+from streamjoin.runtime.membership import EAGER_PROTOCOL
 
 JOIN = ["clicks", "impressions"]
 CHANGELOG = "app-join-changelog"
@@ -85,6 +86,17 @@ def join_assignor(**kwargs: object) -> StreamjoinAssignor:
         changelog_topics=[CHANGELOG],
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def eager(
+    assignor: StreamjoinAssignor,
+    cluster: ClusterMetadata,
+    members: Mapping[str, ConsumerProtocolMemberMetadata],
+) -> dict[str, ConsumerProtocolMemberAssignment]:
+    """The leader's eager assignment, partition counts from ``cluster`` as the leader reads
+    them."""
+    topics = {t for m in members.values() for t in m.subscription}
+    return assignor.assign_members(known_partitions(cluster, topics), members, cooperative=False)
 
 
 def consumed(out: Mapping[str, ConsumerProtocolMemberAssignment]) -> dict[str, dict[str, set[int]]]:
@@ -145,7 +157,7 @@ def test_a_member_with_unreadable_userdata_still_gets_work(
         "k2": meta(SUBSCRIBED, b"\x00not ours"),
     }
     with caplog.at_level(logging.WARNING, LOGGER):
-        out = join_assignor().assign(cluster(**CLUSTER), members)
+        out = eager(join_assignor(), cluster(**CLUSTER), members)
     got = consumed(out)
     assert len(got["k2"]["clicks"]) == 2  # balanced: it claims nothing, but takes its share
     assert got["k1"]["clicks"] < set(owned["clicks"])  # k1 keeps the rest of what it owned
@@ -179,7 +191,7 @@ def test_duplicate_instance_ids_both_get_their_own_work() -> None:
     members = {
         k: meta(SUBSCRIBED, SubscriptionUserdata(group_instance_id="same")) for k in ("k1", "k2")
     }
-    out = join_assignor().assign(cluster(**CLUSTER), members)
+    out = eager(join_assignor(), cluster(**CLUSTER), members)
     got = consumed(out)
     assert set(out) == {"k1", "k2"}
     assert got["k1"]["clicks"] and got["k2"]["clicks"]
@@ -223,7 +235,7 @@ def test_a_join_stays_co_partitioned_while_its_changelog_does_not_exist() -> Non
         "k1": meta(SUBSCRIBED, SubscriptionUserdata(1, {"clicks": (0, 1), "impressions": (2, 3)})),
         "k2": meta(SUBSCRIBED, SubscriptionUserdata(1, {"clicks": (2, 3), "impressions": (0, 1)})),
     }
-    out = join_assignor().assign(cluster(clicks=4, impressions=4), members)
+    out = eager(join_assignor(), cluster(clicks=4, impressions=4), members)
     for parts in consumed(out).values():
         assert parts["clicks"] == parts["impressions"]
 
@@ -237,7 +249,7 @@ def test_changelogs_are_restored_not_consumed_and_standbys_travel_in_userdata() 
         "k1": meta(SUBSCRIBED, SubscriptionUserdata(generation=2)),
         "k2": meta(SUBSCRIBED, SubscriptionUserdata(generation=6)),
     }
-    out = assignor.assign(cluster(**CLUSTER), members)
+    out = eager(assignor, cluster(**CLUSTER), members)
     for kafka_id, a in out.items():
         topics = {t for t, _ in a.assignment}
         assert topics == set(JOIN), kafka_id
@@ -388,7 +400,7 @@ def test_metadata_reports_lags_capacity_tags_host_and_instance_id() -> None:
         host="10.0.0.7:6066",
         group_instance_id="worker-7",
     )
-    assert worker.name == "streamjoin"
+    assert EAGER_PROTOCOL == "streamjoin"  # what earlier versions offer: upgrades need it
 
 
 # --------------------------------------------------------------------------- validation
@@ -414,7 +426,7 @@ def test_every_assignment_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(assignor_adapter, "find_violations", spy)
     assignor = join_assignor()
     for _ in range(2):
-        assignor.assign(cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
+        eager(assignor, cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
     assert len(seen) == 2
 
 
@@ -434,7 +446,7 @@ def test_an_unsafe_result_is_caught_and_the_fallback_sent(
 
     monkeypatch.setattr(assignor_adapter, "assign", broken)
     with caplog.at_level(logging.ERROR, LOGGER):
-        out = join_assignor().assign(cluster(**CLUSTER), previous_owners(k1=[0, 1, 2], k2=[3]))
+        out = eager(join_assignor(), cluster(**CLUSTER), previous_owners(k1=[0, 1, 2], k2=[3]))
     assert "breaks rule duplicate_active (unsafe)" in caplog.text
     assert "breaks rule split_task (unsafe)" in caplog.text
     assert "sending the fallback assignment" in caplog.text
@@ -461,7 +473,7 @@ def test_a_result_that_is_only_worse_than_promised_is_sent(
 
     monkeypatch.setattr(assignor_adapter, "assign", lopsided)
     with caplog.at_level(logging.ERROR, LOGGER):
-        out = join_assignor().assign(cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
+        out = eager(join_assignor(), cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
     assert owners(out, "clicks") == ["k1"] * 4
     assert "breaks rule unbalanced:" in caplog.text
     assert "sending the assignment for epoch 2 anyway" in caplog.text
@@ -476,7 +488,7 @@ def test_an_assignor_that_raises_falls_back(
 
     monkeypatch.setattr(assignor_adapter, "assign", crash)
     with caplog.at_level(logging.ERROR, LOGGER):
-        out = join_assignor().assign(cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
+        out = eager(join_assignor(), cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
     assert owners(out, "clicks") == ["k1", "k1", "k2", "k2"]
     assert "assignor failed for epoch 2: RuntimeError('bug')" in caplog.text
 
@@ -489,7 +501,7 @@ def test_nothing_is_sent_when_even_the_fallback_is_unsafe(monkeypatch: pytest.Mo
     monkeypatch.setattr(assignor_adapter, "assign", broken)
     monkeypatch.setattr(assignor_adapter, "fallback_assignment", broken)
     with pytest.raises(InvalidAssignmentError) as info:
-        join_assignor().assign(cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
+        eager(join_assignor(), cluster(**CLUSTER), previous_owners(k1=[0, 1], k2=[2, 3]))
     assert ViolationCode.MISSING_ACTIVE in info.value.codes
 
 
