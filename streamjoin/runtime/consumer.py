@@ -162,6 +162,9 @@ class KafkaConsumerService(Service):
         self._delivered_to: dict[TopicPartition, int] = {}
         #: bumped whenever the fetcher's assignment changes (a batch fetched before is stale)
         self._fetch_epoch = 0
+        #: revoked or lost partitions still in the fetcher's assignment, paused until the
+        #: next assignment replaces it (they may come back, and must then start afresh)
+        self._dropped: set[TopicPartition] = set()
 
     @property
     def assigned(self) -> set[tuple[str, int]]:
@@ -403,7 +406,9 @@ class KafkaConsumerService(Service):
         consumer = self._consumer
         if consumer is not None:
             assigned = consumer.assignment()
-            consumer.pause(*(tp for tp in gone if tp in assigned))
+            dropped = [tp for tp in gone if tp in assigned]
+            consumer.pause(*dropped)
+            self._dropped.update(dropped)
         if self._on_revoke is not None:
             self._on_revoke(tasks)
 
@@ -414,9 +419,10 @@ class KafkaConsumerService(Service):
         if consumer is None:
             return
         tps = {TopicPartition(*tp) for tp in owned}
-        if tps == consumer.assignment():
+        if tps == consumer.assignment() and not self._dropped:
             return  # unchanged (a probing rebalance): keep the fetcher's buffers and positions
         self._fetch_epoch += 1
+        self._dropped.clear()
         consumer.assign(sorted(tps))
         for tp in tps:
             start = self._delivered_to.get(tp, committed.get((tp.topic, tp.partition)))

@@ -153,6 +153,21 @@ def test_a_revocation_leaves_the_kept_partitions_fetch_positions_alone() -> None
     assert service.assigned == {("imp", 0)}
 
 
+def test_partitions_revoked_and_assigned_again_are_fetched_again() -> None:
+    # An eager rebalance revokes everything and may give the same partitions back: the
+    # fetcher's assignment then looks unchanged, but the revoked partitions are paused.
+    service = _service(_Runtime())
+    both = {TopicPartition("imp", 0), TopicPartition("clk", 0)}
+    fetcher = _Fetcher(both)
+    service._consumer = fetcher  # type: ignore[assignment]
+    service._assigned = frozenset({("imp", 0), ("clk", 0)})
+    service._drop(frozenset({("imp", 0), ("clk", 0)}), [])
+    fetcher.calls.clear()
+    service._fetch({("imp", 0), ("clk", 0)}, {("imp", 0): 3, ("clk", 0): 4})
+    assert fetcher.calls[0] == ("assign", sorted(both))
+    assert ("seek", (TopicPartition("imp", 0), 3)) in fetcher.calls
+
+
 def test_an_assignment_starts_new_partitions_at_the_committed_offset() -> None:
     service = _service(_Runtime())
     fetcher = _Fetcher(set())
