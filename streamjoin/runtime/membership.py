@@ -614,7 +614,10 @@ class GroupMembership:
         (a rebalance in progress still counts: the member keeps its partitions until it
         revokes them itself)."""
         generation = self.generation
-        if generation < 0 or not self.member_id:
+        if generation < 0 or not self.member_id or self._joining:
+            # While a JoinGroup is in flight the broker may already be at the next
+            # generation: an ILLEGAL_GENERATION then would be about our own join, not a
+            # removal. Not in good standing for a commit either: the next one retries.
             return False
         request = HeartbeatRequest(self.settings.group_id, generation, self.member_id)
         try:
@@ -623,8 +626,8 @@ class GroupMembership:
             log.debug("heartbeat failed: %s", exc)
             self._forget_coordinator()
             return False
-        if generation != self.generation:
-            return False  # a join completed meanwhile: this answer is about the old one
+        if generation != self.generation or self._joining:
+            return False  # a join began or completed meanwhile: the answer is about the old one
         code = _code(response.error_code)
         if code == _Code.NONE:
             self._last_heartbeat_ok = self._clock()

@@ -922,3 +922,21 @@ async def test_leave_sends_leave_group_for_dynamic_members_only(
             assert m.membership.member_id == "" and m.membership.generation == -1
         else:
             assert leaves == []  # a static member keeps its partitions for its restart
+
+
+async def test_a_heartbeat_answered_during_a_join_is_not_taken_for_a_removal(
+    make_member: Callable[..., Member],
+) -> None:
+    """A commit's membership check can heartbeat while our own JoinGroup is in flight; the
+    broker may already be at the next generation and answer ILLEGAL_GENERATION. Taking
+    that for a removal lost the partitions (and replayed them) in a clean rebalance."""
+    m = make_member()
+    m.client.script(JoinGroupRequest, join_ok())
+    m.client.script(SyncGroupRequest, sync_ok([0, 1]))
+    await assigned(m, [0, 1])
+    m.membership.request_rejoin("test")  # the next JoinGroup has no script: it is held
+    await eventually(lambda: len(m.joins()) == 2)
+    m.client.script(HeartbeatRequest, heartbeat(ILLEGAL_GENERATION))
+    assert await m.membership.heartbeat() is False  # no commit now
+    assert not [e for e in m.listener.events if e[0] == "lost"]
+    assert m.membership.owned == {(TOPIC, 0), (TOPIC, 1)}
