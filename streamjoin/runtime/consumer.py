@@ -202,6 +202,7 @@ class KafkaConsumerService(Service):
         sends, commit, leave the group (static members stay), close the clients."""
         await self._stop_futures()  # cancels the fetch and commit loops
         if self.membership is not None:
+            await self.membership.settle(min(10.0, self.settings.rebalance_timeout_ms / 1000))
             await self.membership.stop()
         await self.processing.stop()
         if self.membership is not None:

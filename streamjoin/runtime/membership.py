@@ -258,6 +258,15 @@ class GroupMembership:
                 await task
         self._tasks = []
 
+    async def settle(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for a rebalance in progress to complete, so that
+        a stopping worker commits at the group's current generation: a commit sent at the
+        previous one is refused, and its events would be processed again by the next owner."""
+        deadline = self._clock() + timeout
+        # polled: "settled" spans two states kept by different tasks, and this runs once
+        while (self._joining or self.metrics.in_progress) and self._clock() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
     async def leave(self) -> None:
         """Leave the group so that it rebalances now; static members stay (their session
         keeps their partitions for a restart with the same instance id)."""
