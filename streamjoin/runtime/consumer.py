@@ -215,6 +215,13 @@ class KafkaConsumerService(Service):
             client, self._client = self._client, None
             await client.close()
 
+    async def crash(self, reason: BaseException) -> None:
+        """A loop of this service failed: the worker stops with the error (a supervisor
+        restarts it) rather than stay in the group, heartbeating, with partitions that
+        nothing processes or commits any more."""
+        await super().crash(reason)
+        self._on_fatal(reason)
+
     async def on_stop(self) -> None:
         if self._consumer is not None or self.membership is not None:
             await self.shutdown()

@@ -26,7 +26,7 @@ from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
 from streamjoin.runtime.offsets import TopicPartition
 from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.tasks import Task, TaskManager, TaskState
 
 log = logging.getLogger("streamjoin.processing")
 
@@ -123,6 +123,12 @@ class TaskProcessing:
             if self._flush_tables is not None:
                 # State and changelog first, then the source offsets (at-least-once).
                 await self._flush_tables(chosen)
+                # A task lost meanwhile (the member was fenced) had its flush skipped:
+                # nothing of it is committed either.
+                lost = {
+                    tp for t in chosen if t.state is TaskState.LOST for tp in t.source_partitions
+                }
+                positions = {tp: p for tp, p in positions.items() if tp not in lost}
             if not positions:
                 return {}
             if not await self._commit_offsets(positions):
@@ -152,6 +158,10 @@ class TaskProcessing:
                     ", ".join(self.runtime.busy_with(tasks)) or "sends not acknowledged",
                 )
             dropped = self.tasks.lose(tasks)
+            # A commit under way may be flushing these tasks: it skips them from now on,
+            # but their stores must stay open until it is done with them.
+            async with self._commit_lock:
+                pass
             log.warning(
                 "%s %d tasks without committing (%d unflushed table writes dropped); their "
                 "next owner replays from the last commit",

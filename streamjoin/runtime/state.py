@@ -171,6 +171,10 @@ async def flush_partitions(
     sends: list[tuple[TablePartition, Awaitable[int] | None]] = []
     sent = 0
     for state, clean, writes in taken:
+        if state.abandoned:
+            # Lost while the producer flushed: its writes go nowhere (its next owner
+            # replays the events that made them), and its store may be closed already.
+            continue
         pairs = unordered_items(writes)  # the changelog needs no key order
         store = state.store
         if clean:

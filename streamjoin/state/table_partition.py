@@ -26,7 +26,7 @@ _MISSING = object()
 class TablePartition:
     """The store and the buffered writes of partition ``partition`` of table ``table``."""
 
-    __slots__ = ("flushing", "partition", "pending", "store", "table")
+    __slots__ = ("abandoned", "flushing", "partition", "pending", "store", "table")
 
     def __init__(self, table: str, partition: int, store: StorePartition) -> None:
         self.table = table
@@ -36,6 +36,8 @@ class TablePartition:
         self.pending: SortedDict[bytes, bytes | None] = SortedDict()
         #: writes of the flush under way (read through while it runs)
         self.flushing: SortedDict[bytes, bytes | None] = SortedDict()
+        #: the partition was lost: a flush under way must not send or apply its writes
+        self.abandoned = False
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"
@@ -92,7 +94,10 @@ class TablePartition:
         return self.flushing
 
     def finish_flush(self, changelog_offset: int | None) -> None:
-        """Apply the flushed writes to the store with the changelog offset they reached."""
+        """Apply the flushed writes to the store with the changelog offset they reached
+        (nothing, if the partition was lost meanwhile: its store may be closed already)."""
+        if self.abandoned:
+            return
         if self.flushing:
             self.store.write(self.flushing, changelog_offset)
         self.flushing = SortedDict()
@@ -100,6 +105,7 @@ class TablePartition:
     def abandon(self) -> int:
         """Forget unflushed writes (the partition was lost); returns how many were dropped."""
         dropped = len(self.pending) + len(self.flushing)
+        self.abandoned = True
         self.pending = SortedDict()
         self.flushing = SortedDict()
         return dropped

@@ -187,3 +187,40 @@ async def test_poison_record_goes_to_dead_letter_and_processing_continues(
     dead = await read_all(kafka_bootstrap, f"{group}-forward-dead-letters", 1)
     assert [(k, v) for k, v, _ in dead] == [("a", "poison")]
     assert b"poison record" in dead[0][2]["streamjoin-error"]
+
+
+async def test_a_failing_commit_stops_the_worker_instead_of_leaving_it_in_the_group(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """An unexpected error in the consumer's commit loop (CI saw StoreClosed there) must stop
+    the worker with that error. It used to crash only the consumer service: the worker
+    went on heartbeating, so the group kept its partitions on a member that never
+    processed or committed them again."""
+    source_name = unique_topic("in")
+    app = streamjoin.App(
+        unique_topic("app"),
+        broker=f"kafka://{kafka_bootstrap}",
+        commit_interval=0.2,
+        state_dir=tmp_path,
+    )
+    source = app.topic(source_name, key_serializer="str", value_serializer="str", partitions=2)
+
+    @app.agent(source)
+    async def ignore(stream: Stream) -> None:
+        async for _ in stream:
+            pass
+
+    await app.start()
+    try:
+        worker = app._worker
+        assert worker is not None and worker.consumer is not None
+
+        async def broken_commit(tasks: object = None) -> None:
+            raise RuntimeError("injected commit failure")
+
+        worker.consumer.commit = broken_commit  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="injected commit failure"):
+            await asyncio.wait_for(app.wait(), timeout=30)
+    finally:
+        await app.stop()
+    assert app.assignment == set()

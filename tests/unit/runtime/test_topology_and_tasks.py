@@ -13,7 +13,8 @@ import streamjoin
 from streamjoin.cli import cli
 from streamjoin.config import AppConfig, Secret
 from streamjoin.errors import ConfigurationError, StreamjoinError
-from streamjoin.runtime.tasks import TaskManager, TaskState
+from streamjoin.runtime.state import flush_partitions
+from streamjoin.runtime.tasks import Task, TaskManager, TaskState
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.stream import Stream
@@ -208,6 +209,58 @@ async def test_a_lost_task_flushes_and_commits_nothing() -> None:
         assert driver.committed == {}
         changelog = [r.value for r in driver.raw_records("lose-driver-counts-changelog")]
         assert changelog == [b"1"]
+        await driver.assign([("clicks", 0)])
+        assert dict(counts.items()) == {"a": 1}
+
+
+async def test_a_task_lost_while_its_commit_flushes_is_skipped_not_crashed() -> None:
+    """The heartbeat learns the member was removed while the periodic commit is flushing
+    (waiting for the producer): the loss must wait for that commit (whose flush uses the
+    task's stores) and the commit must send, apply and commit nothing of the lost task.
+
+    Bug reproduced (CI, the stalled-join test): the loss closed the stores under the
+    flush, which raised StoreClosed; the consumer service crashed while the worker stayed
+    in the group holding partitions it never processed again."""
+    app, counts = _counting_app("lost-mid-commit")
+    async with TestDriver(app) as driver:
+        await driver.put("clicks", key="a", value=1)
+        await driver.drain()  # flushed: a=1 is durable
+        for _ in range(3):
+            await driver.put("clicks", key="a", value=1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        processing, topology = driver.processing, driver.topology
+        assert processing is not None and topology is not None
+        reached, gate = asyncio.Event(), asyncio.Event()
+
+        async def slow_producer_flush() -> None:
+            reached.set()
+            await gate.wait()
+
+        async def flush_tables(tasks: list[Task]) -> None:
+            states = [state for task in tasks for state in task.tables.values()]
+            await flush_partitions(
+                states, topology.tables, driver, before_changelog=slow_producer_flush
+            )
+
+        processing._flush_tables = flush_tables
+        (task,) = driver.tasks.live() if driver.tasks is not None else []
+        store = task.tables["counts"].store
+        commit = asyncio.create_task(driver.commit())
+        await reached.wait()
+        lose = asyncio.create_task(driver.lose([("clicks", 0)]))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        lost_early = lose.done()
+        gate.set()
+        assert not lost_early, "the loss must wait for the commit flushing its stores"
+        assert [t.state for t in await lose] == [TaskState.LOST]
+        # Once the loss returns the worker closes the stores: the commit is done with them.
+        assert commit.done() and commit.result() == {}
+        assert driver.committed == {}
+        changelog = [r.value for r in driver.raw_records("lost-mid-commit-counts-changelog")]
+        assert changelog == [b"1"]
+        assert store.get(b"a") == b"1"
         await driver.assign([("clicks", 0)])
         assert dict(counts.items()) == {"a": 1}
 
