@@ -92,6 +92,7 @@ __all__ = [
     "StreamjoinError",
     "TableAccessError",
     "TopicAdminError",
+    "TransactionError",
     "TransportNotReady",
     "UnknownTopicError",
     "UnsupportedJoin",
@@ -306,6 +307,17 @@ class GroupMembershipError(ProcessingError, RuntimeError):
 
 class FencedInstanceError(GroupMembershipError):
     """Another worker joined the group with this worker's ``group_instance_id``."""
+
+
+class TransactionError(ProcessingError, RuntimeError):
+    """A transaction request (KIP-447 exactly-once) could not be made: the broker answered an
+    error where the caller cannot go on (FindCoordinator for a transactional id), or the broker
+    does not support the protocol version needed. ``error_code`` is Kafka's error code when
+    the broker answered one, else ``None``."""
+
+    def __init__(self, message: str, *, error_code: int | None = None) -> None:
+        super().__init__(message)
+        self.error_code = error_code
 
 
 # -- joins -----------------------------------------------------------------------------------
