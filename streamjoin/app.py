@@ -47,8 +47,13 @@ class App:
         broker: ``kafka://host:port[,host:port...]``.
         key_serializer / value_serializer: default codecs for topics (names such as
             ``"raw"``, ``"json"``, ``"str"``, a registered codec, or a dataclass type).
-        commit_interval: seconds between offset commits.
-        processing_guarantee: ``"at_least_once"`` (exactly-once is not built yet).
+        commit_interval: seconds between commits (default 1.0; 0.1 under exactly-once).
+        processing_guarantee: ``"at_least_once"`` (a crash replays what was processed
+            since the last commit) or ``"exactly_once"`` (each commit is one Kafka
+            transaction holding the outputs, changelog records and consumed offsets; readers
+            of the outputs must read ``read_committed``; see docs/exactly-once.md).
+        transaction_timeout_ms: exactly-once: how long the broker keeps a transaction of a
+            worker that vanished open (it holds back read_committed readers that long).
         standby_replicas: warm standby copies of each stateful task on other workers.
         state_dir: where local state lives (default ``./<id>-data``).
         group_instance_id: static membership id: a restarted worker with the same id
@@ -85,8 +90,9 @@ class App:
         broker: str = "kafka://127.0.0.1:9092",
         key_serializer: str | Codec | type | None = "raw",
         value_serializer: str | Codec | type | None = "json",
-        commit_interval: float = 1.0,
+        commit_interval: float | None = None,
         processing_guarantee: str = "at_least_once",
+        transaction_timeout_ms: int = 10_000,
         standby_replicas: int = 0,
         state_dir: str | os.PathLike[str] | None = None,
         group_instance_id: str | None = None,
@@ -113,6 +119,7 @@ class App:
             broker=broker,
             commit_interval=commit_interval,
             processing_guarantee=processing_guarantee,
+            transaction_timeout_ms=transaction_timeout_ms,
             standby_replicas=standby_replicas,
             state_dir=state_dir,
             group_instance_id=group_instance_id,
@@ -192,7 +199,7 @@ class App:
 
     @property
     def commit_interval(self) -> float:
-        return self.config.commit_interval
+        return self.config.commit_seconds
 
     @property
     def processing_guarantee(self) -> str:

@@ -21,6 +21,7 @@ from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_COMMIT_INTERVAL",
     "PROCESSING_GUARANTEES",
     "REBALANCE_PROTOCOLS",
     "AppConfig",
@@ -28,7 +29,12 @@ __all__ = [
     "parse_broker_url",
 ]
 
-PROCESSING_GUARANTEES = ("at_least_once",)
+#: "at_least_once": a crash replays what was processed since the last commit;
+#: "exactly_once": each commit is one Kafka transaction (outputs, changelogs, offsets)
+PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
+#: commit_interval when the app does not set one (Kafka Streams' defaults: a transaction
+#: holds back read_committed readers until it commits, so exactly-once commits often)
+DEFAULT_COMMIT_INTERVAL = {"at_least_once": 1.0, "exactly_once": 0.1}
 #: "cooperative": incremental rebalancing (KIP-429); "eager": every rebalance revokes everything
 REBALANCE_PROTOCOLS = ("cooperative", "eager")
 _APP_ID = re.compile(r"[A-Za-z0-9._-]+")
@@ -115,8 +121,9 @@ class AppConfig:
     broker: str = "kafka://127.0.0.1:9092"
     key_codec: Codec = field(default_factory=lambda: resolve_codec("raw"))
     value_codec: Codec = field(default_factory=lambda: resolve_codec("json"))
-    commit_interval: float = 1.0
+    commit_interval: float | None = None
     processing_guarantee: str = "at_least_once"
+    transaction_timeout_ms: int = 10_000
     standby_replicas: int = 0
     state_dir: Path | None = None
     group_instance_id: str | None = None
@@ -149,9 +156,17 @@ class AppConfig:
                 f"processing_guarantee {self.processing_guarantee!r} is not supported; "
                 f"choose one of {PROCESSING_GUARANTEES}"
             )
+        if self.commit_interval is None:
+            set_(self, "commit_interval", DEFAULT_COMMIT_INTERVAL[self.processing_guarantee])
         interval = self.commit_interval
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
             raise ConfigurationError(f"commit_interval must be > 0 (seconds), got {interval!r}")
+        _int("transaction_timeout_ms", self.transaction_timeout_ms, 1_000)
+        if self.exactly_once and self.transaction_timeout_ms < interval * 1000 * 2:
+            raise ConfigurationError(
+                f"transaction_timeout_ms ({self.transaction_timeout_ms}) must be at least twice "
+                f"the commit_interval ({interval} s): a transaction lasts about one interval"
+            )
         _int("standby_replicas", self.standby_replicas, 0)
         if self.rebalance_protocol not in REBALANCE_PROTOCOLS:
             raise ConfigurationError(
@@ -226,6 +241,15 @@ class AppConfig:
         if unknown:
             raise ConfigurationError(f"unknown App settings: {', '.join(unknown)}")
         return dataclasses.replace(self, **changes)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
+
+    @property
+    def commit_seconds(self) -> float:
+        """``commit_interval`` (always set after validation)."""
+        return self.commit_interval if self.commit_interval is not None else 1.0
 
     @property
     def state_path(self) -> Path:

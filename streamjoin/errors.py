@@ -93,6 +93,7 @@ __all__ = [
     "TableAccessError",
     "TopicAdminError",
     "TransactionError",
+    "TransactionFailed",
     "TransportNotReady",
     "UnknownTopicError",
     "UnsupportedJoin",
@@ -318,6 +319,19 @@ class TransactionError(ProcessingError, RuntimeError):
     def __init__(self, message: str, *, error_code: int | None = None) -> None:
         super().__init__(message)
         self.error_code = error_code
+
+
+class TransactionFailed(ProcessingError, RuntimeError):
+    """An exactly-once transaction did not commit: it is aborted, and everything processed
+    since the last commit is processed again (by this worker or the partitions' next owner).
+
+    ``fenced``: the group or the transaction coordinator no longer takes this worker's
+    commits (its partitions moved, or a newer worker took over its transactional id).
+    """
+
+    def __init__(self, message: str, *, fenced: bool = False) -> None:
+        super().__init__(message)
+        self.fenced = fenced
 
 
 # -- joins -----------------------------------------------------------------------------------

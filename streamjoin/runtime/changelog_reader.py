@@ -189,13 +189,18 @@ class ChangelogReader:
     async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return await self._list_offsets(tps, _EARLIEST)
 
-    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The high watermark (``read_uncommitted``) or last stable offset (``read_committed``)."""
-        return await self._list_offsets(tps, _LATEST)
+    async def end_offsets(
+        self, tps: Iterable[TopicPartition], *, high_watermark: bool = False
+    ) -> dict[TopicPartition, int]:
+        """The high watermark (``read_uncommitted``, or ``high_watermark``) or else the last
+        stable offset (``read_committed``: before the first open transaction)."""
+        isolation = READ_UNCOMMITTED if high_watermark else self._isolation_level
+        return await self._list_offsets(tps, _LATEST, isolation)
 
     async def _list_offsets(
-        self, tps: Iterable[TopicPartition], timestamp: int
+        self, tps: Iterable[TopicPartition], timestamp: int, isolation: int | None = None
     ) -> dict[TopicPartition, int]:
+        isolation = self._isolation_level if isolation is None else isolation
         remaining = set(tps)
         out: dict[TopicPartition, int] = {}
         if not remaining:
@@ -210,7 +215,7 @@ class ChangelogReader:
                 problem = f"no leader known for {_names(plan.leaderless)}"
             answers = await asyncio.gather(
                 *(
-                    self._list_offsets_at(node, [tp for tp, _ in parts], timestamp)
+                    self._list_offsets_at(node, [tp for tp, _ in parts], timestamp, isolation)
                     for node, parts in plan.by_node.items()
                 ),
                 return_exceptions=True,
@@ -241,12 +246,12 @@ class ChangelogReader:
             await asyncio.sleep(self._retry_backoff)
 
     async def _list_offsets_at(
-        self, node: int, tps: list[TopicPartition], timestamp: int
+        self, node: int, tps: list[TopicPartition], timestamp: int, isolation: int
     ) -> tuple[dict[TopicPartition, int], str]:
         by_topic: dict[str, list[tuple[int, int]]] = {}
         for tp in tps:
             by_topic.setdefault(tp.topic, []).append((tp.partition, timestamp))
-        request = OffsetRequest(-1, self._isolation_level, list(by_topic.items()))
+        request = OffsetRequest(-1, isolation, list(by_topic.items()))
         response = await self._require().send(node, request)
         if response.API_VERSION < 1:
             raise ChangelogReadError("the broker only speaks ListOffsets v0 (Kafka < 0.10.1)")

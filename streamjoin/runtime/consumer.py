@@ -32,6 +32,7 @@ from aiokafka import AIOKafkaClient, AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
+from streamjoin.errors import TransactionFailed
 from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
 from streamjoin.runtime.membership import (
@@ -44,6 +45,8 @@ from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.rebalance_metrics import RebalanceMetrics
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager, TaskState
+from streamjoin.runtime.transaction import TransactionalSender, TransactionIds, WorkerTransaction
+from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.consumer")
 
@@ -106,6 +109,7 @@ class KafkaConsumerService(Service):
         on_assignment: Callable[[set[tuple[str, int]]], None] | None = None,
         on_revoke: Callable[[list[Task]], None] | None = None,
         flush_tables: Callable[[list[Task]], Any] | None = None,
+        tables: Mapping[str, Table] | None = None,
         aligned_groups: Iterable[Iterable[str]] = (),
         align_max_idle_ms: int = 5_000,
         align_idle_ms: int = 0,
@@ -141,6 +145,12 @@ class KafkaConsumerService(Service):
         self._aligner = TimestampAligner(
             aligned_groups, max_idle_ms=align_max_idle_ms, idle_ms=align_idle_ms
         )
+        transaction = None
+        if isinstance(sender, TransactionalSender):
+            # Exactly-once: read only committed input; commits are transactions, which the
+            # group fences by generation (no heartbeat round trip needed first).
+            self._options["isolation_level"] = "read_committed"
+            transaction = WorkerTransaction(sender, tables or {}, self._commit_in_transaction)
         self.processing = TaskProcessing(
             tasks,
             runtime,
@@ -148,8 +158,10 @@ class KafkaConsumerService(Service):
             flush_tables=flush_tables,
             flush_sends=sender.flush,
             commit_offsets=self._commit_offsets,
-            member_ok=self._confirm_membership,
+            member_ok=self._in_good_standing if transaction else self._confirm_membership,
             revoke_timeout=revoke_timeout,
+            transaction=transaction,
+            on_transaction_aborted=self._transaction_aborted,
         )
         #: why each partition is paused ("restore": its tables are restoring, "align": the
         #: aligner holds enough of it); it is resumed when no reason is left
@@ -357,6 +369,24 @@ class KafkaConsumerService(Service):
         owned = self._assigned
         offsets = {tp: pos for tp, pos in positions.items() if tp in owned}
         return await membership.commit(offsets)
+
+    async def _commit_in_transaction(
+        self, ids: TransactionIds, offsets: Mapping[tuple[str, int], int]
+    ) -> None:
+        membership = self.membership
+        if membership is None:
+            raise TransactionFailed("this worker is not in the group", fenced=True)
+        await membership.commit_in_transaction(ids, offsets)
+
+    async def _in_good_standing(self) -> bool:
+        membership = self.membership
+        return membership is not None and membership.in_good_standing
+
+    def _transaction_aborted(self, exc: TransactionFailed) -> None:
+        """Every task was lost with the transaction: give their partitions up and rejoin
+        (they come back, most likely to this worker, from the committed offsets)."""
+        if self.membership is not None:
+            self.membership.abandon(f"transaction aborted: {exc}")
 
     async def _confirm_membership(self) -> bool:
         """Ask the group coordinator, right before state is flushed, whether this member is

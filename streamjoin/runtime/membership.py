@@ -45,7 +45,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiokafka import AIOKafkaClient
 from aiokafka.client import ConnectionGroup, CoordinationType
@@ -63,9 +63,14 @@ from aiokafka.protocol.group import (
 )
 
 from streamjoin.assignor.cooperative import partition_changes
-from streamjoin.errors import FencedInstanceError, GroupMembershipError
+from streamjoin.errors import FencedInstanceError, GroupMembershipError, TransactionFailed
 from streamjoin.runtime.assignor_adapter import ASSIGNOR_NAME, known_partitions
 from streamjoin.runtime.rebalance_metrics import RebalanceMetrics, RebalanceRecord
+from streamjoin.runtime.txn_protocol import ErrorCode, fetch_committed, txn_offset_commit
+from streamjoin.runtime.txn_protocol import error_name as txn_error_name
+
+if TYPE_CHECKING:
+    from streamjoin.runtime.transaction import TransactionIds
 
 log = logging.getLogger("streamjoin.membership")
 
@@ -187,6 +192,9 @@ class MembershipSettings:
     retry_backoff_ms: int = 100
     #: while the assignor plans warmups, rejoin this often to see whether they caught up
     probing_rebalance_interval: float = 600.0
+    #: exactly-once: committed offsets are read "stable" (waiting for open transactions
+    #: that commit offsets of the partitions, KIP-447)
+    exactly_once: bool = False
 
     @property
     def protocols(self) -> tuple[str, ...]:
@@ -238,6 +246,9 @@ class GroupMembership:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._assigned_once = asyncio.Event()
+        #: exactly-once: a transaction was aborted, so everything owned must be given up
+        #: (as lost) before the next join
+        self._abandon: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -392,7 +403,26 @@ class GroupMembership:
             raise _CoordinatorLost("not known")
         return self._coordinator
 
+    @property
+    def in_good_standing(self) -> bool:
+        """In the group at a generation, and not joining: a commit carries a generation the
+        group still accepts (short of a removal the member has not heard of yet)."""
+        return self.generation >= 0 and bool(self.member_id) and not self._joining
+
+    def abandon(self, reason: str) -> None:
+        """Give every owned partition up as lost and rejoin (exactly-once, after an aborted
+        transaction: the tasks start again from the committed offsets). Done by the
+        coordination task before its next join, so it never races an assignment."""
+        self._abandon = reason
+        self.request_rejoin(reason)
+
     async def _join_and_sync(self) -> None:
+        if self._abandon is not None:
+            reason, self._abandon = self._abandon, None
+            if self.owned:
+                lost, self.owned = self.owned, frozenset()
+                log.warning("giving up %d partitions (%s)", len(lost), reason)
+                await self._listener.on_partitions_lost(lost)
         self.metrics.started(self._clock())
         eager_group = self.protocol == EAGER_PROTOCOL or not self.settings.cooperative
         if eager_group and self.owned:
@@ -712,8 +742,68 @@ class GroupMembership:
             self._rejoin.set()
         return False
 
+    async def commit_in_transaction(self, ids: TransactionIds, offsets: Mapping[TP, int]) -> None:
+        """Commit ``offsets`` inside the transaction ``ids`` as this member at this generation
+        (TxnOffsetCommit v3, KIP-447): a worker whose partitions moved is refused by the
+        group, whatever its producer. Raises :class:`TransactionFailed`."""
+        backoff = self.settings.retry_backoff_ms / 1000
+        deadline = self._clock() + 5.0
+        while True:
+            generation, member_id = self.generation, self.member_id
+            if generation < 0 or not member_id:
+                raise TransactionFailed("this worker is not in the group", fenced=True)
+            await self._ensure_coordinator()
+            node = self._require_coordinator()
+            try:
+                codes = await txn_offset_commit(
+                    self._client,
+                    node,
+                    transactional_id=ids.transactional_id,
+                    group_id=self.settings.group_id,
+                    producer_id=ids.producer_id,
+                    producer_epoch=ids.producer_epoch,
+                    generation_id=generation,
+                    member_id=member_id,
+                    group_instance_id=self.settings.group_instance_id,
+                    offsets=offsets,
+                )
+            except KafkaError as exc:
+                codes = {tp: int(_Code.NOT_COORDINATOR) for tp in offsets}
+                log.info("offsets in transaction: %r; retrying", exc)
+            failed = {code for code in codes.values() if code != 0}
+            if not failed:
+                return
+            names = ", ".join(sorted({txn_error_name(c) for c in failed}))
+            if failed & {int(c) for c in _MEMBER_GONE | {_Code.FENCED_INSTANCE_ID}}:
+                if generation == self.generation:
+                    self._rejoin.set()
+                raise TransactionFailed(
+                    f"the group refused this worker's offsets ({names}): its partitions moved",
+                    fenced=True,
+                )
+            if failed & {
+                int(ErrorCode.INVALID_PRODUCER_EPOCH),
+                int(ErrorCode.PRODUCER_FENCED),
+            }:
+                raise TransactionFailed(
+                    f"the group refused this worker's offsets ({names}): its producer was fenced",
+                    fenced=True,
+                )
+            retriable = {int(c) for c in _COORDINATOR_GONE} | {
+                int(ErrorCode.CONCURRENT_TRANSACTIONS),
+                int(_Code.REBALANCE_IN_PROGRESS),
+                int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+            }
+            if not failed <= retriable or self._clock() >= deadline:
+                raise TransactionFailed(f"the group refused this worker's offsets ({names})")
+            if failed & {int(c) for c in _COORDINATOR_GONE}:
+                self._forget_coordinator()
+            await asyncio.sleep(backoff)
+
     async def committed(self, tps: Iterable[TP]) -> dict[TP, int]:
         """The group's committed offsets of ``tps`` (partitions without one are left out)."""
+        if self.settings.exactly_once:
+            return await self._committed_stable(tps)
         by_topic: dict[str, list[int]] = {}
         for topic, partition in sorted(set(tps)):
             by_topic.setdefault(topic, []).append(partition)
@@ -758,6 +848,52 @@ class GroupMembership:
             if not retry:
                 return out
             self._forget_coordinator()
+            await asyncio.sleep(backoff)
+
+    async def _committed_stable(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Committed offsets once no open transaction holds offsets of ``tps`` (OffsetFetch
+        with require_stable, KIP-447): a previous owner's transaction either commits them
+        (and we start after its events) or aborts (and we start before them). It is
+        waited for at most the transaction timeout the broker gives any transaction."""
+        wanted = sorted(set(tps))
+        if not wanted:
+            return {}
+        backoff = self.settings.retry_backoff_ms / 1000
+        waited_since: float | None = None
+        while True:
+            await self._ensure_coordinator()
+            node = self._require_coordinator()
+            try:
+                top, found = await fetch_committed(
+                    self._client,
+                    node,
+                    group_id=self.settings.group_id,
+                    partitions=wanted,
+                    require_stable=True,
+                )
+            except KafkaError as exc:
+                log.info("committed offsets: %r; retrying", exc)
+                self._forget_coordinator()
+                await asyncio.sleep(backoff)
+                continue
+            codes = {top} | {code for _, code in found.values()}
+            codes.discard(0)
+            if not codes:
+                return {tp: offset for tp, (offset, _) in found.items() if offset >= 0}
+            if codes & {int(c) for c in _COORDINATOR_GONE}:
+                self._forget_coordinator()
+            elif codes == {int(ErrorCode.UNSTABLE_OFFSET_COMMIT)}:
+                if waited_since is None:
+                    waited_since = self._clock()
+                    log.info(
+                        "committed offsets: a transaction of a previous owner is still open; "
+                        "waiting for it to commit or abort"
+                    )
+            else:
+                raise GroupMembershipError(
+                    f"cannot read the committed offsets of group {self.settings.group_id!r}: "
+                    + ", ".join(sorted(txn_error_name(c) for c in codes))
+                )
             await asyncio.sleep(backoff)
 
 

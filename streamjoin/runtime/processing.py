@@ -21,12 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Protocol
 
+from streamjoin.errors import TransactionFailed
 from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
 from streamjoin.runtime.offsets import TopicPartition
+from streamjoin.runtime.state import Sending, TakenWrites, apply_writes, take_writes
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager, TaskState
+from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.processing")
 
@@ -34,6 +38,39 @@ log = logging.getLogger("streamjoin.processing")
 FlushTables = Callable[[list[Task]], Awaitable[object]]
 #: commits source offsets; False when the group refused (the member was fenced)
 CommitOffsets = Callable[[Mapping[TopicPartition, int]], Awaitable[bool]]
+
+
+class Transaction(Protocol):
+    """Exactly-once: the worker's open transaction (see :mod:`streamjoin.runtime.transaction`)."""
+
+    tables: Mapping[str, Table]
+
+    def close_sends(self) -> None:
+        """Sends made from now on wait for the next transaction."""
+
+    async def send_writes(self, taken: list[TakenWrites]) -> list[Sending]:
+        """Send the changelog records of ``taken`` in the open transaction."""
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Add ``offsets`` and commit; raises :class:`TransactionFailed`."""
+
+    @property
+    def has_data(self) -> bool:
+        """Something was sent in the open transaction."""
+
+    async def reopen(self) -> None:
+        """Let sends into the open transaction again (a snapshot found nothing to commit)."""
+
+    async def begin(self) -> None:
+        """Begin the next transaction and let sends in."""
+
+    async def abort(self) -> None:
+        """Abort the open transaction and begin the next one."""
+
+
+#: consecutive aborted transactions after which the worker stops (a failure that retrying
+#: does not fix, such as a topic it may not write to, must not become a rejoin loop)
+MAX_ABORTS_IN_A_ROW = 5
 
 
 class TaskProcessing:
@@ -50,6 +87,8 @@ class TaskProcessing:
         commit_offsets: CommitOffsets,
         member_ok: Callable[[], Awaitable[bool]] | None = None,
         revoke_timeout: float = 10.0,
+        transaction: Transaction | None = None,
+        on_transaction_aborted: Callable[[TransactionFailed], None] | None = None,
     ) -> None:
         self.tasks = tasks
         self.runtime = runtime
@@ -60,6 +99,9 @@ class TaskProcessing:
         self._member_ok = member_ok
         self.revoke_timeout = revoke_timeout
         self._commit_lock = asyncio.Lock()
+        self.transaction = transaction
+        self._on_transaction_aborted = on_transaction_aborted
+        self._aborts_in_a_row = 0
 
     # ------------------------------------------------------------------ records in
 
@@ -107,7 +149,12 @@ class TaskProcessing:
 
     async def commit(self, tasks: list[Task] | None = None) -> dict[TopicPartition, int]:
         """Flush the tables of ``tasks`` (default: every live task), then commit the offsets
-        of exactly the events whose writes were flushed; returns what was committed."""
+        of exactly the events whose writes were flushed; returns what was committed.
+
+        Exactly-once commits every live task whatever ``tasks`` says: they share one
+        transaction."""
+        if self.transaction is not None:
+            return await self._commit_transaction(self.transaction)
         async with self._commit_lock:
             chosen = self.tasks.live() if tasks is None else tasks
             if self._member_ok is not None and not await self._member_ok():
@@ -136,6 +183,79 @@ class TaskProcessing:
             self.tasks.mark_committed(positions)
             return positions
 
+    async def _commit_transaction(self, transaction: Transaction) -> dict[TopicPartition, int]:
+        """One transaction: a snapshot between two events of every actor (positions and
+        table writes), then changelog records, offsets and the commit, while the actors go
+        on (their sends wait for the next transaction); stores are written only once it
+        committed. An abort loses every task (see :meth:`_aborted`)."""
+        async with self._commit_lock:
+            if self._member_ok is not None and not await self._member_ok():
+                # Rejoining: the commit would carry a generation the group may have left
+                # behind (refused: every task lost). The transaction stays open until the
+                # first commit after the rebalance.
+                return {}
+            tasks = self.tasks.live()
+            if not await self.runtime.quiesce(self.revoke_timeout):
+                log.warning(
+                    "commit waits for agents still inside an event after %.0fs: %s",
+                    self.revoke_timeout,
+                    ", ".join(r.name for r in self.runtime.runners if r.current is not None),
+                )
+                while not await self.runtime.quiesce(self.revoke_timeout):
+                    pass
+            try:
+                positions = self.tasks.committable(tasks)
+                taken = take_writes(
+                    (state for task in tasks for state in task.tables.values()),
+                    transaction.tables,
+                )
+                transaction.close_sends()
+            finally:
+                self.runtime.resume()
+            if not positions and not taken and not transaction.has_data:
+                await transaction.reopen()  # nothing happened: the transaction goes on
+                return {}
+            try:
+                sending = await transaction.send_writes(taken)
+                await transaction.commit(positions)
+                offsets = await asyncio.gather(*(f for _, f in sending if f is not None))
+            except TransactionFailed as exc:
+                await self._aborted(transaction, exc)
+                return {}
+            self._aborts_in_a_row = 0
+            await transaction.begin()
+            apply_writes(sending, offsets)
+            self.tasks.mark_committed(positions)
+            return positions
+
+    async def _aborted(self, transaction: Transaction, exc: TransactionFailed) -> None:
+        """Abort, and lose every task: their sends and changelog records since the last
+        commit are gone, so their events must be processed again from the committed
+        offsets, on top of the stores (which hold only committed writes)."""
+        if not exc.fenced:
+            # (a fenced worker rejoins and is given partitions afresh; other failures that
+            # keep coming back stop the worker below)
+            self._aborts_in_a_row += 1
+        tasks = self.tasks.live()
+        self.tasks.suspend(tasks)
+        self.aligner.drop(tp for task in tasks for tp in task.source_partitions)
+        dropped = self.tasks.lose(tasks)
+        log.warning(
+            "transaction aborted (%s): %d tasks lost (%d uncommitted table writes dropped); "
+            "they start again from the last commit",
+            exc,
+            len(tasks),
+            dropped,
+        )
+        await transaction.abort()
+        if self._aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
+            raise TransactionFailed(
+                f"{self._aborts_in_a_row} transactions in a row were aborted; the last: {exc}",
+                fenced=exc.fenced,
+            ) from exc
+        if self._on_transaction_aborted is not None:
+            self._on_transaction_aborted(exc)
+
     # ------------------------------------------------------------------ revocation
 
     async def revoke(self, tps: Iterable[TopicPartition], *, fenced: bool) -> list[Task]:
@@ -147,6 +267,16 @@ class TaskProcessing:
         self.tasks.suspend(tasks)
         self.aligner.drop(tps)
         if not tasks:
+            return tasks
+        if fenced and self.transaction is not None:
+            # Their sends since the last commit are in the open transaction, with every
+            # other task's: it is aborted, and all tasks start again from the last commit.
+            async with self._commit_lock:
+                if self.tasks.live():  # (a failed commit may have lost them all already)
+                    await self._aborted(
+                        self.transaction,
+                        TransactionFailed("this worker lost its partitions", fenced=True),
+                    )
             return tasks
         idle = fenced or await self.runtime.wait_idle(tasks, self.revoke_timeout)
         if fenced or not idle:

@@ -38,6 +38,7 @@ from streamjoin.runtime.changelog_reader import (
     ChangelogOffsetOutOfRange,
     ChangelogReader,
 )
+from streamjoin.runtime.changelog_records import READ_COMMITTED, READ_UNCOMMITTED
 from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition, unordered_items
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
@@ -146,16 +147,41 @@ async def flush_partitions(
     tables: Mapping[str, Table],
     sender: Sender,
     before_changelog: Callable[[], Awaitable[object]] | None = None,
-) -> int:
+) -> None:
     """Flush table partitions: changelog first (acknowledged), then each store with its
-    changelog offset; returns the records sent.
+    changelog offset.
 
     ``before_changelog`` runs after the buffered writes were taken and before they are
     sent: the worker flushes the producer there, so every output record produced from
     this state is acknowledged before the state itself becomes durable (otherwise a
     crash could leave a closed join window in the changelog whose output was lost).
     """
-    taken: list[tuple[TablePartition, bool, SortedDict[bytes, bytes | None]]] = []
+    taken = take_writes(states, tables)
+    if before_changelog is not None:
+        await before_changelog()
+    sending = await send_writes(taken, tables, sender)
+    offsets = await asyncio.gather(*(f for _, f in sending if f is not None))
+    apply_writes(sending, offsets)
+
+
+@dataclass
+class TakenWrites:
+    """The buffered writes of one table partition, taken for a flush."""
+
+    state: TablePartition
+    #: the last flush completed (deletes of keys the store never had need no tombstone)
+    clean: bool
+    records: SortedDict[bytes, bytes | None]
+
+
+#: one partition's flush under way: its state and the future of its last changelog offset
+#: (None: nothing needed sending)
+Sending = tuple[TablePartition, Awaitable[int] | None]
+
+
+def take_writes(states: Iterable[TablePartition], tables: Mapping[str, Table]) -> list[TakenWrites]:
+    """Take every buffered write of ``states`` (no await: the snapshot of a commit)."""
+    taken: list[TakenWrites] = []
     for state in states:
         tables[state.table].before_flush(state)
         # Deletes of keys the store never had (written and deleted again since the last
@@ -165,33 +191,41 @@ async def flush_partitions(
         clean = not state.flush_interrupted
         writes = state.take_pending()
         if writes:
-            taken.append((state, clean, writes))
-    if before_changelog is not None:
-        await before_changelog()
-    sends: list[tuple[TablePartition, Awaitable[int] | None]] = []
-    sent = 0
-    for state, clean, writes in taken:
+            taken.append(TakenWrites(state, clean, writes))
+    return taken
+
+
+async def send_writes(
+    taken: Iterable[TakenWrites], tables: Mapping[str, Table], sender: Sender
+) -> list[Sending]:
+    """Send taken writes to their changelogs; the futures resolve once acknowledged."""
+    sending: list[Sending] = []
+    for item in taken:
+        state = item.state
         if state.abandoned:
             # Lost while the producer flushed: its writes go nowhere (its next owner
             # replays the events that made them), and its store may be closed already.
             continue
-        pairs = unordered_items(writes)  # the changelog needs no key order
+        pairs = unordered_items(item.records)  # the changelog needs no key order
         store = state.store
-        if clean:
+        if item.clean:
             records = [(k, v) for k, v in pairs if v is not None or store.contains(k)]
         else:
             records = list(pairs)
         if not records:
-            sends.append((state, None))
+            sending.append((state, None))
             continue
         changelog = tables[state.table].changelog.name
-        sends.append((state, await sender.send_many(changelog, state.partition, records)))
-        sent += len(records)
-    results = await asyncio.gather(*(f for _, f in sends if f is not None))
-    last_offsets = iter(results)
-    for state, sent_to in sends:
+        sending.append((state, await sender.send_many(changelog, state.partition, records)))
+    return sending
+
+
+def apply_writes(sending: Iterable[Sending], offsets: Iterable[int]) -> None:
+    """Write flushed writes into their stores with the changelog offsets they reached
+    (``offsets``: the results of the futures of ``sending``, in order)."""
+    last_offsets = iter(offsets)
+    for state, sent_to in sending:
         state.finish_flush(next(last_offsets) if sent_to is not None else None)
-    return sent
 
 
 @dataclass
@@ -233,6 +267,7 @@ class StateService(Service):
         bootstrap_servers: str,
         client_options: Mapping[str, Any],
         on_ready: Callable[[str, int, StorePartition], None],
+        read_committed: bool = False,
         on_crash: Callable[[BaseException], None] | None = None,
         progress_interval: float = 2.0,
         lag_refresh_interval: float = 5.0,
@@ -249,6 +284,9 @@ class StateService(Service):
         self._lag_refresh_interval = lag_refresh_interval
         self._batch_records = batch_records
         self._restore_write_batch = restore_write_batch
+        #: exactly-once: changelogs are read committed, and an active restore ends only
+        #: past every transaction in its changelog (a previous owner's may still be open)
+        self._read_committed = read_committed
         self._reader: ChangelogReader | None = None
         self._wanted_active: dict[str, set[int]] = {}
         self._wanted_standby: dict[str, set[int]] = {}
@@ -302,7 +340,11 @@ class StateService(Service):
     # ------------------------------------------------------------------ lifecycle
 
     async def on_start(self) -> None:
-        self._reader = ChangelogReader(self._bootstrap, self._client_options)
+        self._reader = ChangelogReader(
+            self._bootstrap,
+            self._client_options,
+            isolation_level=READ_COMMITTED if self._read_committed else READ_UNCOMMITTED,
+        )
         await self._reader.start()
         await self._refresh_lags()
 
@@ -371,7 +413,10 @@ class StateService(Service):
             reader.assign({})
             return
         tps = self._changelog_tps(wanted)
-        ends = await reader.end_offsets(tps)
+        # Read committed, the restore's end is still the high watermark: records of a
+        # transaction still open (a previous owner's, killed or stalled) are waited for
+        # until it commits or aborts, never left out of a store that then runs.
+        ends = await reader.end_offsets(tps, high_watermark=True)
         starts = await reader.beginning_offsets(tps)
         # start offset, and the end captured now for restores (standbys follow: None)
         ranges: dict[TopicPartition, tuple[int, int | None]] = {}

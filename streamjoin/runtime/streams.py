@@ -108,6 +108,9 @@ class AgentRunner:
                 item = await queue.get()
             if item is _STOP:
                 raise StopAsyncIteration
+            barrier = self.runtime.barrier
+            if not barrier.is_set():
+                await barrier.wait()  # a transaction is taking its snapshot
             task, raw = _unpack(item)
             if not task.running:
                 continue  # revocation began: its next owner reads it again
@@ -162,9 +165,16 @@ class AgentRuntime:
         *,
         on_crash: Callable[[BaseException], None],
         queue_size: int = 1000,
+        transactional: bool = False,
     ) -> None:
         self.sender = sender
         self.stopping = False
+        #: exactly-once: an event counts as processed as soon as its function is done with
+        #: it (its sends belong to the open transaction, which commits them all or none)
+        self.transactional = transactional
+        #: cleared while a commit takes its snapshot: no actor starts a new event
+        self.barrier = asyncio.Event()
+        self.barrier.set()
         self._on_crash = on_crash
         #: values agents keep for the worker's lifetime (join counters), by key
         self.shared_values: dict[str, Any] = {}
@@ -254,12 +264,29 @@ class AgentRuntime:
             await asyncio.sleep(0.005)
         return True
 
+    async def quiesce(self, timeout: float) -> bool:
+        """Hold every actor between two events (the snapshot of a transaction: every event
+        is either wholly before it or wholly after it); False if some actor was still inside
+        an event after ``timeout`` seconds (the barrier stays closed: call :meth:`resume`)."""
+        self.barrier.clear()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(r.current is not None for r in self.runners):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.001)
+        return True
+
+    def resume(self) -> None:
+        """Let the actors take new events again."""
+        self.barrier.set()
+
     # -- acknowledgements
 
     def complete(self, inflight: _InFlight) -> None:
-        """Acknowledge an event once its sends are acknowledged."""
+        """Acknowledge an event once its sends are acknowledged (at once when
+        transactional: the commit checks every send of the transaction)."""
         sends = inflight.sends
-        if not sends:
+        if not sends or self.transactional:
             self._ack(inflight)
             return
         pending = [f for f in sends if not f.done()]

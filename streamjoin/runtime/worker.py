@@ -35,6 +35,7 @@ from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.transaction import TransactionalSender, transactional_id_for
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import Topology
@@ -141,12 +142,23 @@ class Worker(Service):
     async def on_start(self) -> None:
         topology, config = self.topology, self.config
         await prepare_topics(topology, config)
-        self.sender = KafkaSender(
-            config.broker,
-            client_options=config.client_kwargs(),
-            producer_options=config.producer_options,
-            client_id=self.client_id,
-        )
+        if config.exactly_once:
+            self.sender = TransactionalSender(
+                config.broker,
+                client_options=config.client_kwargs(),
+                producer_options=config.producer_options,
+                client_id=self.client_id,
+                transactional_id=transactional_id_for(config.id, config.group_instance_id),
+                transaction_timeout_ms=config.transaction_timeout_ms,
+                group_id=config.id,
+            )
+        else:
+            self.sender = KafkaSender(
+                config.broker,
+                client_options=config.client_kwargs(),
+                producer_options=config.producer_options,
+                client_id=self.client_id,
+            )
         await self.sender.start()
         if topology.tables:
             self.stores = TableStores(topology.tables, config.state_path)
@@ -154,6 +166,7 @@ class Worker(Service):
                 self.stores,
                 bootstrap_servers=config.broker,
                 client_options=config.client_kwargs(),
+                read_committed=config.exactly_once,
                 on_ready=self._table_ready,
                 on_crash=self._on_crash,
             )
@@ -164,6 +177,7 @@ class Worker(Service):
             self.sender,
             on_crash=self._on_crash,
             queue_size=self.queue_size,
+            transactional=config.exactly_once,
         )
         self.runtime.start()
         if self.runtime.topics:
@@ -184,14 +198,16 @@ class Worker(Service):
                     group_instance_id=config.group_instance_id,
                     cooperative=config.rebalance_protocol == "cooperative",
                     probing_rebalance_interval=config.probing_rebalance_interval,
+                    exactly_once=config.exactly_once,
                 ),
-                commit_interval=config.commit_interval,
+                commit_interval=config.commit_seconds,
                 client_options=config.client_kwargs(),
                 consumer_options=config.consumer_options,
                 on_fatal=self._on_crash,
                 on_assignment=self._assigned,
                 on_revoke=self._revoked,
                 flush_tables=self._flush_tables if self.stores is not None else None,
+                tables=topology.tables,
                 aligned_groups=topology.aligned_groups(),
                 align_idle_ms=config.align_idle_ms,
                 align_max_idle_ms=config.align_max_idle_ms,

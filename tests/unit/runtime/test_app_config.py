@@ -40,7 +40,12 @@ def test_bad_broker_urls_are_named(url: str) -> None:
     ("kwargs", "message"),
     [
         ({"id": "has space"}, "app id"),
-        ({"id": "x", "processing_guarantee": "exactly_once"}, "not supported"),
+        ({"id": "x", "processing_guarantee": "exactly-once"}, "not supported"),
+        (
+            {"id": "x", "processing_guarantee": "exactly_once", "commit_interval": 10},
+            "at least twice the commit_interval",
+        ),
+        ({"id": "x", "transaction_timeout_ms": 10}, "transaction_timeout_ms"),
         ({"id": "x", "commit_interval": 0}, "commit_interval"),
         ({"id": "x", "standby_replicas": -1}, "standby_replicas"),
         ({"id": "x", "align_idle_ms": -5}, "align_idle_ms must be an int >= 0"),
@@ -50,6 +55,15 @@ def test_bad_broker_urls_are_named(url: str) -> None:
 def test_bad_settings_are_rejected(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         streamjoin.App(**kwargs)  # type: ignore[arg-type]
+
+
+def test_exactly_once_commits_every_100ms_unless_told_otherwise() -> None:
+    assert streamjoin.App("x").commit_interval == 1.0
+    eos = streamjoin.App("x", processing_guarantee="exactly_once")
+    assert eos.commit_interval == 0.1 and eos.config.transaction_timeout_ms == 10_000
+    assert eos.config.exactly_once and not streamjoin.App("x").config.exactly_once
+    slow = streamjoin.App("x", processing_guarantee="exactly_once", commit_interval=2)
+    assert slow.commit_interval == 2
 
 
 def test_repr_hides_client_options() -> None:

@@ -42,7 +42,9 @@ class ScriptedReader:
     async def close(self) -> None:
         pass
 
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    async def end_offsets(
+        self, tps: list[TopicPartition], *, high_watermark: bool = False
+    ) -> dict[TopicPartition, int]:
         return {tp: self.log[tp][-1][0] + 1 if self.log.get(tp) else 0 for tp in tps}
 
     async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:

@@ -1,0 +1,315 @@
+"""Exactly-once: one Kafka transaction per commit on the worker's one producer (EOS v2).
+
+Every record a worker produces (agent outputs, ``group_by`` repartitioning, dead
+letters, table changelogs) goes through :class:`TransactionalSender`, so one
+transaction holds all of them; the commit adds the consumed offsets (through the
+group: :meth:`GroupMembership.commit_in_transaction`) and ends the transaction. The
+transactional id is stable per worker instance: a restarted worker with the same
+``group_instance_id`` initialises it again, which aborts its previous incarnation's
+open transaction at once and fences that incarnation's producer.
+
+aiokafka runs the transaction (begin, AddPartitionsToTxn, produce, EndTxn) but its
+offsets request carries no group generation (TxnOffsetCommit v0): the offsets are
+added here, with our own AddOffsetsToTxn and the group's TxnOffsetCommit v3 (KIP-447).
+Two private parts of aiokafka's producer are used for that, both read-mostly: the
+producer id and epoch the transaction runs under, and telling its transaction manager
+that a group was added (otherwise a transaction holding only offsets would never be
+ended).
+
+aiokafka does not fail a transaction when one of its record batches fails; every
+send's outcome is watched here, and a transaction with a failed send never commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from streamjoin.errors import TransactionError, TransactionFailed
+from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.state import Sending, TakenWrites, send_writes
+from streamjoin.runtime.txn_protocol import (
+    ErrorCode,
+    add_offsets_to_txn,
+    error_name,
+    find_transaction_coordinator,
+)
+from streamjoin.tables import Table
+from streamjoin.topics import Headers
+
+__all__ = [
+    "CommitOffsets",
+    "TransactionIds",
+    "TransactionalSender",
+    "WorkerTransaction",
+    "transactional_id_for",
+]
+
+log = logging.getLogger("streamjoin.transaction")
+
+TP = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TransactionIds:
+    """Who a transaction belongs to, as the group coordinator needs it for TxnOffsetCommit."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+#: commits offsets inside the transaction ``ids`` (the group's TxnOffsetCommit); raises
+#: :class:`TransactionFailed` when the group refuses them
+CommitOffsets = Callable[[TransactionIds, Mapping[TP, int]], Awaitable[None]]
+
+
+def transactional_id_for(app_id: str, instance_id: str | None) -> str:
+    """Stable for a static member (a restart fences and aborts its previous incarnation);
+    unique per process otherwise (what the dead process left open times out)."""
+    suffix = instance_id if instance_id is not None else f"process-{uuid.uuid4().hex[:12]}"
+    return f"{app_id}-{suffix}"
+
+
+class TransactionalSender(KafkaSender):
+    """The worker's producer under exactly-once: a transaction is always open between
+    commits, and sends wait while a commit ends one and begins the next."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        client_options: Mapping[str, Any],
+        producer_options: Mapping[str, Any],
+        client_id: str,
+        transactional_id: str,
+        transaction_timeout_ms: int,
+        group_id: str,
+    ) -> None:
+        super().__init__(
+            bootstrap_servers,
+            client_options=client_options,
+            producer_options={
+                **producer_options,
+                "transactional_id": transactional_id,
+                "transaction_timeout_ms": transaction_timeout_ms,
+            },
+            client_id=client_id,
+        )
+        self.transactional_id = transactional_id
+        self.group_id = group_id
+        #: set while sends may join the open transaction
+        self._open = asyncio.Event()
+        #: the first send of the open transaction that failed (it must not commit)
+        self._failure: BaseException | None = None
+        self._sent = False
+        self.commits = 0
+        self.aborts = 0
+
+    async def on_start(self) -> None:
+        await super().on_start()  # InitProducerId: fences and aborts our previous incarnation
+        await self.begin()
+
+    async def on_stop(self) -> None:
+        self._open.clear()
+        producer = self._producer
+        if producer is not None and self._sent:
+            # Never leave records of ours in an open transaction: read_committed readers
+            # would wait for the broker's transaction timeout.
+            with contextlib.suppress(KafkaError, AssertionError):
+                await producer.abort_transaction()
+        await super().on_stop()
+
+    # ------------------------------------------------------------------ sends
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Headers,
+        timestamp_ms: int | None,
+    ) -> asyncio.Future[Any]:
+        if not self._open.is_set():
+            await self._open.wait()  # a commit is ending the transaction
+        future = await super().send(
+            topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
+        )
+        self._watch(future)
+        return future
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> Awaitable[int]:
+        """The changelog records of a commit (sent while the commit holds the gate)."""
+        done = await super().send_many(topic, partition, records)
+        future = asyncio.ensure_future(done)
+        self._watch(future)
+        return future
+
+    def _watch(self, future: asyncio.Future[Any]) -> None:
+        self._sent = True
+        future.add_done_callback(self._sent_done)
+
+    def _sent_done(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            exc: BaseException | None = asyncio.CancelledError()
+        else:
+            exc = future.exception()
+        if exc is not None and self._failure is None:
+            self._failure = exc
+
+    # ------------------------------------------------------------------ transactions
+
+    def close_sends(self) -> None:
+        """From now on sends wait for the next transaction (the commit's snapshot)."""
+        self._open.clear()
+
+    @property
+    def has_data(self) -> bool:
+        return self._sent
+
+    async def reopen(self) -> None:
+        """Let sends in again without ending the transaction."""
+        self._open.set()
+
+    async def begin(self) -> None:
+        """Begin the next transaction and let sends in."""
+        producer = self._require()
+        await producer.begin_transaction()
+        self._failure = None
+        self._sent = False
+        self._open.set()
+
+    async def commit(self, offsets: Mapping[TP, int], commit_offsets: CommitOffsets) -> None:
+        """Add ``offsets`` (through the group) and commit the open transaction; raises
+        :class:`TransactionFailed` (the caller aborts) if any part of it failed."""
+        producer = self._require()
+        try:
+            if offsets:
+                ids = self.ids()
+                await asyncio.gather(
+                    producer.flush(), self._add_offsets(ids, offsets, commit_offsets)
+                )
+            else:
+                await producer.flush()
+            if self._failure is not None:
+                raise TransactionFailed(
+                    f"a record of this transaction was not written: {self._failure!r}",
+                    fenced=_is_fenced(self._failure),
+                )
+            await producer.commit_transaction()
+        except TransactionFailed:
+            raise
+        except (KafkaError, AssertionError) as exc:
+            raise TransactionFailed(
+                f"the transaction did not commit: {exc!r}", fenced=_is_fenced(exc)
+            ) from exc
+        self.commits += 1
+
+    async def _add_offsets(
+        self, ids: TransactionIds, offsets: Mapping[TP, int], commit_offsets: CommitOffsets
+    ) -> None:
+        producer = self._require()
+        try:
+            node = await find_transaction_coordinator(producer.client, self.transactional_id)
+        except TransactionError as exc:
+            raise TransactionFailed(f"no transaction coordinator: {exc}") from exc
+        code = await add_offsets_to_txn(
+            producer.client,
+            node,
+            transactional_id=ids.transactional_id,
+            producer_id=ids.producer_id,
+            producer_epoch=ids.producer_epoch,
+            group_id=self.group_id,
+        )
+        if code != ErrorCode.NONE:
+            raise TransactionFailed(
+                f"the transaction coordinator would not add group {self.group_id!r}: "
+                f"{error_name(code)}",
+                fenced=code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED),
+            )
+        # aiokafka must know: a transaction holding only offsets is ended too.
+        producer._txn_manager.consumer_group_added(self.group_id)
+        await commit_offsets(ids, offsets)
+
+    async def abort(self) -> None:
+        """Abort the open transaction (a producer that cannot abort, because it was fenced
+        or failed, is replaced: initialising the transactional id again aborts it), then
+        begin the next one."""
+        self._open.clear()
+        self.aborts += 1
+        producer = self._require()
+        try:
+            await producer.abort_transaction()
+        except (KafkaError, AssertionError) as exc:
+            log.warning("could not abort the transaction (%r); starting a new producer", exc)
+            await self._replace_producer()
+        await self.begin()
+
+    async def _replace_producer(self) -> None:
+        old, self._producer = self._producer, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.stop(), timeout=5.0)
+        producer = AIOKafkaProducer(**self._options)
+        await producer.start()
+        self._producer = producer
+
+    def ids(self) -> TransactionIds:
+        manager = self._require()._txn_manager
+        return TransactionIds(self.transactional_id, manager.producer_id, manager.producer_epoch)
+
+
+def _is_fenced(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return name in ("ProducerFenced", "InvalidProducerEpoch") or (
+        isinstance(exc, TransactionFailed) and exc.fenced
+    )
+
+
+class WorkerTransaction:
+    """What :class:`~streamjoin.runtime.processing.TaskProcessing` needs of a transaction:
+    the sender's, with the app's tables and the group's offset commit bound in."""
+
+    def __init__(
+        self,
+        sender: TransactionalSender,
+        tables: Mapping[str, Table],
+        commit_offsets: CommitOffsets,
+    ) -> None:
+        self.sender = sender
+        self.tables = tables
+        self._commit_offsets = commit_offsets
+
+    def close_sends(self) -> None:
+        self.sender.close_sends()
+
+    @property
+    def has_data(self) -> bool:
+        return self.sender.has_data
+
+    async def reopen(self) -> None:
+        await self.sender.reopen()
+
+    async def send_writes(self, taken: list[TakenWrites]) -> list[Sending]:
+        return await send_writes(taken, self.tables, self.sender)
+
+    async def commit(self, offsets: Mapping[TP, int]) -> None:
+        await self.sender.commit(offsets, self._commit_offsets)
+
+    async def begin(self) -> None:
+        await self.sender.begin()
+
+    async def abort(self) -> None:
+        await self.sender.abort()
