@@ -654,6 +654,12 @@ class App:
         worker = self._worker or self._last_worker
         return {} if worker is None else worker.rebalance_metrics()
 
+    def transaction_metrics(self) -> dict[str, int]:
+        """Exactly-once: ``transactions-committed`` and ``transactions-aborted`` of this
+        worker (running or last run); empty under at-least-once."""
+        worker = self._worker or self._last_worker
+        return {} if worker is None else worker.transaction_metrics()
+
     async def __aenter__(self) -> App:
         await self.start()
         return self

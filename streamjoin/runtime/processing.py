@@ -102,6 +102,8 @@ class TaskProcessing:
         self.transaction = transaction
         self._on_transaction_aborted = on_transaction_aborted
         self._aborts_in_a_row = 0
+        #: tasks an abort lost, until the revocation of their partitions reports them
+        self._lost_by_abort: list[Task] = []
 
     # ------------------------------------------------------------------ records in
 
@@ -240,6 +242,7 @@ class TaskProcessing:
         self.tasks.suspend(tasks)
         self.aligner.drop(tp for task in tasks for tp in task.source_partitions)
         dropped = self.tasks.lose(tasks)
+        self._lost_by_abort.extend(tasks)
         log.warning(
             "transaction aborted (%s): %d tasks lost (%d uncommitted table writes dropped); "
             "they start again from the last commit",
@@ -262,6 +265,12 @@ class TaskProcessing:
         """Revoke the tasks owning ``tps``: suspend, finish, flush and commit, close; or, when
         ``fenced`` or an agent does not finish in time, lose them. Returns the tasks."""
         tps = set(tps)
+        earlier = [t for t in self._lost_by_abort if tps.intersection(t.source_partitions)]
+        if earlier:
+            self._lost_by_abort = [t for t in self._lost_by_abort if t not in earlier]
+        return earlier + await self._revoke(tps, fenced=fenced)
+
+    async def _revoke(self, tps: set[TopicPartition], *, fenced: bool) -> list[Task]:
         tasks = self.tasks.tasks_of(tps)
         # Before any await: nothing more of these tasks is dispatched or started.
         self.tasks.suspend(tasks)
@@ -277,6 +286,8 @@ class TaskProcessing:
                         self.transaction,
                         TransactionFailed("this worker lost its partitions", fenced=True),
                     )
+                    # (the others are reported when their partitions are given up)
+                    self._lost_by_abort = [t for t in self._lost_by_abort if t not in tasks]
             return tasks
         idle = fenced or await self.runtime.wait_idle(tasks, self.revoke_timeout)
         if fenced or not idle:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,18 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamjoin.transaction")
+
+#: how long a commit retries adding the group to its transaction (well within the
+#: transaction timeout)
+ADD_OFFSETS_TIMEOUT = 5.0
+#: answers to AddOffsetsToTxn that a retry fixes (-1: no answer, the connection failed)
+_ADD_OFFSETS_RETRIABLE = {
+    -1,
+    ErrorCode.CONCURRENT_TRANSACTIONS,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_COORDINATOR,
+}
 
 TP = tuple[str, int]
 
@@ -111,6 +124,8 @@ class TransactionalSender(KafkaSender):
         #: the first send of the open transaction that failed (it must not commit)
         self._failure: BaseException | None = None
         self._sent = False
+        #: the transaction coordinator's node id, once looked up
+        self._coordinator: int | None = None
         self.commits = 0
         self.aborts = 0
 
@@ -220,28 +235,51 @@ class TransactionalSender(KafkaSender):
     async def _add_offsets(
         self, ids: TransactionIds, offsets: Mapping[TP, int], commit_offsets: CommitOffsets
     ) -> None:
-        producer = self._require()
-        try:
-            node = await find_transaction_coordinator(producer.client, self.transactional_id)
-        except TransactionError as exc:
-            raise TransactionFailed(f"no transaction coordinator: {exc}") from exc
-        code = await add_offsets_to_txn(
-            producer.client,
-            node,
-            transactional_id=ids.transactional_id,
-            producer_id=ids.producer_id,
-            producer_epoch=ids.producer_epoch,
-            group_id=self.group_id,
-        )
-        if code != ErrorCode.NONE:
-            raise TransactionFailed(
-                f"the transaction coordinator would not add group {self.group_id!r}: "
-                f"{error_name(code)}",
-                fenced=code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED),
-            )
+        await self._add_group(ids)
         # aiokafka must know: a transaction holding only offsets is ended too.
-        producer._txn_manager.consumer_group_added(self.group_id)
+        self._require()._txn_manager.consumer_group_added(self.group_id)
         await commit_offsets(ids, offsets)
+
+    async def _add_group(self, ids: TransactionIds) -> None:
+        """AddOffsetsToTxn, retried while the coordinator is busy (the previous transaction
+        still writing its markers answers CONCURRENT_TRANSACTIONS) or moving."""
+        client = self._require().client
+        deadline = time.monotonic() + ADD_OFFSETS_TIMEOUT
+        backoff = 0.01
+        while True:
+            try:
+                node = self._coordinator
+                if node is None:
+                    node = await find_transaction_coordinator(client, self.transactional_id)
+                    self._coordinator = node
+                code = await add_offsets_to_txn(
+                    client,
+                    node,
+                    transactional_id=ids.transactional_id,
+                    producer_id=ids.producer_id,
+                    producer_epoch=ids.producer_epoch,
+                    group_id=self.group_id,
+                )
+            except (TransactionError, KafkaError) as exc:
+                problem = repr(exc)
+                code = -1
+            else:
+                problem = error_name(code)
+            if code == ErrorCode.NONE:
+                return
+            if code in (-1, ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
+                self._coordinator = None  # look it up again
+            if code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED):
+                raise TransactionFailed(
+                    f"the transaction coordinator fenced this worker's producer ({problem})",
+                    fenced=True,
+                )
+            if code not in _ADD_OFFSETS_RETRIABLE or time.monotonic() >= deadline:
+                raise TransactionFailed(
+                    f"the transaction coordinator would not add group {self.group_id!r}: {problem}"
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 0.2)
 
     async def abort(self) -> None:
         """Abort the open transaction (a producer that cannot abort, because it was fenced

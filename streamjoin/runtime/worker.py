@@ -139,6 +139,13 @@ class Worker(Service):
             return {}
         return self.consumer.rebalance_metrics.snapshot(time.monotonic())
 
+    def transaction_metrics(self) -> dict[str, int]:
+        """Exactly-once: transactions committed and aborted (empty under at-least-once)."""
+        sender = self.sender
+        if not isinstance(sender, TransactionalSender):
+            return {}
+        return {"transactions-committed": sender.commits, "transactions-aborted": sender.aborts}
+
     async def on_start(self) -> None:
         topology, config = self.topology, self.config
         await prepare_topics(topology, config)
