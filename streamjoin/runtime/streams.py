@@ -365,7 +365,8 @@ class AgentRuntime:
                 headers=headers,
                 timestamp_ms=raw.timestamp,
             )
-            await future
+            if not self.transactional:  # (exactly-once: the commit checks every send)
+                await future
             log.warning(
                 "agent %s %s %s: %r; sent to dead-letter topic %s",
                 runner.name,

@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -92,9 +92,43 @@ def transactional_id_for(app_id: str, instance_id: str | None) -> str:
     return f"{app_id}-{suffix}"
 
 
+#: records held for the next transaction while a commit ends one; beyond this, sends wait
+MAX_HELD_SENDS = 100_000
+
+
+@dataclass
+class _HeldSend:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None
+    headers: Headers
+    timestamp_ms: int | None
+    future: asyncio.Future[Any] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def _chain(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
+    """Resolve ``target`` as ``source`` resolves."""
+
+    def copy(done: asyncio.Future[Any]) -> None:
+        if target.done():
+            return
+        if done.cancelled():
+            target.cancel()
+        elif (exc := done.exception()) is not None:
+            target.set_exception(exc)
+            target.exception()  # seen: the transaction's commit reports it
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)
+
+
 class TransactionalSender(KafkaSender):
     """The worker's producer under exactly-once: a transaction is always open between
-    commits, and sends wait while a commit ends one and begins the next."""
+    commits; records sent while a commit ends one are held for the next."""
 
     def __init__(
         self,
@@ -126,6 +160,8 @@ class TransactionalSender(KafkaSender):
         self._sent = False
         #: the transaction coordinator's node id, once looked up
         self._coordinator: int | None = None
+        #: records sent while a commit ended the transaction, for the next one
+        self._held: list[_HeldSend] = []
         self.commits = 0
         self.aborts = 0
 
@@ -135,6 +171,7 @@ class TransactionalSender(KafkaSender):
 
     async def on_stop(self) -> None:
         self._open.clear()
+        self._drop_held()
         producer = self._producer
         if producer is not None and self._sent:
             # Never leave records of ours in an open transaction: read_committed readers
@@ -156,12 +193,47 @@ class TransactionalSender(KafkaSender):
         timestamp_ms: int | None,
     ) -> asyncio.Future[Any]:
         if not self._open.is_set():
-            await self._open.wait()  # a commit is ending the transaction
+            # A commit is ending the transaction: the record joins the next one. Held here
+            # (the agent goes on at once: its event counts as processed, and the next
+            # transaction commits this record or none of its events' effects).
+            if len(self._held) < MAX_HELD_SENDS:
+                held = _HeldSend(topic, key, value, partition, headers, timestamp_ms)
+                self._held.append(held)
+                return held.future
+            await self._open.wait()
         future = await super().send(
             topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
         )
         self._watch(future)
         return future
+
+    async def _send_held(self) -> None:
+        """Send what was held while the last transaction ended, in order, into this one."""
+        while self._held:
+            batch, self._held = self._held, []
+            for held in batch:
+                try:
+                    future = await super().send(
+                        held.topic,
+                        held.key,
+                        held.value,
+                        partition=held.partition,
+                        headers=held.headers,
+                        timestamp_ms=held.timestamp_ms,
+                    )
+                except Exception as exc:
+                    if self._failure is None:
+                        self._failure = exc
+                    held.future.cancel()
+                    continue
+                self._watch(future)
+                _chain(future, held.future)
+
+    def _drop_held(self) -> None:
+        """The held records' events are processed again (an abort, a stop): forget them."""
+        held, self._held = self._held, []
+        for item in held:
+            item.future.cancel()
 
     async def send_many(
         self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -204,6 +276,7 @@ class TransactionalSender(KafkaSender):
         await producer.begin_transaction()
         self._failure = None
         self._sent = False
+        await self._send_held()
         self._open.set()
 
     async def commit(self, offsets: Mapping[TP, int], commit_offsets: CommitOffsets) -> None:
@@ -286,6 +359,7 @@ class TransactionalSender(KafkaSender):
         or failed, is replaced: initialising the transactional id again aborts it), then
         begin the next one."""
         self._open.clear()
+        self._drop_held()
         self.aborts += 1
         producer = self._require()
         try:
