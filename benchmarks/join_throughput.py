@@ -241,7 +241,7 @@ async def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict[str, A
         deadline = time.monotonic() + 120
         while remaining and time.monotonic() < deadline:
             batch = await consumer.getmany(*remaining, timeout_ms=1000)
-            for tp, records in batch.items():
+            for records in batch.values():
                 out.extend((r.timestamp, json.loads(r.value)) for r in records)
             # (the position, not the last record: a transaction's commit marker, last in a
             # partition written exactly-once, is never handed out)

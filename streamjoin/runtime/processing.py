@@ -250,7 +250,20 @@ class TaskProcessing:
             len(tasks),
             dropped,
         )
-        await transaction.abort()
+        # Events of the lost tasks still in progress finish first: what they send is held
+        # for the next transaction, and the abort drops it (nothing of theirs may be
+        # committed with the next transaction, which has no offsets for them).
+        transaction.close_sends()
+        if not await self.runtime.quiesce(self.revoke_timeout):
+            log.warning(
+                "agents still inside an event %.0fs after the abort began: %s",
+                self.revoke_timeout,
+                ", ".join(r.name for r in self.runtime.runners if r.current is not None),
+            )
+        try:
+            await transaction.abort()
+        finally:
+            self.runtime.resume()
         if self._aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
             raise TransactionFailed(
                 f"{self._aborts_in_a_row} transactions in a row were aborted; the last: {exc}",

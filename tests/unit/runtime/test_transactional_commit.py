@@ -193,3 +193,35 @@ async def test_a_commit_with_nothing_to_commit_keeps_the_transaction_open() -> N
         processing, txn, _ = _transactional(driver)
         assert await processing.commit() == {}
         assert txn.begins == 0 and not txn.in_commit.is_set() and txn.sends_open
+
+
+async def test_sends_of_an_event_in_progress_when_a_transaction_aborts_are_dropped() -> None:
+    """An event of a lost task that is still being processed when the abort begins must
+    finish before the abort: its sends (held for the next transaction) are dropped with the
+    aborted one, never committed without their offset."""
+    app = streamjoin.App("txn-abort-inflight", topic_partitions=1)
+    clicks = app.topic("clicks", key_serializer="str", value_serializer="json", partitions=1)
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    @app.agent(clicks)
+    async def slow(stream: Stream) -> None:
+        async for _event in stream:
+            inside.set()
+            await release.wait()
+
+    async with TestDriver(app) as driver:
+        processing, txn, _ = _transactional(driver)
+        await driver.put("clicks", key="a", value=1)
+        await inside.wait()
+        txn.fail_with = TransactionFailed("injected", fenced=True)
+        assert processing.tasks.live()
+        transaction = processing.transaction
+        assert transaction is not None
+        abort = asyncio.create_task(processing._aborted(transaction, txn.fail_with))
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        assert txn.aborts == 0 and not txn.sends_open, "aborted while an event was in progress"
+        release.set()
+        await abort
+        assert txn.aborts == 1 and txn.sends_open
+        txn.fail_with = None
