@@ -34,12 +34,22 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) ->
 
 
 async def read_all(
-    bootstrap: str, topic: str, expected: int, timeout: float = 60.0
+    bootstrap: str,
+    topic: str,
+    expected: int,
+    timeout: float = 60.0,
+    isolation_level: str = "read_uncommitted",
 ) -> list[tuple[str, str, dict[str, bytes]]]:
     """Everything in ``topic``: waits for at least ``expected`` records, then reads on until
-    the topic has nothing more (so duplicates written late are seen too)."""
+    the topic has nothing more (so duplicates written late are seen too).
+    ``isolation_level="read_committed"`` reads what a transactional app committed only
+    (records of aborted transactions are skipped, open ones wait for their outcome)."""
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        group_id=None,
+        isolation_level=isolation_level,
     )
     await consumer.start()
     out: list[tuple[str, str, dict[str, bytes]]] = []
@@ -56,6 +66,68 @@ async def read_all(
     finally:
         await consumer.stop()
     return out
+
+
+async def read_to_end(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    isolation_level: str = "read_committed",
+    timeout: float = 60.0,
+) -> list[tuple[str, str]]:
+    """Every record of the ``partitions`` partitions of ``topic`` up to its end (under
+    ``read_committed`` the last stable offset: nothing of a transaction still open), as
+    (key, value) in offset order per partition; reads until the end stops moving. Unlike
+    :func:`read_all` it needs no expected count, so it returns as soon as the topic is
+    read, however few records it has."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        isolation_level=isolation_level,
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list[tuple[str, str]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                out.extend((r.key.decode(), r.value.decode()) for r in records)
+            if batch:
+                quiet_since = time.monotonic()
+            positions = {tp: await consumer.position(tp) for tp in tps}
+            # a partition ending in a transaction marker may leave the position just short
+            # of the end (no record after it to move past): 2 s of nothing also ends it
+            caught_up = all(positions[tp] >= ends[tp] for tp in tps)
+            if caught_up or time.monotonic() - quiet_since > 2.0:
+                newer = await consumer.end_offsets(tps)
+                if newer == ends:
+                    return out
+                ends = newer
+                quiet_since = time.monotonic()
+        raise AssertionError(f"{topic} not read to its end {ends} in {timeout:.0f}s")
+    finally:
+        await consumer.stop()
+
+
+async def end_offsets(
+    bootstrap: str, topic: str, partitions: int, isolation_level: str = "read_uncommitted"
+) -> list[int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        ends = await consumer.end_offsets(tps)
+        return [ends[tp] for tp in tps]
+    finally:
+        await consumer.stop()
 
 
 async def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
@@ -251,6 +323,33 @@ def join_workers(
         **settings,
     }
     return Workers("tests.integration.apps.joiner:app", env, log_dir)
+
+
+def eos_workers(
+    bootstrap: str,
+    unique_topic: Callable[..., str],
+    log_dir: Path,
+    partitions: int,
+    **settings: str,
+) -> Workers:
+    """Worker processes of tests/integration/apps/eos_app.py (a join and a counting table)
+    on fresh topics; ``settings`` are more of its environment variables (SJT_GUARANTEE,
+    SJT_SESSION_TIMEOUT_MS, SJT_WORK_MS, ...)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("eos"),
+        "SJT_BROKER": f"kafka://{bootstrap}",
+        "SJT_IMPRESSIONS": unique_topic("imp"),
+        "SJT_CLICKS": unique_topic("clk"),
+        "SJT_OUTPUT": unique_topic("out"),
+        "SJT_EVENTS": unique_topic("events"),
+        "SJT_COUNTS": unique_topic("counts"),
+        "SJT_PARTITIONS": str(partitions),
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    return Workers("tests.integration.apps.eos_app:app", env, log_dir)
 
 
 async def produce_traffic(

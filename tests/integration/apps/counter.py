@@ -3,7 +3,9 @@
 Every update is also sent to $SJT_SINK as "<key>=<count>", so tests can read
 the counts a worker holds (after a restore, the next event of a key shows the
 restored count + 1). $SJT_WORK_MS (default 0) makes each event cost that much CPU,
-so a backlog takes a predictable while to process.
+so a backlog takes a predictable while to process. $SJT_GUARANTEE is the processing
+guarantee (at_least_once by default); $SJT_SESSION_TIMEOUT_MS the consumer's session
+timeout (10 s by default; the broker's minimum is 6 s).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ app = streamjoin.App(
     os.environ.get("SJT_APP_ID", "counter"),
     broker=os.environ.get("SJT_BROKER", "kafka://127.0.0.1:9092"),
     commit_interval=float(os.environ.get("SJT_COMMIT_INTERVAL", "0.3")),
+    processing_guarantee=os.environ.get("SJT_GUARANTEE", "at_least_once"),
     standby_replicas=int(os.environ.get("SJT_STANDBYS", "0")),
-    consumer_options={"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000},
+    consumer_options={
+        "session_timeout_ms": int(os.environ.get("SJT_SESSION_TIMEOUT_MS", "10000")),
+        "heartbeat_interval_ms": 1_000,
+    },
     rebalance_protocol=os.environ.get("SJT_PROTOCOL", "cooperative"),
     high_availability=os.environ.get("SJT_HIGH_AVAILABILITY") == "1",
     acceptable_recovery_lag=int(os.environ.get("SJT_RECOVERY_LAG", "10000")),

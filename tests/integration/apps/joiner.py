@@ -5,7 +5,8 @@ that never got a click, with ``click_id`` None); $SJT_SESSION_TIMEOUT_MS the con
 session timeout (10 s by default; the broker's minimum is 6 s); $SJT_WINDOW_MS the join
 window (10 minutes by default; the grace period is 30 s); $SJT_WORK_MS (0 by
 default) makes every input event cost that much CPU (spent reading its event time), so a
-backlog takes a predictable while to process.
+backlog takes a predictable while to process. $SJT_GUARANTEE is the processing guarantee
+(at_least_once by default).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ app = streamjoin.App(
     os.environ.get("SJT_APP_ID", "joiner"),
     broker=os.environ.get("SJT_BROKER", "kafka://127.0.0.1:9092"),
     commit_interval=0.3,
+    processing_guarantee=os.environ.get("SJT_GUARANTEE", "at_least_once"),
     consumer_options={
         "session_timeout_ms": int(os.environ.get("SJT_SESSION_TIMEOUT_MS", "10000")),
         "heartbeat_interval_ms": 1_000,
