@@ -486,7 +486,11 @@ async def test_kill_9_soak_is_exact(
     """Three exactly-once workers, one killed (SIGKILL) every ~4 s and restarted, while
     ad traffic and counted events flow: a ``read_committed`` reader finds every expected
     join exactly once and nothing else, and every key's count updates are exactly
-    1, 2, ..., n (n its true number of events): nothing lost, nothing repeated."""
+    1, 2, ..., n (n its true number of events): nothing lost, nothing repeated.
+
+    Caught on 6de2c5e: AddOffsetsToTxn answered CONCURRENT_TRANSACTIONS (the previous
+    transaction still writing its markers) was taken for a failure; the worker aborted,
+    rejoined, got its partitions back and never processed them (fixed by 276d830)."""
     outcome = await run_soak(
         kafka_bootstrap, unique_topic, tmp_path, EXACTLY_ONCE, soak_size(), seed=5
     )
@@ -663,7 +667,13 @@ async def test_zombie_commits_nothing_after_its_partitions_moved(
     other; then it resumes (SIGCONT). Whatever it had processed and not committed, and
     whatever it does before it learns it was dropped, must never become visible: a
     ``read_committed`` reader finds every join once and every key counted 1..n, and the
-    group's committed offsets never move backwards and end at the inputs' ends."""
+    group's committed offsets never move backwards and end at the inputs' ends.
+
+    Caught on 276d830 (2 runs in 3): the surviving worker's transaction was aborted by
+    the rebalances (ILLEGAL_GENERATION), and the update its agent was still sending went
+    into the next transaction and was committed without its offsets: the counts
+    partition held "k8=474" in a one-record batch right after the worker's own ABORT
+    marker, between "k8=371" and "k8=372" (fixed by 75f5aa1)."""
     outcome = await zombie_scenario(kafka_bootstrap, unique_topic, tmp_path, guarantee)
     print(outcome)
     # the scenario happened as intended: frozen mid-backlog, partitions moved under it
