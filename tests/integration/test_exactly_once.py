@@ -43,7 +43,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from examples.ad_traffic import Traffic, generate
-from streamjoin.config import PROCESSING_GUARANTEES
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
 from streamjoin.runtime.group_info import GroupInfo
@@ -65,15 +64,11 @@ PARTITIONS = 6
 
 EXACTLY_ONCE = "exactly_once"
 AT_LEAST_ONCE = "at_least_once"
-EOS_BUILT = EXACTLY_ONCE in PROCESSING_GUARANTEES
-needs_eos = pytest.mark.skipif(
-    not EOS_BUILT, reason='processing_guarantee="exactly_once" is not built yet (issue 13)'
-)
-#: the at-least-once variants, run on request: each must show the fault (see
-#: ``check_guarantee``)
-detection_demo = pytest.mark.skipif(
-    os.environ.get("EOS_TESTS_DETECTION") != "1",
-    reason="at-least-once detection demo: set EOS_TESTS_DETECTION=1",
+#: the guarantees each fault scenario runs under: exactly-once (must be exact), plus the
+#: at-least-once variant on request (``EOS_TESTS_DETECTION=1``), which must show the fault
+#: and so proves the scenario and its counting can fail (see ``check_guarantee``)
+GUARANTEES = [EXACTLY_ONCE] + (
+    [AT_LEAST_ONCE] if os.environ.get("EOS_TESTS_DETECTION") == "1" else []
 )
 
 
@@ -479,7 +474,6 @@ async def run_soak(
         workers.close()
 
 
-@needs_eos
 async def test_kill_9_soak_is_exact(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -654,10 +648,7 @@ async def zombie_scenario(
 
 @pytest.mark.parametrize(
     "guarantee",
-    [
-        pytest.param(EXACTLY_ONCE, marks=needs_eos),
-        pytest.param(AT_LEAST_ONCE, marks=detection_demo),
-    ],
+    GUARANTEES,
 )
 async def test_zombie_commits_nothing_after_its_partitions_moved(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path, guarantee: str
@@ -813,10 +804,7 @@ async def wait_all_totals(bootstrap: str, workers: Workers, topic: str, total: i
 
 @pytest.mark.parametrize(
     "guarantee",
-    [
-        pytest.param(EXACTLY_ONCE, marks=needs_eos),
-        pytest.param(AT_LEAST_ONCE, marks=detection_demo),
-    ],
+    GUARANTEES,
 )
 async def test_aborted_changelog_records_are_not_restored(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path, guarantee: str
