@@ -145,6 +145,11 @@ class TransactionalSender(KafkaSender):
             bootstrap_servers,
             client_options=client_options,
             producer_options={
+                # The first records of a transaction often find the previous one still
+                # writing its markers (the broker answers CONCURRENT_TRANSACTIONS, or
+                # NOT_ENOUGH_REPLICAS to aiokafka's produce version): retry soon, as the
+                # Java producer does, not after the default 100 ms.
+                **({} if "retry_backoff_ms" in client_options else {"retry_backoff_ms": 20}),
                 **producer_options,
                 "transactional_id": transactional_id,
                 "transaction_timeout_ms": transaction_timeout_ms,
