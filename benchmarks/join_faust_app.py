@@ -32,16 +32,94 @@ the fastest Faust path; JSON is decoded only to build a joined record, as in
 streamjoin. Marks: ``FIRST <unix time> <process CPU time>`` when the first input event reaches an
 agent and ``DONE <unix time> <process CPU time>`` when the ``--inputs``-th event is processed, in
 the file ``--marks`` (the Faust worker redirects stdout into its log).
+
+Faust's internal topics (the tables' changelogs, compacted, with the tables' partition
+counts, and the leader assignor's topic) are created here, before the worker starts, and
+only once the broker's metadata lists every one of their partitions with a leader does the
+worker start. Faust would create them itself while starting, but on Kafka 4.x (KRaft) a
+topic created a few milliseconds before the consumer group's first join is often still
+missing from the metadata the join is planned on: the assignment then leaves that
+changelog out, Faust sees it with 0 partitions, and every event that writes to its table
+crashes the agent with ``PartitionsMismatch`` (which looks like a hang: the agent is
+restarted, and crashes again, until the benchmark's timeout). Faust does not declare a
+topic the broker already lists, which also spares aiokafka < 0.13 its CreateTopics v1
+request, a version Kafka 4 no longer accepts (the broker closes the connection).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 WINDOW_MS = 10 * 60_000
+
+
+def internal_topics(app: Any) -> dict[str, tuple[int, int, dict[str, str]]]:
+    """Faust's internal topics of ``app`` as name -> (partitions, replication, config), as
+    Faust itself would declare them (``Topic.declare`` and ``faust.transport.drivers.aiokafka``:
+    ``cleanup.policy`` from compacting/deleting, ``retention.ms`` from retention)."""
+    from mode.utils.times import want_seconds
+
+    topics = [table.changelog_topic for table in app.tables.values()]
+    if not app.conf.topic_disable_leader:  # (the topic LeaderAssignor.on_start declares)
+        topics.append(app._leader_assignor._leader_topic)
+    out: dict[str, tuple[int, int, dict[str, str]]] = {}
+    for topic in topics:
+        config: dict[str, str] = {}
+        policy = [p for p, on in (("compact", topic.compacting), ("delete", topic.deleting)) if on]
+        if policy:
+            config["cleanup.policy"] = ",".join(policy)
+        if topic.retention:
+            config["retention.ms"] = str(int(want_seconds(topic.retention) * 1000))
+        config.update({k: str(v) for k, v in (topic.config or {}).items()})
+        out[topic.get_topic_name()] = (
+            topic.partitions or app.conf.topic_partitions,
+            topic.replicas or app.conf.topic_replication_factor or 1,
+            config,
+        )
+    return out
+
+
+async def create_topics(
+    bootstrap: str,
+    topics: dict[str, tuple[int, int, dict[str, str]]],
+    timeout: float = 60,
+) -> None:
+    """Create ``topics`` (an existing one is kept if its partition count is right) and
+    return once a fresh metadata request lists all their partitions with a leader."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        response = await admin.create_topics(
+            [NewTopic(name, n, r, topic_configs=cfg) for name, (n, r, cfg) in topics.items()]
+        )
+        for name, code, *reason in response.topic_errors:
+            if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
+                raise RuntimeError(f"cannot create topic {name}: error {code} {reason}")
+        deadline = time.monotonic() + timeout
+        while True:
+            # (every topic: naming topics would let the broker auto-create a missing one)
+            described = {t.get("topic", t.get("name")): t for t in await admin.describe_topics()}
+            ready = True
+            for name, (n, _, _) in topics.items():
+                found = described.get(name)
+                parts = found["partitions"] if found and found["error_code"] == 0 else []
+                if parts and len(parts) != n:
+                    raise RuntimeError(f"topic {name} has {len(parts)} partitions, not {n}")
+                ready = ready and len(parts) == n and all(p["leader"] >= 0 for p in parts)
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not all in the broker's metadata: {sorted(topics)}")
+            await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
 
 
 def main() -> None:
@@ -145,6 +223,12 @@ def main() -> None:
             counted()
 
     logging.basicConfig(level=args.loglevel.upper())
+    # (a loop of its own, never set as the current one: the worker makes its own)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(create_topics(args.bootstrap, internal_topics(app)))
+    finally:
+        loop.close()
     worker = faust.Worker(app, loglevel=args.loglevel, quiet=True)
     worker.execute_from_commandline()
 
