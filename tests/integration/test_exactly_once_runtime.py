@@ -3,12 +3,14 @@ together (the fault tests, kill -9 and zombies, are in test_exactly_once.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer
 
 import streamjoin
@@ -48,7 +50,14 @@ async def read_committed(
 
 
 def counting_app(
-    bootstrap: str, app_id: str, source_name: str, sink_name: str, state_dir: Path
+    bootstrap: str,
+    app_id: str,
+    source_name: str,
+    sink_name: str,
+    state_dir: Path,
+    *,
+    protocol: str = "cooperative",
+    instance: str = "w1",
 ) -> streamjoin.App:
     """Counts events per key in a table and sends each new count."""
     app = streamjoin.App(
@@ -56,7 +65,8 @@ def counting_app(
         broker=f"kafka://{bootstrap}",
         processing_guarantee="exactly_once",
         state_dir=state_dir,
-        group_instance_id="w1",
+        group_instance_id=instance,
+        rebalance_protocol=protocol,
     )
     source = app.topic(
         source_name, key_serializer="str", value_serializer="str", partitions=PARTITIONS
@@ -132,3 +142,36 @@ async def test_an_aborted_transaction_is_processed_again_and_counted_once(
         per_key.setdefault(key, []).append(int(value))
     for key, n in Counter(keys).items():
         assert sorted(per_key[key]) == list(range(1, n + 1)), (key, per_key[key])
+
+
+@pytest.mark.parametrize("protocol", ["cooperative", "eager"])
+async def test_two_workers_rebalancing_commit_every_event_once(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path, protocol: str
+) -> None:
+    """A second worker joins while events flow and leaves again: the partitions that move
+    are revoked with a transaction commit (cooperative: only those; eager: all), and a
+    read_committed reader sees every count exactly once, in order."""
+    app_id, source, sink = unique_topic("eos"), unique_topic("in"), unique_topic("out")
+    keys = [f"k{i % 9}" for i in range(600)]
+    first = counting_app(kafka_bootstrap, app_id, source, sink, tmp_path / "a", protocol=protocol)
+    second = counting_app(
+        kafka_bootstrap, app_id, source, sink, tmp_path / "b", protocol=protocol, instance="w2"
+    )
+    async with first:
+        await produce(kafka_bootstrap, source, [(k, "x") for k in keys[:200]])
+        async with second:
+            await produce(kafka_bootstrap, source, [(k, "x") for k in keys[200:300]])
+            deadline = time.monotonic() + 30
+            while not second.assignment and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            moved = first.assignment, second.assignment
+            await produce(kafka_bootstrap, source, [(k, "x") for k in keys[300:400]])
+            await read_committed(kafka_bootstrap, sink, 400)
+        await produce(kafka_bootstrap, source, [(k, "x") for k in keys[400:]])
+        out = await read_committed(kafka_bootstrap, sink, 600)
+    assert moved[0] and moved[1], f"the second worker never got partitions: {moved}"
+    per_key: dict[str, list[int]] = {}
+    for key, value in out:
+        per_key.setdefault(key, []).append(int(value))
+    for key, n in Counter(keys).items():
+        assert per_key[key] == list(range(1, n + 1)), (key, per_key[key])
