@@ -66,7 +66,12 @@ from streamjoin.assignor.cooperative import partition_changes
 from streamjoin.errors import FencedInstanceError, GroupMembershipError, TransactionFailed
 from streamjoin.runtime.assignor_adapter import ASSIGNOR_NAME, known_partitions
 from streamjoin.runtime.rebalance_metrics import RebalanceMetrics, RebalanceRecord
-from streamjoin.runtime.txn_protocol import ErrorCode, fetch_committed, txn_offset_commit
+from streamjoin.runtime.txn_protocol import (
+    PRODUCER_FENCED_CODES,
+    ErrorCode,
+    fetch_committed,
+    txn_offset_commit,
+)
 from streamjoin.runtime.txn_protocol import error_name as txn_error_name
 
 if TYPE_CHECKING:
@@ -116,6 +121,14 @@ _COORDINATOR_GONE = {
     _Code.COORDINATOR_LOAD_IN_PROGRESS,
 }
 _MEMBER_GONE = {_Code.UNKNOWN_MEMBER_ID, _Code.ILLEGAL_GENERATION}
+#: TxnOffsetCommit answers: this member's partitions moved (the commit is a zombie's)
+_TXN_MEMBER_GONE = _MEMBER_GONE | {_Code.FENCED_INSTANCE_ID}
+#: TxnOffsetCommit answers a retry fixes (within the transaction's lifetime)
+_TXN_RETRIABLE = _COORDINATOR_GONE | {
+    ErrorCode.CONCURRENT_TRANSACTIONS,
+    _Code.REBALANCE_IN_PROGRESS,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+}
 _FATAL = {
     _Code.INCONSISTENT_GROUP_PROTOCOL: "the group is used by consumers of another protocol "
     "type or assignor (another application with the same id?)",
@@ -774,29 +787,21 @@ class GroupMembership:
             if not failed:
                 return
             names = ", ".join(sorted({txn_error_name(c) for c in failed}))
-            if failed & {int(c) for c in _MEMBER_GONE | {_Code.FENCED_INSTANCE_ID}}:
+            if failed & _TXN_MEMBER_GONE:
                 if generation == self.generation:
                     self._rejoin.set()
                 raise TransactionFailed(
                     f"the group refused this worker's offsets ({names}): its partitions moved",
                     fenced=True,
                 )
-            if failed & {
-                int(ErrorCode.INVALID_PRODUCER_EPOCH),
-                int(ErrorCode.PRODUCER_FENCED),
-            }:
+            if failed & PRODUCER_FENCED_CODES:
                 raise TransactionFailed(
                     f"the group refused this worker's offsets ({names}): its producer was fenced",
                     fenced=True,
                 )
-            retriable = {int(c) for c in _COORDINATOR_GONE} | {
-                int(ErrorCode.CONCURRENT_TRANSACTIONS),
-                int(_Code.REBALANCE_IN_PROGRESS),
-                int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
-            }
-            if not failed <= retriable or self._clock() >= deadline:
+            if not failed <= _TXN_RETRIABLE or self._clock() >= deadline:
                 raise TransactionFailed(f"the group refused this worker's offsets ({names})")
-            if failed & {int(c) for c in _COORDINATOR_GONE}:
+            if failed & _COORDINATOR_GONE:
                 self._forget_coordinator()
             await asyncio.sleep(backoff)
 
@@ -880,9 +885,9 @@ class GroupMembership:
             codes.discard(0)
             if not codes:
                 return {tp: offset for tp, (offset, _) in found.items() if offset >= 0}
-            if codes & {int(c) for c in _COORDINATOR_GONE}:
+            if codes & _COORDINATOR_GONE:
                 self._forget_coordinator()
-            elif codes == {int(ErrorCode.UNSTABLE_OFFSET_COMMIT)}:
+            elif codes == {ErrorCode.UNSTABLE_OFFSET_COMMIT}:
                 if waited_since is None:
                     waited_since = self._clock()
                     log.info(

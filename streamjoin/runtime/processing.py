@@ -46,7 +46,7 @@ class Transaction(Protocol):
     tables: Mapping[str, Table]
 
     def close_sends(self) -> None:
-        """Sends made from now on wait for the next transaction."""
+        """Sends made from now on go into the next transaction."""
 
     async def send_writes(self, taken: list[TakenWrites]) -> list[Sending]:
         """Send the changelog records of ``taken`` in the open transaction."""
@@ -188,8 +188,8 @@ class TaskProcessing:
     async def _commit_transaction(self, transaction: Transaction) -> dict[TopicPartition, int]:
         """One transaction: a snapshot between two events of every actor (positions and
         table writes), then changelog records, offsets and the commit, while the actors go
-        on (their sends wait for the next transaction); stores are written only once it
-        committed. An abort loses every task (see :meth:`_aborted`)."""
+        on (what they send meanwhile goes into the next transaction); stores are written
+        only once it committed. An abort loses every task (see :meth:`_aborted`)."""
         async with self._commit_lock:
             if self._member_ok is not None and not await self._member_ok():
                 # Rejoining: the commit would carry a generation the group may have left
@@ -201,7 +201,7 @@ class TaskProcessing:
                 log.warning(
                     "commit waits for agents still inside an event after %.0fs: %s",
                     self.revoke_timeout,
-                    ", ".join(r.name for r in self.runtime.runners if r.current is not None),
+                    ", ".join(self.runtime.inside_events()),
                 )
                 while not await self.runtime.quiesce(self.revoke_timeout):
                     pass
@@ -258,7 +258,7 @@ class TaskProcessing:
             log.warning(
                 "agents still inside an event %.0fs after the abort began: %s",
                 self.revoke_timeout,
-                ", ".join(r.name for r in self.runtime.runners if r.current is not None),
+                ", ".join(self.runtime.inside_events()),
             )
         try:
             await transaction.abort()

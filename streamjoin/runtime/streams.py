@@ -264,13 +264,17 @@ class AgentRuntime:
             await asyncio.sleep(0.005)
         return True
 
+    def inside_events(self) -> list[str]:
+        """Actors processing an event right now (of any task)."""
+        return [r.name for r in self.runners if r.current is not None]
+
     async def quiesce(self, timeout: float) -> bool:
         """Hold every actor between two events (the snapshot of a transaction: every event
         is either wholly before it or wholly after it); False if some actor was still inside
         an event after ``timeout`` seconds (the barrier stays closed: call :meth:`resume`)."""
         self.barrier.clear()
         deadline = asyncio.get_running_loop().time() + timeout
-        while any(r.current is not None for r in self.runners):
+        while self.inside_events():
             if asyncio.get_running_loop().time() >= deadline:
                 return False
             await asyncio.sleep(0.001)

@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
 
 from streamjoin.errors import TransactionError, TransactionFailed
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.state import Sending, TakenWrites, send_writes
 from streamjoin.runtime.txn_protocol import (
+    PRODUCER_FENCED_CODES,
     ErrorCode,
     add_offsets_to_txn,
     error_name,
@@ -264,7 +265,7 @@ class TransactionalSender(KafkaSender):
     # ------------------------------------------------------------------ transactions
 
     def close_sends(self) -> None:
-        """From now on sends wait for the next transaction (the commit's snapshot)."""
+        """From now on sends go into the next transaction (the commit's snapshot)."""
         self._open.clear()
 
     @property
@@ -347,7 +348,7 @@ class TransactionalSender(KafkaSender):
                 return
             if code in (-1, ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                 self._coordinator = None  # look it up again
-            if code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED):
+            if code in PRODUCER_FENCED_CODES:
                 raise TransactionFailed(
                     f"the transaction coordinator fenced this worker's producer ({problem})",
                     fenced=True,
@@ -389,8 +390,7 @@ class TransactionalSender(KafkaSender):
 
 
 def _is_fenced(exc: BaseException) -> bool:
-    name = type(exc).__name__
-    return name in ("ProducerFenced", "InvalidProducerEpoch") or (
+    return isinstance(exc, ProducerFenced | InvalidProducerEpoch) or (
         isinstance(exc, TransactionFailed) and exc.fenced
     )
 

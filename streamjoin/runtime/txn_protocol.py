@@ -128,6 +128,11 @@ class ErrorCode(enum.IntEnum):
     PRODUCER_FENCED = 90
 
 
+#: answers meaning a newer producer took over this transactional id (or the broker bumped
+#: its epoch after a transaction timeout): the producer can commit nothing any more
+PRODUCER_FENCED_CODES = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
+
+
 def error_name(code: int) -> str:
     """``"ILLEGAL_GENERATION"`` for 22; ``"error code N"`` for a code not in :class:`ErrorCode`."""
     try:

@@ -18,8 +18,8 @@ from streamjoin.runtime.tasks import Task, TaskManager, TaskState
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.stream import Stream
-from streamjoin.tables import Table
 from streamjoin.testing.driver import TestDriver
+from tests.unit.runtime.counting_app import counting_app
 
 # ------------------------------------------------------------------ AppConfig
 
@@ -163,24 +163,10 @@ def test_task_lifecycle() -> None:
     assert other.state is TaskState.LOST and manager.live() == []
 
 
-def _counting_app(name: str) -> tuple[streamjoin.App, Table]:
-    """One partition of clicks, counted per key in a table."""
-    app = streamjoin.App(name, topic_partitions=1)
-    clicks = app.topic("clicks", key_serializer="str", value_serializer="json", partitions=1)
-    counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=clicks)
-
-    @app.agent(clicks)
-    async def count(stream: Stream) -> None:
-        async for event in stream:
-            counts[event.key] += 1
-
-    return app, counts
-
-
 async def test_driver_revocation_commits_exactly_what_it_flushed() -> None:
     """The worker's revocation path, in memory: every event processed before the revoke is
     in the table and committed; nothing is counted twice when the task comes back."""
-    app, counts = _counting_app("revoke-driver")
+    app, counts = counting_app("revoke-driver")
     async with TestDriver(app) as driver:
         for _ in range(5):
             await driver.put("clicks", key="a", value=1)
@@ -196,7 +182,7 @@ async def test_driver_revocation_commits_exactly_what_it_flushed() -> None:
 async def test_a_lost_task_flushes_and_commits_nothing() -> None:
     """A fenced member's tasks are lost: their unflushed writes never reach the store or
     the changelog, and no offset is committed (their next owner replays them)."""
-    app, counts = _counting_app("lose-driver")
+    app, counts = counting_app("lose-driver")
     async with TestDriver(app) as driver:
         await driver.put("clicks", key="a", value=1)
         await driver.drain()  # flushed: a=1 is durable
@@ -221,7 +207,7 @@ async def test_a_task_lost_while_its_commit_flushes_is_skipped_not_crashed() -> 
     Bug reproduced (CI, the stalled-join test): the loss closed the stores under the
     flush, which raised StoreClosed; the consumer service crashed while the worker stayed
     in the group holding partitions it never processed again."""
-    app, counts = _counting_app("lost-mid-commit")
+    app, counts = counting_app("lost-mid-commit")
     async with TestDriver(app) as driver:
         await driver.put("clicks", key="a", value=1)
         await driver.drain()  # flushed: a=1 is durable

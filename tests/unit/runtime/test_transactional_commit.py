@@ -17,6 +17,7 @@ from streamjoin.runtime.tasks import TaskState
 from streamjoin.stream import Stream
 from streamjoin.tables import Table
 from streamjoin.testing.driver import TestDriver
+from tests.unit.runtime.counting_app import counting_app
 
 
 class FakeTransaction:
@@ -62,19 +63,6 @@ class FakeTransaction:
         await self.begin()
 
 
-def _counting_app(name: str) -> tuple[streamjoin.App, Table]:
-    app = streamjoin.App(name, topic_partitions=1)
-    clicks = app.topic("clicks", key_serializer="str", value_serializer="json", partitions=1)
-    counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=clicks)
-
-    @app.agent(clicks)
-    async def count(stream: Stream) -> None:
-        async for event in stream:
-            counts[event.key] += 1
-
-    return app, counts
-
-
 def _transactional(driver: TestDriver) -> tuple[TaskProcessing, FakeTransaction, list[str]]:
     processing, topology, runtime = driver.processing, driver.topology, driver.runtime
     assert processing is not None and topology is not None and runtime is not None
@@ -94,7 +82,7 @@ async def _process(driver: TestDriver, n: int) -> None:
 
 
 async def test_stores_get_a_commits_writes_only_once_the_transaction_committed() -> None:
-    app, _counts = _counting_app("txn-store-after-commit")
+    app, _counts = counting_app("txn-store-after-commit")
     async with TestDriver(app) as driver:
         processing, txn, _ = _transactional(driver)
         await _process(driver, 3)
@@ -112,7 +100,7 @@ async def test_stores_get_a_commits_writes_only_once_the_transaction_committed()
 
 
 async def test_an_aborted_transaction_loses_every_task_and_leaves_the_stores_alone() -> None:
-    app, _counts = _counting_app("txn-abort")
+    app, _counts = counting_app("txn-abort")
     async with TestDriver(app) as driver:
         processing, txn, aborted = _transactional(driver)
         await _process(driver, 2)
@@ -129,7 +117,7 @@ async def test_an_aborted_transaction_loses_every_task_and_leaves_the_stores_alo
 
 
 async def test_aborts_that_keep_coming_back_stop_the_worker() -> None:
-    app, _counts = _counting_app("txn-abort-loop")
+    app, _counts = counting_app("txn-abort-loop")
     async with TestDriver(app) as driver:
         processing, txn, _ = _transactional(driver)
         txn.fail_with = TransactionFailed("not allowed to write", fenced=False)
@@ -145,7 +133,7 @@ async def test_aborts_that_keep_coming_back_stop_the_worker() -> None:
 
 
 async def test_a_fenced_worker_rejoins_however_often_it_is_fenced() -> None:
-    app, _counts = _counting_app("txn-fenced")
+    app, _counts = counting_app("txn-fenced")
     async with TestDriver(app) as driver:
         processing, txn, aborted = _transactional(driver)
         txn.fail_with = TransactionFailed("partitions moved", fenced=True)
@@ -188,7 +176,7 @@ async def test_the_snapshot_waits_for_an_event_in_progress() -> None:
 
 
 async def test_a_commit_with_nothing_to_commit_keeps_the_transaction_open() -> None:
-    app, _counts = _counting_app("txn-idle")
+    app, _counts = counting_app("txn-idle")
     async with TestDriver(app) as driver:
         processing, txn, _ = _transactional(driver)
         assert await processing.commit() == {}
