@@ -175,3 +175,54 @@ async def test_two_workers_rebalancing_commit_every_event_once(
         per_key.setdefault(key, []).append(int(value))
     for key, n in Counter(keys).items():
         assert per_key[key] == list(range(1, n + 1)), (key, per_key[key])
+
+
+async def test_a_dead_letter_commits_or_aborts_with_its_offset(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Poison records go to the dead-letter topic in the same transaction as their offsets:
+    the first transaction holding them is aborted (injected), so they are dead-lettered
+    again when their events are processed again, and a read_committed reader of the
+    dead-letter topic finds each exactly once."""
+    app_id, source_name, sink_name = unique_topic("eos"), unique_topic("in"), unique_topic("out")
+    app = streamjoin.App(
+        app_id,
+        broker=f"kafka://{kafka_bootstrap}",
+        processing_guarantee="exactly_once",
+        state_dir=tmp_path,
+        group_instance_id="w1",
+    )
+    source = app.topic(
+        source_name, key_serializer="str", value_serializer="str", partitions=PARTITIONS
+    )
+    sink = app.topic(sink_name, key_serializer="str", value_serializer="str", partitions=1)
+
+    @app.agent(source, on_error="dead_letter", name="check")
+    async def check(stream: Stream) -> None:
+        async for key, value in stream.items():
+            if value.startswith("poison"):
+                raise ValueError(f"poison record {value}")
+            await sink.send(key=key, value=value)
+
+    records = [(f"k{i % 4}", f"poison-{i}" if i % 10 == 3 else f"ok-{i}") for i in range(60)]
+    poison = sorted(v for _, v in records if v.startswith("poison"))
+    async with app:
+        worker = app._worker
+        assert worker is not None and isinstance(worker.sender, TransactionalSender)
+        sender = worker.sender
+        real_commit = sender.commit
+        failures = [TransactionFailed("injected failure")]
+
+        async def failing_once(offsets: Any, commit_offsets: Any) -> None:
+            if failures and offsets:
+                raise failures.pop()
+            await real_commit(offsets, commit_offsets)
+
+        sender.commit = failing_once  # type: ignore[method-assign]
+        await produce(kafka_bootstrap, source_name, records)
+        out = await read_committed(kafka_bootstrap, sink_name, len(records) - len(poison))
+        dead = await read_committed(kafka_bootstrap, f"{app_id}-check-dead-letters", len(poison))
+    assert not failures, "the failure was never injected"
+    assert app.transaction_metrics()["transactions-aborted"] == 1
+    assert sorted(v for _, v in out) == sorted(v for _, v in records if v.startswith("ok"))
+    assert sorted(v for _, v in dead) == poison
