@@ -19,8 +19,9 @@ code in tests without a broker and in workers:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Protocol
 
 from streamjoin.errors import TransactionFailed
@@ -99,6 +100,8 @@ class TaskProcessing:
         self._member_ok = member_ok
         self.revoke_timeout = revoke_timeout
         self._commit_lock = asyncio.Lock()
+        #: the task inside a commit (a loss it runs into itself must not wait for it)
+        self._committer: asyncio.Task[object] | None = None
         self.transaction = transaction
         self._on_transaction_aborted = on_transaction_aborted
         self._aborts_in_a_row = 0
@@ -149,6 +152,22 @@ class TaskProcessing:
 
     # ------------------------------------------------------------------ commits
 
+    @contextlib.asynccontextmanager
+    async def _committing(self) -> AsyncIterator[None]:
+        """One commit at a time (revocations and losses wait for the one under way)."""
+        current = asyncio.current_task()
+        if current is not None and current is self._committer:
+            # Already inside the commit: its membership check found the member removed
+            # and lost the tasks right there (the commit then stops before flushing).
+            yield
+            return
+        async with self._commit_lock:
+            self._committer = current
+            try:
+                yield
+            finally:
+                self._committer = None
+
     async def commit(self, tasks: list[Task] | None = None) -> dict[TopicPartition, int]:
         """Flush the tables of ``tasks`` (default: every live task), then commit the offsets
         of exactly the events whose writes were flushed; returns what was committed.
@@ -157,7 +176,7 @@ class TaskProcessing:
         transaction."""
         if self.transaction is not None:
             return await self._commit_transaction(self.transaction)
-        async with self._commit_lock:
+        async with self._committing():
             chosen = self.tasks.live() if tasks is None else tasks
             if self._member_ok is not None and not await self._member_ok():
                 log.warning(
@@ -190,7 +209,7 @@ class TaskProcessing:
         table writes), then changelog records, offsets and the commit, while the actors go
         on (what they send meanwhile goes into the next transaction); stores are written
         only once it committed. An abort loses every task (see :meth:`_aborted`)."""
-        async with self._commit_lock:
+        async with self._committing():
             if self._member_ok is not None and not await self._member_ok():
                 # Rejoining: the commit would carry a generation the group may have left
                 # behind (refused: every task lost). The transaction stays open until the
@@ -293,7 +312,7 @@ class TaskProcessing:
         if fenced and self.transaction is not None:
             # Their sends since the last commit are in the open transaction, with every
             # other task's: it is aborted, and all tasks start again from the last commit.
-            async with self._commit_lock:
+            async with self._committing():
                 if self.tasks.live():  # (a failed commit may have lost them all already)
                     await self._aborted(
                         self.transaction,
@@ -314,7 +333,7 @@ class TaskProcessing:
             dropped = self.tasks.lose(tasks)
             # A commit under way may be flushing these tasks: it skips them from now on,
             # but their stores must stay open until it is done with them.
-            async with self._commit_lock:
+            async with self._committing():
                 pass
             log.warning(
                 "%s %d tasks without committing (%d unflushed table writes dropped); their "

@@ -251,6 +251,37 @@ async def test_a_task_lost_while_its_commit_flushes_is_skipped_not_crashed() -> 
         assert dict(counts.items()) == {"a": 1}
 
 
+async def test_a_loss_found_by_the_commits_own_membership_check_does_not_deadlock() -> None:
+    """The commit asks the group whether this member is still in it (a heartbeat); when
+    the answer is "removed", the membership loses the partitions right there, inside the
+    commit. The loss waits for a commit under way, but not for the one it is part of.
+
+    Bug reproduced (CI, test_a_second_worker_with_the_same_instance_id_fences_the_first):
+    the loss waited for the commit lock its own commit held; the worker hung, neither
+    processing nor stopping."""
+    app, counts = counting_app("lose-in-commit")
+    async with TestDriver(app) as driver:
+        await driver.put("clicks", key="a", value=1)
+        await driver.drain()
+        await driver.put("clicks", key="a", value=1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        processing = driver.processing
+        assert processing is not None
+        lost: list[Task] = []
+
+        async def removed() -> bool:
+            lost.extend(await driver.lose([("clicks", 0)]))
+            return False
+
+        processing._member_ok = removed
+        assert await asyncio.wait_for(processing.commit(), timeout=5) == {}
+        assert [t.state for t in lost] == [TaskState.LOST]
+        processing._member_ok = None
+        await driver.assign([("clicks", 0)])
+        assert dict(counts.items()) == {"a": 1}
+
+
 async def test_the_driver_aligns_co_partitioned_inputs_by_timestamp() -> None:
     """The driver runs the worker's aligner: an agent over two topics sees both in timestamp
     order even when one side is put far ahead of the other."""
