@@ -9,10 +9,33 @@ from typing import Any
 
 from streamjoin.codecs import Codec
 from streamjoin.context import Headers, RuntimeLink, Sender, current_event
-from streamjoin.errors import TransportNotReady
+from streamjoin.errors import ArgumentTypeError, ConfigurationError, TransportNotReady
 from streamjoin.partitioner import partition_for_key
 
-__all__ = ["Headers", "Sender", "Topic", "TransportNotReady"]
+__all__ = ["Headers", "Sender", "Topic", "TransportNotReady", "check_timestamp_ms"]
+
+
+def check_timestamp_ms(timestamp_ms: object, timestamp: object, where: str) -> int | None:
+    """The record time given to ``where``, checked: ``timestamp_ms`` (milliseconds since the
+    epoch, what :attr:`Event.timestamp <streamjoin.events.Event.timestamp>` holds) or None.
+
+    ``timestamp=`` is the name of the event's field, so it is the natural slip; it is
+    refused by name rather than with Python's bare "unexpected keyword argument"."""
+    if timestamp is not None:
+        raise ArgumentTypeError(
+            f"{where} takes the record time as timestamp_ms= (milliseconds since the epoch, "
+            f"what Event.timestamp holds), not timestamp=; got timestamp={timestamp!r}"
+        )
+    if timestamp_ms is None:
+        return None
+    if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+        raise ArgumentTypeError(
+            f"{where}: timestamp_ms must be an int (milliseconds since the epoch), "
+            f"got {type(timestamp_ms).__qualname__} {timestamp_ms!r}"
+        )
+    if timestamp_ms < 0:
+        raise ConfigurationError(f"{where}: timestamp_ms must be >= 0, got {timestamp_ms}")
+    return timestamp_ms
 
 
 @dataclass(eq=False)
@@ -36,13 +59,17 @@ class Topic:
         headers: Headers = (),
         partition: int | None = None,
         timestamp_ms: int | None = None,
+        timestamp: None = None,
     ) -> asyncio.Future[Any]:
         """Send one record; returns the delivery future (await it for the record metadata).
 
         Keyed records go to ``murmur2(key) % partitions`` exactly like Kafka's Java
-        client. Inside an agent, the event being processed is not committed until
-        this record is acknowledged (at-least-once).
+        client. ``timestamp_ms`` is the record time in milliseconds since the epoch
+        (default: now); ``timestamp=`` is refused with that advice. Inside an agent,
+        the event being processed is not committed until this record is acknowledged
+        (at-least-once).
         """
+        timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, f"{self.name!r}: send()")
         sender = self.link.require_sender(self.name)
         key_bytes = self.key_codec.dumps(key)
         value_bytes = self.value_codec.dumps(value)

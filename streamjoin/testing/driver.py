@@ -40,6 +40,7 @@ from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.runtime.worker import WorkerTables
 from streamjoin.state.table_partition import TablePartition
+from streamjoin.topics import check_timestamp_ms
 from streamjoin.topology import Topology
 
 if TYPE_CHECKING:
@@ -136,8 +137,14 @@ class TestDriver:
         partition: int | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
         timestamp_ms: int | None = None,
+        timestamp: None = None,
     ) -> RecordMetadata:
-        """Produce one record to ``topic`` with its codecs, as a Kafka producer would."""
+        """Produce one record to ``topic`` with its codecs, as a Kafka producer would.
+
+        ``timestamp_ms`` is the record time in milliseconds since the epoch (default: now),
+        what the agent sees as ``event.timestamp``.
+        """
+        timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, "put()")
         declared = self.app.topics.get(topic)
         if declared is None:
             raise UnknownTopicError(f"topic {topic!r} is not declared by app {self.app.id!r}")
@@ -148,11 +155,26 @@ class TestDriver:
         return meta
 
     async def put_raw(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: int = 0
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        *,
+        headers: Sequence[tuple[str, bytes]] = (),
+        timestamp_ms: int | None = None,
+        timestamp: None = None,
     ) -> RecordMetadata:
-        """Produce raw bytes (e.g. a malformed record) bypassing the codecs."""
+        """Produce raw bytes (e.g. a malformed record) bypassing the codecs.
+
+        Like :meth:`put`, the record goes to ``partition`` if given, else to
+        ``murmur2(key) % partitions`` (partition 0 without a key).
+        """
+        timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, "put_raw()")
+        if topic not in self.app.topics:
+            raise UnknownTopicError(f"topic {topic!r} is not declared by app {self.app.id!r}")
         future = await self.send(
-            topic, key, value, partition=partition, headers=(), timestamp_ms=None
+            topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
         )
         meta: RecordMetadata = future.result()
         return meta

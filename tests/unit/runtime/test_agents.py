@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from streamjoin import App
+from streamjoin.errors import ArgumentTypeError, ConfigurationError
 from streamjoin.events import RawRecord
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
@@ -327,3 +328,60 @@ async def test_revoke_drops_buffered_records() -> None:
         assert manager.task_for("t", 0) is None
     finally:
         await runtime.stop(timeout=1)
+
+
+async def test_put_raw_partitions_by_the_key_like_everything_else() -> None:
+    app = make_app()
+    app.topic("t", key_serializer="str", value_serializer="raw", partitions=8)
+
+    async with TestDriver(app) as driver:
+        keys = [f"user-{i}" for i in range(20)]
+        for key in keys:
+            raw = await driver.put_raw("t", key.encode(), b"v")
+            coded = await driver.put("t", key=key, value=b"v")
+            assert raw.partition == coded.partition == partition_for_key(key.encode(), 8), key
+        assert len({partition_for_key(k.encode(), 8) for k in keys}) > 1  # not all on one
+        # an explicit partition still wins; keyless records go to partition 0
+        assert (await driver.put_raw("t", b"user-1", b"v", partition=5)).partition == 5
+        assert (await driver.put_raw("t", None, b"v")).partition == 0
+        # headers and the record time can be given as with put
+        meta = await driver.put_raw("t", b"k", b"v", headers=[("h", b"1")], timestamp_ms=42)
+        (record,) = [
+            r
+            for r in driver.raw_records("t")
+            if (r.partition, r.offset) == (meta.partition, meta.offset)
+        ]
+        assert (meta.timestamp, record.timestamp, record.headers) == (42, 42, (("h", b"1"),))
+
+
+async def test_the_record_time_is_timestamp_ms_everywhere() -> None:
+    app = make_app()
+    source = app.topic("t", key_serializer="str", partitions=1)
+    sink = app.topic("out", key_serializer="str", partitions=1)
+    seen: list[int] = []
+
+    @app.agent(source)
+    async def forward(stream: Stream) -> None:
+        async for event in stream:
+            seen.append(event.timestamp)
+            await sink.send(key=event.key, value=event.value, timestamp_ms=event.timestamp + 1)
+
+    async with TestDriver(app) as driver:
+        meta = await driver.put("t", key="k", value=1, timestamp_ms=1_000)
+        assert meta.timestamp == 1_000
+        await driver.drain()
+        assert seen == [1_000]
+        assert [e.timestamp for e in driver.records("out")] == [1_001]
+        # `timestamp=` (the name of the event's field) is refused with the right spelling
+        for call in (
+            driver.put("t", key="k", value=1, timestamp=5),  # type: ignore[arg-type]
+            driver.put_raw("t", b"k", b"1", timestamp=5),  # type: ignore[arg-type]
+            sink.send(key="k", value=1, timestamp=5),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(ArgumentTypeError, match=r"timestamp_ms=.*milliseconds"):
+                await call
+        with pytest.raises(ArgumentTypeError, match=r"timestamp_ms must be an int.*float"):
+            await driver.put("t", key="k", value=1, timestamp_ms=1.5)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match=r"timestamp_ms must be >= 0, got -1"):
+            await driver.put("t", key="k", value=1, timestamp_ms=-1)
+        assert len(driver.raw_records("t")) == 1  # nothing refused was written
