@@ -49,22 +49,49 @@ class WindowedTable(Table):
         record = current_record()
         if record is None:
             raise TableAccessError(
-                f"windowed table {self.name!r} is used from agents (the event gives the window); "
-                "use windows(key, from_ms, to_ms) elsewhere"
+                f"windowed table {self.name!r}: table[key], get and `in` read the current "
+                "event's window, so they work inside agents only; elsewhere use "
+                "table.windows_of(key, from_ms, to_ms)"
             )
         view = self._state(None, writing=False)
         _advance_stream_time(view, record.timestamp)
         return view, record.timestamp
 
-    def __getitem__(self, key: Any) -> Any:
+    def _current_value(self, key: Any) -> bytes | None:
+        """The stored value of ``key`` in the current event's (latest) window."""
         view, ts = self._event_context()
         start = self._spec().windows_for(ts)[-1][0]
-        raw = view.get(DATA + window_key(self._encode_key(key), start))
+        return view.get(DATA + window_key(self._encode_key(key), start))
+
+    def __getitem__(self, key: Any) -> Any:
+        raw = self._current_value(key)
         if raw is None:
             if self.default is not None:
                 return self.default()
             raise KeyError(key)
         return self.value_codec.loads(raw)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key`` in the current event's window, else ``default``."""
+        raw = self._current_value(key)
+        return default if raw is None else self.value_codec.loads(raw)
+
+    def __contains__(self, key: Any) -> bool:
+        return self._current_value(key) is not None
+
+    def __delitem__(self, key: Any) -> None:
+        """Delete ``key`` from every window of the current event (KeyError if in none)."""
+        view, ts = self._event_context()
+        key_bytes = self._encode_key(key)
+        found = False
+        for start, _end in self._spec().windows_for(ts):
+            data_key = DATA + window_key(key_bytes, start)
+            if view.get(data_key) is not None:
+                found = True
+                view.delete(data_key)
+                view.delete(INDEX + encode_uint64(start) + length_prefixed(key_bytes))
+        if not found:
+            raise KeyError(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         windows = self._spec().windows_for(self._event_context()[1])

@@ -16,6 +16,7 @@ from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import HoppingWindows, TumblingWindows
 from streamjoin.testing.driver import TestDriver
 from streamjoin.windowed import WindowedTable
+from streamjoin.errors import TableAccessError
 
 
 async def test_tumbling_counts_per_window_and_expiry() -> None:
@@ -237,3 +238,48 @@ async def test_state_of_the_earlier_layout_is_refused() -> None:
         await driver.put("clicks", key="k", value=1, timestamp_ms=5_000)
         with pytest.raises(AgentFailed, match=r"must be reset"):
             await driver.drain()
+
+
+async def test_reading_a_window_outside_an_agent_points_to_windows_of() -> None:
+    app, table = counting_app()
+    async with TestDriver(app) as driver:
+        await driver.put("clicks", key="k", value=1, timestamp_ms=1_000)
+        await driver.drain()
+        for read in (lambda: table["k"], lambda: table.get("k"), lambda: "k" in table):
+            with pytest.raises(TableAccessError) as caught:
+                read()
+            message = str(caught.value)
+            assert "table.windows_of(key, from_ms, to_ms)" in message, message
+            assert "windows(" not in message.replace("windows_of(", ""), message
+        # ... and what it points to answers
+        assert table.windows_of("k", 0, 20_000) == [(0, 1)]
+
+
+async def test_get_and_in_read_the_current_events_window_inside_agents() -> None:
+    app = streamjoin.App("win-unit")
+    clicks = app.topic("clicks", key_serializer="str", partitions=1)
+    table = app.table(
+        "counts",
+        key_serializer="str",
+        window=TumblingWindows(size_ms=10_000, retention_ms=10_000),
+        copartitioned_with=clicks,
+    )
+    seen: list[tuple[bool, object]] = []
+
+    @app.agent(clicks)
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            seen.append((event.key in table, table.get(event.key, "none")))
+            if event.value == "del":
+                del table[event.key]
+            else:
+                table[event.key] = event.value
+
+    async with TestDriver(app) as driver:
+        events = [(1_000, "a"), (2_000, "b"), (3_000, "del"), (4_000, "c"), (11_000, "d")]
+        for ts, value in events:
+            await driver.put("clicks", key="k", value=value, timestamp_ms=ts)
+        await driver.drain()
+        assert table.windows_of("k", 0, 20_000) == [(0, "c"), (10_000, "d")]
+    # each event finds the value its window holds: deleted by "del", none in a new window
+    assert seen == [(False, "none"), (True, "a"), (True, "b"), (False, "none"), (False, "none")]
