@@ -266,17 +266,29 @@ class App:
         replication_factor: int | None = None,
         config: Mapping[str, str] | None = None,
     ) -> Topic:
-        """Declare a topic (created at start when missing). Declaring it twice returns the same
-        object if the declarations agree, and is an error if they conflict."""
+        """Declare a topic (created at start when missing).
+
+        Declaring it again returns the same object. Settings given again must agree with
+        the first declaration (settings left out, as agents and joins name topics, are
+        taken from it); a conflict is a :class:`ConfigurationError` naming each setting.
+        """
         if partitions is not None and partitions < 1:
             raise ConfigurationError(f"topic {name!r}: partitions must be >= 1, got {partitions}")
         key_codec, value_codec = self._codecs(key_serializer, value_serializer)
         existing = self.topics.get(name)
         if existing is not None:
-            if partitions is not None and existing.partitions not in (None, partitions):
+            conflicts = _redeclaration_conflicts(
+                existing,
+                key_codec=None if key_serializer is None else key_codec,
+                value_codec=None if value_serializer is None else value_codec,
+                partitions=partitions,
+                replication_factor=replication_factor,
+                config=config,
+            )
+            if conflicts:
                 raise ConfigurationError(
-                    f"topic {name!r} declared twice with {existing.partitions} and "
-                    f"{partitions} partitions"
+                    f"topic {name!r} declared twice with {', '.join(conflicts)}. Declare it "
+                    "once and pass the Topic around, or repeat only settings that agree."
                 )
             if partitions is not None:
                 existing.partitions = partitions
@@ -671,6 +683,33 @@ class App:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+def _redeclaration_conflicts(
+    existing: Topic,
+    *,
+    key_codec: Codec | None,
+    value_codec: Codec | None,
+    partitions: int | None,
+    replication_factor: int | None,
+    config: Mapping[str, str] | None,
+) -> list[str]:
+    """Each setting given again that differs from ``existing``'s, as ``"<setting> a and b"``
+    (None: not given again)."""
+    out = []
+    if partitions is not None and existing.partitions not in (None, partitions):
+        out.append(f"{existing.partitions} and {partitions} partitions")
+    for setting, old, new in (
+        ("key_serializer", existing.key_codec, key_codec),
+        ("value_serializer", existing.value_codec, value_codec),
+    ):
+        if new is not None and new != old:
+            out.append(f"{setting} {old.name!r} and {new.name!r}")
+    if replication_factor is not None and replication_factor != existing.replication_factor:
+        out.append(f"replication_factor {existing.replication_factor} and {replication_factor}")
+    if config is not None and dict(config) != dict(existing.config):
+        out.append(f"config {dict(existing.config)} and {dict(config)}")
+    return out
 
 
 __all__ = [

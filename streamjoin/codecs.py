@@ -519,6 +519,13 @@ class DataclassJson:
         except RecursionError as exc:
             raise _decode_error(self.name, data, "nested too deeply", target) from exc
 
+    def __eq__(self, other: object) -> bool:
+        """Codecs of the same dataclass are the same codec (each declaration makes one)."""
+        return isinstance(other, DataclassJson) and other.cls is self.cls
+
+    def __hash__(self) -> int:
+        return hash((DataclassJson, self.cls))
+
     def __repr__(self) -> str:
         return f"DataclassJson({self.cls.__qualname__})"
 

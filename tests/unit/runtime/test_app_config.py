@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 import streamjoin
 from streamjoin.app import ConfigurationError, CopartitioningError, parse_broker_url
 from streamjoin.cli import cli
+from streamjoin.codecs import STR
 from streamjoin.loader import AppNotFound, load_app
 from streamjoin.runtime.streams import Stream
 from streamjoin.topics import TransportNotReady
@@ -179,3 +181,43 @@ def test_worker_help_documents_exit_codes() -> None:
     assert result.exit_code == 0
     assert "--instance-id" in result.output
     assert "Exit codes" in result.output
+
+
+@dataclasses.dataclass
+class Click:
+    user: str
+
+
+def test_redeclaring_a_topic_with_other_settings_is_an_error_naming_them() -> None:
+    app = streamjoin.App("x")
+    clicks = app.topic("clicks", key_serializer="str", value_serializer=Click, partitions=4)
+    # the same settings again, or none (as agents, joins and copartition() name topics): fine
+    assert app.topic("clicks", key_serializer="str", value_serializer=Click) is clicks
+    assert app.topic("clicks", key_serializer=STR, partitions=4) is clicks
+    assert app.topic("clicks") is clicks
+    with pytest.raises(ConfigurationError) as caught:
+        app.topic("clicks", key_serializer="json", value_serializer="raw")
+    message = str(caught.value)
+    assert "topic 'clicks'" in message
+    assert "key_serializer 'str' and 'json'" in message
+    assert "value_serializer 'json[Click]' and 'raw'" in message
+    with pytest.raises(ConfigurationError, match=r"topic 'clicks'.*replication_factor 1 and 3"):
+        app.topic("clicks", replication_factor=3)
+    app.topic("audit", config={"retention.ms": "1000"})
+    assert app.topic("audit", config={"retention.ms": "1000"}) is app.topics["audit"]
+    with pytest.raises(ConfigurationError, match=r"topic 'audit'.*config .*1000.*2000"):
+        app.topic("audit", config={"retention.ms": "2000"})
+    # a rejected redeclaration changes nothing
+    assert clicks.key_codec is STR and clicks.partitions == 4
+
+
+def test_a_dead_letter_topic_declared_with_other_codecs_is_refused() -> None:
+    app = streamjoin.App("x")
+    app.topic("parked", value_serializer="json")
+
+    async def f(stream: Stream) -> None:
+        async for _ in stream:
+            pass
+
+    with pytest.raises(ConfigurationError, match=r"topic 'parked'.*value_serializer"):
+        app.agent("t", on_error="dead_letter", dead_letter="parked")(f)
