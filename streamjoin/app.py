@@ -464,9 +464,12 @@ class App:
         return table
 
     def attach_reader(self, table: Table, topic: Topic) -> None:
-        """Let agents of ``topic`` read ``table`` (co-partitions them)."""
+        """Let agents of ``topic`` read ``table`` (co-partitions them).
+
+        Counts nobody gave are settled at start for the whole co-partition group (an
+        existing topic's count, else one given, else the app's ``topic_partitions``)."""
         if topic.partitions is None:
-            topic.partitions = table.partitions
+            topic.partitions = table.changelog.partitions
         table.writers = table.writers | {topic.name}
         self.copartition(table.changelog, topic)
 

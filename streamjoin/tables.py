@@ -45,7 +45,11 @@ class Table:
     @property
     def partitions(self) -> int:
         if self.changelog.partitions is None:
-            raise TableAccessError(f"table {self.name!r} has no partition count yet")
+            raise TableAccessError(
+                f"table {self.name!r} has no partition count before the app starts: none "
+                "was declared, so it is settled at start (an existing topic's count, else "
+                "the app's topic_partitions)"
+            )
         return self.changelog.partitions
 
     # -------------------------------------------------------------- partition routing

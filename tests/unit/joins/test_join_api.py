@@ -162,3 +162,56 @@ def test_stream_stream_join_needs_a_window() -> None:
         @app.join(a, b)
         def j(key: Any, left: Any, right: Any) -> Any:
             return None
+
+
+def _enrich_app(**partitions: int) -> tuple[streamjoin.App, Any]:
+    """A stream-table join whose topics give no partition count unless told."""
+    app = streamjoin.App("joins-unit", topic_partitions=3)
+    ads = app.topic("ads", key_serializer="str", partitions=partitions.get("ads"))
+    views = app.topic("views", key_serializer="str", partitions=partitions.get("views"))
+    out = app.topic("enriched", key_serializer="str")
+    ads_table = app.topic_table(ads)
+
+    @app.join(views, ads_table, how="left", output=out)
+    def enrich(key: Any, view: Any, ad: Any) -> Any:
+        return {"view": view, "ad": ad}
+
+    return app, ads_table
+
+
+async def test_a_stream_table_join_without_partition_counts_uses_the_app_default() -> None:
+    app, ads_table = _enrich_app()  # used to raise TableAccessError here
+    async with TestDriver(app) as driver:
+        counts = {name: t.partitions for name, t in app.topics.items()}
+        assert counts["ads"] == counts["views"] == ads_table.partitions == 3, counts
+        keys = [f"ad{i}" for i in range(12)]
+        for key in keys:
+            await driver.put("ads", key=key, value={"title": key.upper()})
+        await driver.drain()
+        for key in keys:
+            await driver.put("views", key=key, value=1)
+        await driver.drain()
+        got = {e.key: e.value for e in driver.records("enriched")}
+    assert got == {k: {"view": 1, "ad": {"title": k.upper()}} for k in keys}
+
+
+def test_a_stream_table_join_takes_the_one_count_given() -> None:
+    for given in ({"views": 5}, {"ads": 5}):
+        app, ads_table = _enrich_app(**given)
+        topology = app.topology()
+        topology.resolve_partitions({}, app.topic_partitions)
+        assert app.topics["views"].partitions == app.topics["ads"].partitions == 5, given
+        assert ads_table.partitions == 5
+
+
+def test_a_table_table_join_without_partition_counts_declares() -> None:
+    app = streamjoin.App("joins-unit", topic_partitions=3)
+    users = app.topic_table(app.topic("users", key_serializer="str"))
+    prefs = app.topic_table(app.topic("prefs", key_serializer="str"))
+
+    @app.join(users, prefs, how="left")
+    def merge(key: Any, user: Any, pref: Any) -> Any:
+        return {"user": user, "pref": pref}
+
+    app.topology().resolve_partitions({}, app.topic_partitions)
+    assert {t.partitions for t in app.topics.values()} == {3}
