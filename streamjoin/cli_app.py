@@ -208,11 +208,14 @@ def table_get(app_spec: str, state_dir: Path | None, table_name: str, key: str) 
     """Print the value of KEY in TABLE from local state (as JSON).
 
     KEY is parsed for the table's key codec: taken as is for str/raw keys,
-    as JSON otherwise. Exit code 1 when the key is not stored locally.
+    as JSON otherwise. For a windowed table, prints the key's windows stored
+    locally, oldest first, as a JSON list of {"start", "end", "value"} (times in
+    ms since the epoch). Exit code 1 when the key is not stored locally.
     """
     import json
 
-    from streamjoin.state.inspect import parse_key, read_value
+    from streamjoin.state.inspect import parse_key, read_value, read_windows
+    from streamjoin.windowed import WindowedTable
 
     app = _load(app_spec, None)
     if table_name not in app.tables:
@@ -221,10 +224,17 @@ def table_get(app_spec: str, state_dir: Path | None, table_name: str, key: str) 
             f"(tables: {', '.join(app.tables) or 'none'})"
         )
     table = app.tables[table_name]
+    root = state_dir or app.state_dir
+    parsed = parse_key(table, key)
     try:
-        partition, value = read_value(state_dir or app.state_dir, table, parse_key(table, key))
+        if isinstance(table, WindowedTable) and table.windows is not None:
+            partition, windows = read_windows(root, table, parsed, table.windows)
+            value: object = [{"start": s, "end": e, "value": v} for s, e, v in windows]
+        else:
+            partition, value = read_value(root, table, parsed)
     except KeyError:
-        click.echo(f"{key!r} is not in the local state of table {table_name!r}", err=True)
+        what = "has no windows in" if isinstance(table, WindowedTable) else "is not in"
+        click.echo(f"{key!r} {what} the local state of table {table_name!r}", err=True)
         raise SystemExit(1) from None
     except LookupError as exc:
         raise click.ClickException(str(exc)) from exc
