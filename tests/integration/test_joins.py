@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from collections import Counter
 from collections.abc import Callable
@@ -15,10 +16,12 @@ from aiokafka import AIOKafkaProducer
 import streamjoin
 from examples.ad_traffic import generate
 from streamjoin.app import CopartitioningError
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.partitioner import partition_for_key
+from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
 from tests.integration.support import (
     Workers,
     committed_offsets,
+    produce,
     produce_traffic,
     read_all,
     sizes,
@@ -177,3 +180,78 @@ async def test_align_idle_ms_waits_for_a_side_written_late(
         assert matched == ["a"]
     else:
         assert matched == [] and app.join_stats("late-left").late == 1
+
+
+ENRICH_APP = '''
+"""A stream-table join whose topics give no partition count (written by test_joins.py)."""
+import os
+
+import streamjoin
+
+app = streamjoin.App(
+    os.environ["SJT_APP_ID"],
+    broker=os.environ["SJT_BROKER"],
+    commit_interval=0.2,
+    topic_partitions=3,
+)
+ads = app.topic(os.environ["SJT_ADS"], key_serializer="str")
+views = app.topic(os.environ["SJT_VIEWS"], key_serializer="str")
+out = app.topic(os.environ["SJT_OUTPUT"], key_serializer="str")
+ads_table = app.topic_table(ads)
+
+
+@app.join(views, ads_table, how="left", output=out)
+def enrich(key, view, ad):
+    return {"view": view, "ad": ad}
+'''
+
+
+async def test_a_stream_table_join_without_partition_counts_runs_with_the_app_default(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """It used to fail at import (TableAccessError: no partition count yet); now the worker
+    creates every topic of the join with the app's topic_partitions and joins correctly."""
+    (tmp_path / "enrich_app.py").write_text(ENRICH_APP)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "SJT_APP_ID": unique_topic("enrich"),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_ADS": unique_topic("ads"),
+        "SJT_VIEWS": unique_topic("views"),
+        "SJT_OUTPUT": unique_topic("out"),
+    }
+    workers = Workers("enrich_app:app", env, tmp_path)
+    try:
+        workers.start("w1", static=False)
+        await wait_for_group(
+            kafka_bootstrap, env["SJT_APP_ID"], lambda i: sizes(i, env["SJT_VIEWS"]) == [3], workers
+        )
+        changelog = f"{env['SJT_APP_ID']}-{env['SJT_ADS']}-table-changelog"
+        topics = [env["SJT_ADS"], env["SJT_VIEWS"], env["SJT_OUTPUT"], changelog]
+        assert await fetch_partition_counts(kafka_bootstrap, topics) == dict.fromkeys(topics, 3)
+
+        keys = [f"ad-{i}" for i in range(24)]
+        assert len({partition_for_key(k.encode(), 3) for k in keys}) == 3
+        await produce(kafka_bootstrap, env["SJT_ADS"], [(k, json.dumps(k.upper())) for k in keys])
+        for _ in range(240):  # every ad in the table before the views arrive
+            committed = await committed_offsets(
+                kafka_bootstrap, env["SJT_APP_ID"], env["SJT_ADS"], 3
+            )
+            if sum(committed) >= len(keys):
+                break
+            await asyncio.sleep(0.25)
+        else:
+            raise AssertionError(f"the ads were never materialized\n{workers.logs()}")
+        views = [(k, "1") for k in keys] + [("ad-none", "2")]
+        await produce(kafka_bootstrap, env["SJT_VIEWS"], views)
+        out = await read_all(kafka_bootstrap, env["SJT_OUTPUT"], len(views))
+        got = {key: json.loads(value) for key, value, _ in out}
+        assert got == {
+            **{k: {"view": 1, "ad": k.upper()} for k in keys},
+            "ad-none": {"view": 2, "ad": None},
+        }, workers.logs()
+        assert workers.stop("w1") == 0
+    finally:
+        workers.close()

@@ -7,12 +7,20 @@ per key in a table and sends every new count to a sink topic.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
 
 from streamjoin.partitioner import partition_for_key
 from tests.integration.support import (
@@ -199,3 +207,106 @@ def run_cli(workers: Workers, command: str, *args: str) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+WINDOWED_APP = '''
+"""Clicks per key and minute in a windowed table (written by test_state_recovery.py)."""
+import os
+
+import streamjoin
+from streamjoin.state.windows import TumblingWindows
+
+app = streamjoin.App(
+    os.environ["SJT_APP_ID"],
+    broker=os.environ["SJT_BROKER"],
+    state_dir=os.environ["SJT_STATE_DIR"],
+    commit_interval=0.2,
+)
+clicks = app.topic(os.environ["SJT_SOURCE"], key_serializer="str", partitions=3)
+per_minute = app.table(
+    "per-minute",
+    default=int,
+    key_serializer="str",
+    window=TumblingWindows(size_ms=60_000, retention_ms=3_600_000),
+    copartitioned_with=clicks,
+)
+
+
+@app.agent(clicks, name="count")
+async def count(stream):
+    async for event in stream:
+        per_minute[event.key] += 1
+'''
+
+
+async def test_table_get_prints_the_windows_of_a_windowed_tables_key(
+    kafka_bootstrap: str,
+    unique_topic: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`streamjoin table get` on a windowed table used to say a present key was missing."""
+    (tmp_path / "windowed_app.py").write_text(WINDOWED_APP)
+    env = {
+        "SJT_APP_ID": unique_topic("win"),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_SOURCE": unique_topic("clicks"),
+        "SJT_STATE_DIR": str(tmp_path / "state"),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "windowed_app", raising=False)
+    app = importlib.import_module("windowed_app").app
+
+    cli_command = (sys.executable, "-m", "streamjoin.cli")
+
+    def table_get(key: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli_command, "table", "get", "-A", "windowed_app:app", "per-minute", key],
+            cwd=ROOT,
+            env={**os.environ, **env, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    try:
+        async with app:
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+            await producer.start()
+            try:
+                for key, ts in (("user-1", 1_000), ("user-1", 2_000), ("user-1", 61_000)):
+                    await producer.send_and_wait(
+                        env["SJT_SOURCE"], b"1", key=key.encode(), timestamp_ms=ts
+                    )
+                await producer.send_and_wait(
+                    env["SJT_SOURCE"], b"1", key=b"user-2", timestamp_ms=3_000
+                )
+            finally:
+                await producer.stop()
+            for _ in range(240):
+                committed = await committed_offsets(
+                    kafka_bootstrap, env["SJT_APP_ID"], env["SJT_SOURCE"], 3
+                )
+                if sum(committed) >= 4:
+                    break
+                await asyncio.sleep(0.25)
+            else:
+                raise AssertionError("the clicks were never committed")
+            # read next to the running worker (read-only stores)
+            found = table_get("user-1")
+            assert found.returncode == 0, found.stderr
+            assert json.loads(found.stdout) == [
+                {"start": 0, "end": 60_000, "value": 2},
+                {"start": 60_000, "end": 120_000, "value": 1},
+            ]
+            assert f"(partition {partition_for_key(b'user-1', 3)})" in found.stderr
+        missing = table_get("user-9")
+        assert missing.returncode == 1
+        assert "'user-9' has no windows in the local state of table 'per-minute'" in (
+            missing.stderr
+        )
+    finally:
+        sys.modules.pop("windowed_app", None)
