@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import streamjoin
+from streamjoin.errors import TableAccessError
 from streamjoin.joins.core import JoinInput, JoinSpec, StreamStreamJoin
 from streamjoin.joins.state import MemoryKeyValueView
 from streamjoin.runtime.streams import AgentFailed, Stream
@@ -16,7 +17,6 @@ from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import HoppingWindows, TumblingWindows
 from streamjoin.testing.driver import TestDriver
 from streamjoin.windowed import WindowedTable
-from streamjoin.errors import TableAccessError
 
 
 async def test_tumbling_counts_per_window_and_expiry() -> None:
