@@ -122,6 +122,8 @@ class KafkaConsumerService(Service):
         self.end_offsets: dict[TP, int] = {}
         #: the group's committed offset of each owned partition when it was assigned here
         self._committed_at_assignment: dict[TP, int] = {}
+        #: where owned partitions without a committed offset started (the reset policy's)
+        self._reset_offsets: dict[TP, int] = {}
         self._runtime = runtime
         self._task_manager = tasks
         self._commit_interval = commit_interval
@@ -380,12 +382,24 @@ class KafkaConsumerService(Service):
         if consumer is None or not owned:
             self.end_offsets = {}
             return
+        # Where a partition the group never committed starts: the reset policy's offset.
+        uncommitted = [
+            TopicPartition(*tp)
+            for tp in owned
+            if tp not in self._committed_at_assignment and tp not in self._reset_offsets
+        ]
         try:
             ends = await consumer.end_offsets([TopicPartition(*tp) for tp in owned])
+            if uncommitted and self._options.get("auto_offset_reset") == "earliest":
+                starts = await consumer.beginning_offsets(uncommitted)
+            else:
+                starts = {tp: ends[tp] for tp in uncommitted}
         except (KafkaError, IllegalStateError) as exc:
             log.debug("could not list end offsets: %r", exc)
             return
         self.end_offsets = {(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+        for tp, start in starts.items():
+            self._reset_offsets[(tp.topic, tp.partition)] = int(start)
 
     def partition_offsets(self) -> dict[TP, tuple[int | None, int | None, int | None]]:
         """``(end, committed, processed)`` of every owned partition (None: not known yet)."""
@@ -394,7 +408,7 @@ class KafkaConsumerService(Service):
             task = self._task_manager.task_for(*tp)
             processed, committed = (None, None) if task is None else task.tracker.positions(tp)
             if committed is None:
-                committed = self._committed_at_assignment.get(tp)
+                committed = self._committed_at_assignment.get(tp, self._reset_offsets.get(tp))
             if processed is None:
                 processed = committed
             out[tp] = (self.end_offsets.get(tp), committed, processed)
@@ -477,6 +491,7 @@ class KafkaConsumerService(Service):
             self._pauses.pop(tp, None)
             self._delivered_to.pop(tp, None)
             self._committed_at_assignment.pop((tp.topic, tp.partition), None)
+            self._reset_offsets.pop((tp.topic, tp.partition), None)
         self._assigned = self._assigned - tps
         # Only paused here: the next assignment points the fetcher at what is owned. Taking
         # them out of the fetcher's assignment now would reset the kept partitions that had
