@@ -113,6 +113,8 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
                 "late": int(stats.late),
                 "beyond_grace": int(stats.beyond_grace),
             }
+    changelogs = _changelogs(worker)
+    out_records = sum(n for t, n in counters.records_out.items() if t not in changelogs)
     return {
         "worker": {
             "app_id": worker.config.id,
@@ -125,7 +127,8 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
         },
         "throughput": {
             "records_in": sum(counters.records_in.values()),
-            "records_out": sum(counters.records_out.values()),
+            "records_out": out_records,
+            "changelog_records": sum(counters.records_out.values()) - out_records,
             "records_in_per_second": monitor.rate_in if monitor is not None else 0.0,
             "records_out_per_second": monitor.rate_out if monitor is not None else 0.0,
         },
@@ -148,6 +151,10 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
         "skipped": dict(sorted(counters.skipped.items())),
         "errors": dict(sorted(counters.errors.items())),
     }
+
+
+def _changelogs(worker: MonitoredWorker) -> set[str]:
+    return {table.changelog.name for table in worker.topology.tables.values()}
 
 
 def _lag(end: int | None, position: int | None) -> int | None:
@@ -266,12 +273,13 @@ class WorkerMonitor(Service):
 
     def _totals(self) -> tuple[int, int]:
         counters = self._worker.counters
-        return sum(counters.records_in.values()), sum(counters.records_out.values())
+        changelogs = _changelogs(self._worker)
+        out = sum(n for topic, n in counters.records_out.items() if topic not in changelogs)
+        return sum(counters.records_in.values()), out
 
     def _sample(self, now: float) -> None:
-        counters = self._worker.counters
-        records_in = dict(counters.records_in)
-        records_out = sum(counters.records_out.values())
+        records_in = dict(self._worker.counters.records_in)
+        records_out = self._totals()[1]
         if self._sampled is not None:
             then, before, out_before = self._sampled
             elapsed = max(now - then, 1e-6)

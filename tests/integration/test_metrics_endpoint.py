@@ -76,9 +76,7 @@ async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
     }
 
 
-async def eventually(
-    check: Callable[[], Awaitable[Any]], what: str, timeout: float = 45.0
-) -> Any:
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 45.0) -> Any:
     """Poll ``check`` until it returns something true; fails with its last answer."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -136,7 +134,9 @@ async def test_two_workers_serve_metrics_and_status_with_roles_lag_and_standbys(
 
         values = await scrape(url)
         by_partition = {
-            labels: v for (name, labels), v in values.items() if name == "streamjoin_records_in_total"
+            labels: v
+            for (name, labels), v in values.items()
+            if name == "streamjoin_records_in_total"
         }
         assert sum(by_partition.values()) == len(records)
         assert len(by_partition) == PARTITIONS
@@ -192,6 +192,19 @@ async def test_two_workers_serve_metrics_and_status_with_roles_lag_and_standbys(
         await get_json(url + "status.json")
 
 
+def start_worker(env: dict[str, str], state_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """``streamjoin worker`` on the counter test app, serving on a free port."""
+    args = ["-A", "tests.integration.apps.counter:app", "--state-dir", str(state_dir)]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "streamjoin.cli", "worker", *args, "--metrics-port", "0"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 async def test_the_worker_command_serves_the_status_page_on_metrics_port(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -205,25 +218,7 @@ async def test_the_worker_command_serves_the_status_page_on_metrics_port(
         "PYTHONUNBUFFERED": "1",
     }
     log_path = tmp_path / "worker.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamjoin.cli",
-                "worker",
-                "-A",
-                "tests.integration.apps.counter:app",
-                "--state-dir",
-                str(tmp_path / "state"),
-                "--metrics-port",
-                "0",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_worker(env, tmp_path / "state", log_path)
     try:
 
         async def announced() -> str | None:

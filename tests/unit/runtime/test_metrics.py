@@ -220,20 +220,25 @@ def test_status_line_is_one_line_of_throughput_lag_and_roles() -> None:
 
 
 class _Counting:
-    """Just enough of a worker for the monitor's rates."""
+    """Just enough of a worker for the monitor's rates (a table's changelog is not output)."""
 
     def __init__(self) -> None:
         self.counters = WorkerCounters()
+        self.topology = streamjoin.App("a").topology()
 
 
 def test_monitor_rates_are_records_per_second_since_the_last_sample() -> None:
     worker = _Counting()
+    app = streamjoin.App("a")
+    app.table("counts", default=int)
+    worker.topology = app.topology()
     monitor = WorkerMonitor(worker, status_log_interval=None)  # type: ignore[arg-type]
     worker.counters.records_in[("t", 0)] = 10
     monitor._sample(100.0)
     worker.counters.records_in[("t", 0)] = 60
     worker.counters.records_in[("t", 1)] = 5
     worker.counters.sent("out", 20)
+    worker.counters.sent("a-counts-changelog", 500)
     monitor._sample(105.0)
     assert monitor.rates == {("t", 0): 10.0, ("t", 1): 1.0}
     assert monitor.rate_in == 11.0
