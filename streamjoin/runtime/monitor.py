@@ -209,19 +209,22 @@ def status_line(snapshot: Mapping[str, Any], seconds: float, records: tuple[int,
     """The periodic INFO line: throughput over the last ``seconds`` (``records``: in, out
     in that time), total lag, partitions by role."""
     lags = [row["lag"] for row in snapshot["partitions"] if row["lag"] is not None]
-    roles: dict[str, int] = {}
-    for row in snapshot["partitions"]:
-        roles[row["role"]] = roles.get(row["role"], 0) + 1
-    for row in snapshot["tables"]:
-        if row["role"] in ("standby", "warmup", "pending"):
+
+    def by_role(rows: list[Mapping[str, Any]]) -> str:
+        roles: dict[str, int] = {}
+        for row in rows:
             roles[row["role"]] = roles.get(row["role"], 0) + 1
-    held = ", ".join(f"{n} {role}" for role, n in sorted(roles.items())) or "none"
+        return ", ".join(f"{n} {role}" for role, n in sorted(roles.items())) or "none"
+
     seconds = max(seconds, 1e-6)
-    return (
+    line = (
         f"status: in {records[0] / seconds:.1f} records/s, out {records[1] / seconds:.1f} "
         f"records/s over {seconds:.0f}s; lag {sum(lags)} records on {len(lags)} partitions; "
-        f"partitions: {held}"
+        f"source partitions: {by_role(snapshot['partitions'])}"
     )
+    if snapshot["tables"]:
+        line += f"; table partitions: {by_role(snapshot['tables'])}"
+    return line
 
 
 class WorkerMonitor(Service):
@@ -284,7 +287,7 @@ class WorkerMonitor(Service):
             then, before, out_before = self._sampled
             elapsed = max(now - then, 1e-6)
             self.rates = {tp: (n - before.get(tp, 0)) / elapsed for tp, n in records_in.items()}
-            self.rate_in = sum(self.rates.values())
+            self.rate_in = float(sum(self.rates.values()))
             self.rate_out = (records_out - out_before) / elapsed
         self._sampled = (now, records_in, records_out)
 

@@ -215,7 +215,8 @@ def test_status_line_is_one_line_of_throughput_lag_and_roles() -> None:
     assert "\n" not in line
     assert line == (
         "status: in 10.0 records/s, out 2.0 records/s over 30s; lag 5 records on 1 partitions; "
-        "partitions: 1 active, 1 restoring, 1 standby"
+        "source partitions: 1 active, 1 restoring; table partitions: 1 active, 1 restoring, "
+        "1 standby"
     )
 
 
