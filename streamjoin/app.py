@@ -81,6 +81,11 @@ class App:
         max_warmup_replicas: warmup replicas restoring at once (high availability).
         probing_rebalance_interval: seconds between the rebalances that check whether
             warmups have caught up (while any warmup exists).
+        web_port: serve the status page, ``/status.json`` and Prometheus ``/metrics`` on
+            this port (0: any free port, see :attr:`web_url`; None, the default: no server).
+        web_host: the address the server listens on (default ``127.0.0.1``).
+        status_log_interval: seconds between the INFO lines of throughput, lag and
+            partitions by role (default 30; None: no such line).
     """
 
     def __init__(
@@ -111,6 +116,9 @@ class App:
         acceptable_recovery_lag: int = 10_000,
         max_warmup_replicas: int = 2,
         probing_rebalance_interval: float = 600.0,
+        web_port: int | None = None,
+        web_host: str = "127.0.0.1",
+        status_log_interval: float | None = 30.0,
     ) -> None:
         self.config = AppConfig.from_options(
             id,
@@ -138,6 +146,9 @@ class App:
             acceptable_recovery_lag=acceptable_recovery_lag,
             max_warmup_replicas=max_warmup_replicas,
             probing_rebalance_interval=probing_rebalance_interval,
+            web_port=web_port,
+            web_host=web_host,
+            status_log_interval=status_log_interval,
         )
         #: how declarations reach the running worker (connected while it runs)
         self._link = RuntimeLink()
@@ -674,6 +685,18 @@ class App:
         worker (running or last run); empty under at-least-once."""
         worker = self._worker or self._last_worker
         return {} if worker is None else worker.transaction_metrics()
+
+    def metrics(self) -> dict[str, Any]:
+        """This worker's metrics and status as a plain dict (running or last run; empty
+        before the first start): the values ``/metrics`` and ``/status.json`` serve. See
+        docs/operations.md for the keys."""
+        worker = self._worker or self._last_worker
+        return {} if worker is None else worker.metrics()
+
+    @property
+    def web_url(self) -> str | None:
+        """Where the running worker serves its status page (None: no ``web_port``)."""
+        return None if self._worker is None else self._worker.web_url
 
     async def __aenter__(self) -> App:
         await self.start()

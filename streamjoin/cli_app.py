@@ -56,12 +56,28 @@ def _load(app_spec: str, broker: str | None) -> App:
     default=None,
     help="Static group membership id: restart with the same id to keep the partitions.",
 )
+@click.option(
+    "--metrics-port",
+    "--web-port",
+    "web_port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the status page (/), /status.json and Prometheus /metrics on this port "
+    "(default: the app's web_port; 0: any free port).",
+)
+@click.option(
+    "--web-host",
+    default=None,
+    help="The address the status page listens on (default: the app's web_host, 127.0.0.1).",
+)
 def worker(
     app_spec: str,
     broker: str | None,
     loglevel: str,
     state_dir: Path | None,
     instance_id: str | None,
+    web_port: int | None,
+    web_host: str | None,
 ) -> None:
     """Run the app's agents as a worker until SIGINT/SIGTERM.
 
@@ -76,6 +92,10 @@ def worker(
         overrides["state_dir"] = state_dir
     if instance_id is not None:
         overrides["group_instance_id"] = instance_id
+    if web_port is not None:
+        overrides["web_port"] = web_port
+    if web_host is not None:
+        overrides["web_host"] = web_host
     try:
         app.configure(**overrides)  # validated like the App's own settings
     except ConfigurationError as exc:

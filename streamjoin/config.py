@@ -113,6 +113,24 @@ def _int(name: str, value: Any, low: int) -> None:
         raise ConfigurationError(f"{name} must be an int >= {low}, got {value!r}")
 
 
+def _check_web(port: Any, host: Any, status_log_interval: Any) -> None:
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
+        raise ConfigurationError(
+            f"web_port must be a port number 0-65535 (0: any free port) or None, got {port!r}"
+        )
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigurationError(f"web_host must be a host name or address, got {host!r}")
+    interval = status_log_interval
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
+    ):
+        raise ConfigurationError(
+            f"status_log_interval must be > 0 (seconds) or None (none), got {interval!r}"
+        )
+
+
 @dataclass(frozen=True)
 class AppConfig:
     """Every setting of an App (see :class:`streamjoin.App` for what each one means)."""
@@ -142,6 +160,9 @@ class AppConfig:
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
     probing_rebalance_interval: float = 600.0
+    web_port: int | None = None
+    web_host: str = "127.0.0.1"
+    status_log_interval: float | None = 30.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are written once, here
@@ -184,6 +205,7 @@ class AppConfig:
             raise ConfigurationError(
                 f"probing_rebalance_interval must be > 0 (seconds), got {probing!r}"
             )
+        _check_web(self.web_port, self.web_host, self.status_log_interval)
         _int("capacity", self.capacity, 1)
         _int("topic_partitions", self.topic_partitions, 1)
         _int("topic_replication_factor", self.topic_replication_factor, 1)

@@ -40,6 +40,7 @@ from streamjoin.runtime.membership import (
     GroupMembership,
     MembershipSettings,
 )
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.processing import TaskProcessing
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.rebalance_metrics import RebalanceMetrics
@@ -113,8 +114,16 @@ class KafkaConsumerService(Service):
         aligned_groups: Iterable[Iterable[str]] = (),
         align_max_idle_ms: int = 5_000,
         align_idle_ms: int = 0,
+        counters: WorkerCounters | None = None,
     ) -> None:
         super().__init__()
+        self.counters = counters if counters is not None else WorkerCounters()
+        #: end offsets of the owned partitions, as last listed (:meth:`refresh_end_offsets`)
+        self.end_offsets: dict[TP, int] = {}
+        #: the group's committed offset of each owned partition when it was assigned here
+        self._committed_at_assignment: dict[TP, int] = {}
+        #: where owned partitions without a committed offset started (the reset policy's)
+        self._reset_offsets: dict[TP, int] = {}
         self._runtime = runtime
         self._task_manager = tasks
         self._commit_interval = commit_interval
@@ -243,6 +252,7 @@ class KafkaConsumerService(Service):
         consumer = self._consumer
         if consumer is None:
             return
+        records_in = self.counters.records_in
         while not self.should_stop:
             try:
                 batches = await consumer.getmany(timeout_ms=100)
@@ -271,6 +281,7 @@ class KafkaConsumerService(Service):
                         self._pause(tp, "restore")
                     continue
                 self._delivered_to[tp] = records[-1].offset + 1
+                records_in[tp] = records_in.get(tp, 0) + len(records)
                 raws = [
                     RawRecord(
                         r.topic,
@@ -360,7 +371,48 @@ class KafkaConsumerService(Service):
         """Flush the tables of ``tasks`` (default: every live task), then commit the offsets
         of exactly the events whose writes were flushed."""
         if self._consumer is not None:
-            await self.processing.commit(tasks)
+            started = time.perf_counter()
+            if await self.processing.commit(tasks):
+                self.counters.commit_latency.observe(time.perf_counter() - started)
+                self.counters.commits += 1
+
+    async def refresh_end_offsets(self) -> None:
+        """List the end offsets of the owned partitions (one request; for lag metrics)."""
+        consumer, owned = self._consumer, sorted(self._assigned)
+        if consumer is None or not owned:
+            self.end_offsets = {}
+            return
+        # Where a partition the group never committed starts: the reset policy's offset.
+        uncommitted = [
+            TopicPartition(*tp)
+            for tp in owned
+            if tp not in self._committed_at_assignment and tp not in self._reset_offsets
+        ]
+        try:
+            ends = await consumer.end_offsets([TopicPartition(*tp) for tp in owned])
+            if uncommitted and self._options.get("auto_offset_reset") == "earliest":
+                starts = await consumer.beginning_offsets(uncommitted)
+            else:
+                starts = {tp: ends[tp] for tp in uncommitted}
+        except (KafkaError, IllegalStateError) as exc:
+            log.debug("could not list end offsets: %r", exc)
+            return
+        self.end_offsets = {(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+        for tp, start in starts.items():
+            self._reset_offsets[(tp.topic, tp.partition)] = int(start)
+
+    def partition_offsets(self) -> dict[TP, tuple[int | None, int | None, int | None]]:
+        """``(end, committed, processed)`` of every owned partition (None: not known yet)."""
+        out: dict[TP, tuple[int | None, int | None, int | None]] = {}
+        for tp in sorted(self._assigned):
+            task = self._task_manager.task_for(*tp)
+            processed, committed = (None, None) if task is None else task.tracker.positions(tp)
+            if committed is None:
+                committed = self._committed_at_assignment.get(tp, self._reset_offsets.get(tp))
+            if processed is None:
+                processed = committed
+            out[tp] = (self.end_offsets.get(tp), committed, processed)
+        return out
 
     async def _commit_offsets(self, positions: Mapping[tuple[str, int], int]) -> bool:
         membership = self.membership
@@ -414,6 +466,7 @@ class KafkaConsumerService(Service):
             return
         unknown = [tp for tp in owned if TopicPartition(*tp) not in self._delivered_to]
         committed = await membership.committed(unknown)
+        self._committed_at_assignment.update(committed)
         # No await from here on: the fetch loop must not see the new partitions before
         # their tasks exist and their start offsets are set.
         self._assigned = owned
@@ -437,6 +490,8 @@ class KafkaConsumerService(Service):
         for tp in gone:
             self._pauses.pop(tp, None)
             self._delivered_to.pop(tp, None)
+            self._committed_at_assignment.pop((tp.topic, tp.partition), None)
+            self._reset_offsets.pop((tp.topic, tp.partition), None)
         self._assigned = self._assigned - tps
         # Only paused here: the next assignment points the fetcher at what is owned. Taking
         # them out of the fetcher's assignment now would reset the kept partitions that had

@@ -89,3 +89,9 @@ class OffsetTracker:
         """Records of ``tp`` registered but not yet fully acknowledged."""
         ledger = self._ledgers.get(tp)
         return 0 if ledger is None else len(ledger.pending)
+
+    def positions(self, tp: TopicPartition) -> tuple[int | None, int | None]:
+        """``(processed, committed)`` of ``tp``: the next offset after the records fully
+        acknowledged, and the last position committed by this tracker (None: not yet)."""
+        ledger = self._ledgers.get(tp)
+        return (None, None) if ledger is None else (ledger.position, ledger.committed)

@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaProducer
 from mode import Service
 
 from streamjoin.errors import InternalError, LifecycleError, RecordTooLargeError
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.topics import Headers
 
 
@@ -23,8 +24,11 @@ class KafkaSender(Service):
         client_options: Mapping[str, Any],
         producer_options: Mapping[str, Any],
         client_id: str,
+        counters: WorkerCounters | None = None,
     ) -> None:
         super().__init__()
+        #: records out per topic, changelog flush sizes
+        self.counters = counters if counters is not None else WorkerCounters()
         self._options: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
             "client_id": client_id,
@@ -70,6 +74,8 @@ class KafkaSender(Service):
             headers=list(headers) or None,
             timestamp_ms=timestamp_ms,
         )
+        out = self.counters.records_out
+        out[topic] = out.get(topic, 0) + 1
         return future
 
     async def send_many(
@@ -96,6 +102,8 @@ class KafkaSender(Service):
             count += 1
         if count:
             batches.append((await producer.send_batch(batch, topic, partition=partition), count))
+        self.counters.sent(topic, len(records))
+        self.counters.changelog_flush_records.observe(len(records))
         return asyncio.ensure_future(_last_offset(batches))
 
     async def partition_count(self, topic: str) -> int:

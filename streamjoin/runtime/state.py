@@ -228,6 +228,20 @@ def apply_writes(sending: Iterable[Sending], offsets: Iterable[int]) -> None:
         state.finish_flush(next(last_offsets) if sent_to is not None else None)
 
 
+@dataclass(frozen=True)
+class RestoreProgress:
+    """How far one restore (or standby) got: records applied, left (upper bound), rate."""
+
+    standby: bool
+    applied: int
+    records_left: int
+    rate: float
+
+    @property
+    def eta_seconds(self) -> float | None:
+        return self.records_left / self.rate if self.rate > 0 else None
+
+
 @dataclass
 class _Restore:
     """Progress of one partition being restored (active) or followed (standby)."""
@@ -336,6 +350,19 @@ class StateService(Service):
     @property
     def restoring(self) -> list[TaskKey]:
         return sorted(k for k, r in self._restores.items() if not r.standby)
+
+    def progress(self, now: float) -> dict[TaskKey, RestoreProgress]:
+        """Every partition being restored (active) or followed (standby) right now."""
+        out: dict[TaskKey, RestoreProgress] = {}
+        for key, r in self._restores.items():
+            elapsed = max(now - r.started, 1e-6)
+            out[key] = RestoreProgress(
+                standby=r.standby,
+                applied=r.applied,
+                records_left=max(0, r.total - r.applied),
+                rate=r.applied / elapsed,
+            )
+        return out
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,6 +22,7 @@ from streamjoin.codecs import DecodeError
 from streamjoin.context import Sender, current_event, current_record
 from streamjoin.errors import AgentFailed, InternalError
 from streamjoin.events import Event, RawRecord
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.record_queue import RecordQueue
 from streamjoin.runtime.tasks import Task
 from streamjoin.state.table_partition import TablePartition
@@ -84,6 +86,9 @@ class AgentRunner:
         self.task: asyncio.Task[None] | None = None
         self.processed = 0
         self._since_yield = 0
+        #: this agent's processing-time histogram, and when the current event was handed out
+        self._latency = runtime.counters.latency_of(agent.name)
+        self._started = 0.0
 
     @property
     def name(self) -> str:
@@ -123,6 +128,7 @@ class AgentRunner:
                 continue
             self.current = inflight
             current_event.set(inflight)
+            self._started = time.perf_counter()
             return event
 
     def _finish_current(self) -> None:
@@ -130,6 +136,7 @@ class AgentRunner:
         if current is not None:
             current_event.set(None)
             self.processed += 1
+            self._latency.observe(time.perf_counter() - self._started)
             self.runtime.complete(current)
 
     async def run(self) -> None:
@@ -166,8 +173,11 @@ class AgentRuntime:
         on_crash: Callable[[BaseException], None],
         queue_size: int = 1000,
         transactional: bool = False,
+        counters: WorkerCounters | None = None,
     ) -> None:
         self.sender = sender
+        #: the worker's metrics (processing latency, failed records)
+        self.counters = counters if counters is not None else WorkerCounters()
         self.stopping = False
         #: exactly-once: an event counts as processed as soon as its function is done with
         #: it (its sends belong to the open transaction, which commits them all or none)
@@ -328,6 +338,7 @@ class AgentRuntime:
             task.tracker.ack((raw.topic, raw.partition), raw.offset)
 
     def _send_failed(self, inflight: _InFlight, future: asyncio.Future[Any]) -> None:
+        self.counters.error("send")
         raw = inflight.raw
         exc = future.exception() if not future.cancelled() else asyncio.CancelledError()
         self._on_crash(
@@ -346,6 +357,11 @@ class AgentRuntime:
         where = f"{raw.topic}[{raw.partition}]@{raw.offset}"
         what = "could not decode" if kind == "decode" else "failed on"
         policy = runner.agent.on_error
+        counters = self.counters
+        counters.error(kind)
+        if policy != "stop":
+            failed = counters.skipped if policy == "skip" else counters.dead_lettered
+            failed[runner.agent.name] = failed.get(runner.agent.name, 0) + 1
         if policy == "stop":
             log.error("agent %s %s %s: %r; stopping", runner.name, what, where, exc, exc_info=exc)
             raise AgentFailed(f"agent {runner.name} {what} {where}: {exc!r}") from exc

@@ -31,6 +31,8 @@ from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_c
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.membership import MembershipSettings
+from streamjoin.runtime.metrics import WorkerCounters
+from streamjoin.runtime.monitor import WorkerMonitor, collect
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
@@ -116,6 +118,9 @@ class Worker(Service):
         self.stores: TableStores | None = None
         self.state_service: StateService | None = None
         self.failure: BaseException | None = None
+        #: metrics: what the runtime counts, and the service reporting it (lag, status page)
+        self.counters = WorkerCounters()
+        self.monitor: WorkerMonitor | None = None
         self._done = asyncio.Event()
         self._stopping = False
 
@@ -146,6 +151,14 @@ class Worker(Service):
             return {}
         return {"transactions-committed": sender.commits, "transactions-aborted": sender.aborts}
 
+    def metrics(self) -> dict[str, Any]:
+        """Metrics and status as a plain dict (see :func:`streamjoin.runtime.monitor.collect`)."""
+        return collect(self)
+
+    @property
+    def web_url(self) -> str | None:
+        return self.monitor.web_url if self.monitor is not None else None
+
     async def on_start(self) -> None:
         topology, config = self.topology, self.config
         await prepare_topics(topology, config)
@@ -166,6 +179,7 @@ class Worker(Service):
                 producer_options=config.producer_options,
                 client_id=self.client_id,
             )
+        self.sender.counters = self.counters
         await self.sender.start()
         if topology.tables:
             self.stores = TableStores(topology.tables, config.state_path)
@@ -185,6 +199,7 @@ class Worker(Service):
             on_crash=self._on_crash,
             queue_size=self.queue_size,
             transactional=config.exactly_once,
+            counters=self.counters,
         )
         self.runtime.start()
         if self.runtime.topics:
@@ -218,8 +233,16 @@ class Worker(Service):
                 aligned_groups=topology.aligned_groups(),
                 align_idle_ms=config.align_idle_ms,
                 align_max_idle_ms=config.align_max_idle_ms,
+                counters=self.counters,
             )
             await self.consumer.start()
+        self.monitor = WorkerMonitor(
+            self,
+            status_log_interval=config.status_log_interval,
+            web_host=config.web_host,
+            web_port=config.web_port,
+        )
+        await self.monitor.start()
         log.info(
             "app %s started: %d agents on %s",
             config.id,
@@ -232,6 +255,8 @@ class Worker(Service):
             return
         self._stopping = True
         try:
+            if self.monitor is not None:
+                await self.monitor.stop()
             if self.consumer is not None:
                 await self.consumer.shutdown()
                 await self.consumer.stop()
@@ -283,6 +308,7 @@ class Worker(Service):
             self.consumer.resume(topic, p)
 
     def _on_crash(self, exc: BaseException) -> None:
+        self.counters.error("fatal")
         if self.failure is None:
             self.failure = exc
             # A warning: the error itself is raised again by wait_stopped() (App.wait()), and

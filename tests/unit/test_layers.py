@@ -37,7 +37,9 @@ PURE = (
     "streamjoin.state.table_partition",
     "streamjoin.state.windows",
     "streamjoin.runtime.alignment",
+    "streamjoin.runtime.metrics",
     "streamjoin.runtime.offsets",
+    "streamjoin.runtime.status_page",
 )
 
 

@@ -1,0 +1,319 @@
+"""What a running worker reports about itself: the metrics snapshot, lag, the status line.
+
+:func:`collect` reads the worker's services into one plain dict (the *snapshot*):
+``App.metrics()`` returns it, ``/status.json`` serves it, and the Prometheus and
+OpenTelemetry exports are made from it (:mod:`streamjoin.runtime.metrics`). The
+:class:`WorkerMonitor` service lists the end offsets of the owned partitions every
+few seconds (one request, never per scrape), keeps each partition's input rate,
+logs one INFO line of throughput and lag every ``status_log_interval`` seconds, and
+runs the HTTP server when a port is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from mode import Service
+
+from streamjoin.config import AppConfig
+from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
+from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.metrics import WorkerCounters, registry_for
+from streamjoin.runtime.state import StateService
+from streamjoin.runtime.streams import AgentRuntime
+from streamjoin.runtime.tasks import TaskManager, TaskState
+from streamjoin.runtime.web import WebServer
+from streamjoin.topology import Topology
+
+__all__ = ["MonitoredWorker", "WorkerMonitor", "collect", "status_line"]
+
+log = logging.getLogger("streamjoin.status")
+
+TP = tuple[str, int]
+
+#: what a source partition's task state is called on the status page
+_SOURCE_ROLE = {
+    TaskState.RUNNING: "active",
+    TaskState.RESTORING: "restoring",
+    TaskState.CREATED: "restoring",
+    TaskState.SUSPENDED: "revoking",
+}
+
+
+class MonitoredWorker(Protocol):
+    """The parts of a :class:`~streamjoin.runtime.worker.Worker` a snapshot reads."""
+
+    topology: Topology
+    config: AppConfig
+    client_id: str
+    counters: WorkerCounters
+    tasks: TaskManager
+    runtime: AgentRuntime | None
+    consumer: KafkaConsumerService | None
+    state_service: StateService | None
+    assignor: StreamjoinAssignor | None
+    monitor: WorkerMonitor | None
+
+    def rebalance_metrics(self) -> dict[str, float | int | None]: ...
+
+    def transaction_metrics(self) -> dict[str, int]: ...
+
+
+def collect(worker: MonitoredWorker) -> dict[str, Any]:
+    """The worker's metrics and status as one plain dict (see docs/operations.md)."""
+    now, wall = time.monotonic(), time.time()
+    counters = worker.counters
+    monitor = worker.monitor
+    rates = monitor.rates if monitor is not None else {}
+    consumer = worker.consumer
+    membership = consumer.membership if consumer is not None else None
+    partitions: list[dict[str, Any]] = []
+    if consumer is not None:
+        for tp, (end, committed, processed) in consumer.partition_offsets().items():
+            task = worker.tasks.task_for(*tp)
+            partitions.append(
+                {
+                    "topic": tp[0],
+                    "partition": tp[1],
+                    "role": "revoking" if task is None else _SOURCE_ROLE.get(task.state, "-"),
+                    "records_in": counters.records_in.get(tp, 0),
+                    "rate": rates.get(tp, 0.0),
+                    "end_offset": end,
+                    "committed_offset": committed,
+                    "processed_offset": processed,
+                    "lag": _lag(end, committed),
+                    "lag_processed": _lag(end, processed),
+                }
+            )
+    rebalance: dict[str, Any] = dict(worker.rebalance_metrics())
+    if consumer is not None:
+        metrics = consumer.rebalance_metrics
+        last = metrics.last
+        if last is not None and metrics.last_rebalance_at is not None:
+            rebalance["last"] = {
+                "generation": last.generation,
+                "protocol": last.protocol,
+                "at": wall - (now - metrics.last_rebalance_at),
+                "seconds": last.seconds,
+                "assigned": last.assigned,
+                "revoked": last.revoked,
+                "owned": last.owned,
+                "leader": last.leader,
+            }
+        rebalance["in_progress"] = metrics.in_progress
+    joins: dict[str, dict[str, int]] = {}
+    shared = worker.runtime.shared_values if worker.runtime is not None else {}
+    for key, stats in sorted(shared.items()):
+        if key.startswith("join:") and hasattr(stats, "late"):
+            joins[key[len("join:") :]] = {
+                "emitted": int(stats.emitted),
+                "late": int(stats.late),
+                "beyond_grace": int(stats.beyond_grace),
+            }
+    changelogs = _changelogs(worker)
+    out_records = sum(n for t, n in counters.records_out.items() if t not in changelogs)
+    return {
+        "worker": {
+            "app_id": worker.config.id,
+            "client_id": worker.client_id,
+            "instance_id": worker.config.group_instance_id,
+            "member_id": membership.member_id if membership is not None else None,
+            "generation": membership.generation if membership is not None else -1,
+            "web_url": monitor.web_url if monitor is not None else None,
+            "uptime_seconds": now - monitor.started_at if monitor is not None else 0.0,
+        },
+        "throughput": {
+            "records_in": sum(counters.records_in.values()),
+            "records_out": out_records,
+            "changelog_records": sum(counters.records_out.values()) - out_records,
+            "records_in_per_second": monitor.rate_in if monitor is not None else 0.0,
+            "records_out_per_second": monitor.rate_out if monitor is not None else 0.0,
+        },
+        "partitions": partitions,
+        "tables": _table_rows(worker, now),
+        "records_out": dict(sorted(counters.records_out.items())),
+        "processing_latency": {
+            agent: h.snapshot() for agent, h in sorted(counters.processing_latency.items())
+        },
+        "commit_latency": counters.commit_latency.snapshot(),
+        "commits": counters.commits,
+        "changelog_flush_records": counters.changelog_flush_records.snapshot(),
+        "restored_records": (
+            worker.state_service.restored_records if worker.state_service is not None else 0
+        ),
+        "rebalance": rebalance,
+        "transactions": dict(worker.transaction_metrics()),
+        "joins": joins,
+        "dead_lettered": dict(sorted(counters.dead_lettered.items())),
+        "skipped": dict(sorted(counters.skipped.items())),
+        "errors": dict(sorted(counters.errors.items())),
+    }
+
+
+def _changelogs(worker: MonitoredWorker) -> set[str]:
+    return {table.changelog.name for table in worker.topology.tables.values()}
+
+
+def _lag(end: int | None, position: int | None) -> int | None:
+    return None if end is None or position is None else max(0, end - position)
+
+
+def _table_rows(worker: MonitoredWorker, now: float) -> list[dict[str, Any]]:
+    """Every table partition held here: active, restoring, standby, warmup or pending."""
+    state = worker.state_service
+    if state is None:
+        return []
+    progress = state.progress(now)
+    lags = state.lags()
+    assignor = worker.assignor
+    active = worker.tasks.active_table_partitions()
+    rows: list[dict[str, Any]] = []
+    for name, table in sorted(worker.topology.tables.items()):
+        changelog = table.changelog.name
+        roles: dict[int, str] = {}
+        if assignor is not None:
+            for role, held in (
+                ("pending", assignor.pending),
+                ("warmup", assignor.warmup),
+                ("standby", assignor.standby),
+            ):
+                for p in held.get(changelog, ()):
+                    roles[p] = role
+        for p in active.get(name, ()):
+            roles[p] = "active" if state.is_ready(name, p) else "restoring"
+        for partition, role in sorted(roles.items()):
+            found = progress.get((name, partition))
+            row: dict[str, Any] = {
+                "table": name,
+                "changelog": changelog,
+                "partition": partition,
+                "role": role,
+                "lag": lags.get(changelog, {}).get(partition),
+                "rate": found.rate if found is not None else 0.0,
+                "records_left": None,
+                "eta_seconds": None,
+            }
+            if role == "active":
+                row["lag"] = 0
+            elif role == "restoring" and found is not None and not found.standby:
+                row["records_left"] = row["lag"] = found.records_left
+                row["eta_seconds"] = found.eta_seconds
+            rows.append(row)
+    return rows
+
+
+def status_line(snapshot: Mapping[str, Any], seconds: float, records: tuple[int, int]) -> str:
+    """The periodic INFO line: throughput over the last ``seconds`` (``records``: in, out
+    in that time), total lag, partitions by role."""
+    lags = [row["lag"] for row in snapshot["partitions"] if row["lag"] is not None]
+
+    def by_role(rows: list[Mapping[str, Any]]) -> str:
+        roles: dict[str, int] = {}
+        for row in rows:
+            roles[row["role"]] = roles.get(row["role"], 0) + 1
+        return ", ".join(f"{n} {role}" for role, n in sorted(roles.items())) or "none"
+
+    seconds = max(seconds, 1e-6)
+    line = (
+        f"status: in {records[0] / seconds:.1f} records/s, out {records[1] / seconds:.1f} "
+        f"records/s over {seconds:.0f}s; lag {sum(lags)} records on {len(lags)} partitions; "
+        f"source partitions: {by_role(snapshot['partitions'])}"
+    )
+    if snapshot["tables"]:
+        line += f"; table partitions: {by_role(snapshot['tables'])}"
+    return line
+
+
+class WorkerMonitor(Service):
+    """End offsets every few seconds, input rates, the status line and the HTTP server."""
+
+    def __init__(
+        self,
+        worker: MonitoredWorker,
+        *,
+        refresh_interval: float = 5.0,
+        status_log_interval: float | None = 30.0,
+        web_host: str = "127.0.0.1",
+        web_port: int | None = None,
+    ) -> None:
+        super().__init__()
+        self._worker = worker
+        self._refresh_interval = refresh_interval
+        self._status_log_interval = status_log_interval or None
+        self.started_at = time.monotonic()
+        #: records in per second of each owned partition, over the last refresh interval
+        self.rates: dict[TP, float] = {}
+        self.rate_in = 0.0
+        self.rate_out = 0.0
+        self._sampled: tuple[float, dict[TP, int], int] | None = None
+        self._logged: tuple[float, int, int] | None = None
+        self.registry = registry_for(self.snapshot)
+        self.web: WebServer | None = None
+        if web_port is not None:
+            self.web = WebServer(self.snapshot, self.registry, host=web_host, port=web_port)
+
+    def snapshot(self) -> dict[str, Any]:
+        return collect(self._worker)
+
+    @property
+    def web_url(self) -> str | None:
+        return self.web.url if self.web is not None else None
+
+    async def on_start(self) -> None:
+        self.started_at = time.monotonic()
+        self._sample(self.started_at)
+        self._logged = (self.started_at, *self._totals())
+        if self.web is not None:
+            await self.web.start()
+            log.info("status page and metrics on %s", self.web.url)
+
+    async def on_stop(self) -> None:
+        if self.web is not None:
+            await self.web.stop()
+
+    def _totals(self) -> tuple[int, int]:
+        counters = self._worker.counters
+        changelogs = _changelogs(self._worker)
+        out = sum(n for topic, n in counters.records_out.items() if topic not in changelogs)
+        return sum(counters.records_in.values()), out
+
+    def _sample(self, now: float) -> None:
+        records_in = dict(self._worker.counters.records_in)
+        records_out = self._totals()[1]
+        if self._sampled is not None:
+            then, before, out_before = self._sampled
+            elapsed = max(now - then, 1e-6)
+            self.rates = {tp: (n - before.get(tp, 0)) / elapsed for tp, n in records_in.items()}
+            self.rate_in = float(sum(self.rates.values()))
+            self.rate_out = (records_out - out_before) / elapsed
+        self._sampled = (now, records_in, records_out)
+
+    @Service.task
+    async def _refresh(self) -> None:
+        interval = self._refresh_interval
+        if self._status_log_interval is not None:
+            interval = min(interval, self._status_log_interval)
+        while not self.should_stop:
+            await self.sleep(interval)
+            consumer = self._worker.consumer
+            if consumer is not None:
+                await consumer.refresh_end_offsets()
+            now = time.monotonic()
+            self._sample(now)
+            self._log_status(now)
+
+    def _log_status(self, now: float) -> None:
+        every = self._status_log_interval
+        if every is None or self._logged is None or now - self._logged[0] < every:
+            return
+        then, in_before, out_before = self._logged
+        records_in, records_out = self._totals()
+        log.info(
+            status_line(
+                self.snapshot(), now - then, (records_in - in_before, records_out - out_before)
+            )
+        )
+        self._logged = (now, records_in, records_out)
