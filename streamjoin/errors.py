@@ -84,6 +84,8 @@ __all__ = [
     "ScanInvalidated",
     "SparkJobError",
     "SparkNotInstalled",
+    "StateDirInUse",
+    "StateDirUnusable",
     "StateError",
     "StoreClosed",
     "StoreCorrupted",
@@ -200,6 +202,24 @@ class StoreLocked(StoreError):
         super().__init__(f"local store at {path} is in use by another handle: {cause}")
         self.path = Path(path)
         self.cause = cause
+
+
+class StateDirUnusable(ConfigurationError):
+    """The worker's state directory cannot be created or written (checked at start, before
+    the worker joins its group); the message names the path and the OS error."""
+
+
+class StateDirInUse(StateDirUnusable):
+    """Another worker process holds the state directory's lock: two workers sharing one
+    directory would overwrite each other's stores and membership file."""
+
+    def __init__(self, path: Path | str, pid: int | None) -> None:
+        who = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"state dir {path} in use by {who}; give each worker its own --state-dir"
+        )
+        self.path = Path(path)
+        self.pid = pid
 
 
 class StoreClosed(StoreError):

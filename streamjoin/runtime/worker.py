@@ -7,7 +7,8 @@ all go through it or through the Topology; the in-memory test driver runs the
 same task manager and agent runtime over in-memory transports. Nothing here
 imports the App: everything comes in as parameters.
 
-Start order: topics (create/verify), producer, state service, agents, consumer.
+Start order: the state directory (writable, and locked for this process: before
+anything joins the group), topics (create/verify), producer, state service, agents, consumer.
 Stop order is the reverse and loses nothing: stop fetching, let in-flight events
 finish, flush sends, commit, leave the group (static members stay), stop the
 producer. An agent failure under the ``stop`` policy stops the worker;
@@ -33,6 +34,7 @@ from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
+from streamjoin.runtime.state_dir import StateDirLock
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.runtime.transaction import TransactionalSender, transactional_id_for
@@ -116,6 +118,8 @@ class Worker(Service):
         self.stores: TableStores | None = None
         self.state_service: StateService | None = None
         self.failure: BaseException | None = None
+        #: held while running when the worker keeps state (tables, or group membership)
+        self.state_dir_lock = StateDirLock(config.state_path)
         self._done = asyncio.Event()
         self._stopping = False
 
@@ -147,6 +151,17 @@ class Worker(Service):
         return {"transactions-committed": sender.commits, "transactions-aborted": sender.aborts}
 
     async def on_start(self) -> None:
+        if self.topology.agents or self.topology.tables:
+            # before the group: a second worker on this directory must fail here, not
+            # after it took partitions whose stores the first one holds open
+            self.state_dir_lock.acquire()
+        try:
+            await self._start_services()
+        except BaseException:
+            self.state_dir_lock.release()
+            raise
+
+    async def _start_services(self) -> None:
         topology, config = self.topology, self.config
         await prepare_topics(topology, config)
         if config.exactly_once:
@@ -243,6 +258,7 @@ class Worker(Service):
                 await self.sender.stop()
         finally:
             self.link.disconnect()
+            self.state_dir_lock.release()
             self._done.set()
 
     # -- tables
