@@ -46,7 +46,9 @@ class StateDirLock:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise StateDirUnusable(f"state dir {self.path}: cannot open {lock_path}: {exc}") from exc
+            raise StateDirUnusable(
+                f"state dir {self.path}: cannot open {lock_path}: {exc}"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -54,13 +56,17 @@ class StateDirLock:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StateDirInUse(self.path, holder) from None
-            raise StateDirUnusable(f"state dir {self.path}: cannot lock {lock_path}: {exc}") from exc
+            raise StateDirUnusable(
+                f"state dir {self.path}: cannot lock {lock_path}: {exc}"
+            ) from exc
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as exc:
             os.close(fd)
-            raise StateDirUnusable(f"state dir {self.path}: cannot write {lock_path}: {exc}") from exc
+            raise StateDirUnusable(
+                f"state dir {self.path}: cannot write {lock_path}: {exc}"
+            ) from exc
         self._fd = fd
 
     def release(self) -> None:
