@@ -25,7 +25,10 @@ def cli() -> None:
 
 @cli.command("dev-broker")
 @click.option(
-    "--port", type=int, default=None, help="Broker port on 127.0.0.1 (default: a free one)."
+    "--port",
+    type=int,
+    default=None,
+    help="Broker port on 127.0.0.1 (default: a free one below the ephemeral port range).",
 )
 @click.option(
     "--kafka-version", default=KAFKA_VERSION, show_default=True, help="Apache Kafka release to run."
@@ -34,7 +37,10 @@ def cli() -> None:
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Keep broker data here (default: a temporary directory removed on exit).",
+    help=(
+        "Keep broker data here and restart on it (same cluster id, and the same ports when "
+        "free); default: a temporary directory removed on exit."
+    ),
 )
 def dev_broker(port: int | None, kafka_version: str, data_dir: Path | None) -> None:
     """Run a local single-node Apache Kafka broker in the foreground until Ctrl-C.
