@@ -13,6 +13,7 @@ import click
 from streamjoin import __version__
 from streamjoin.assignor.plan import plan_with_explanation
 from streamjoin.cli_app import agents, assignment, table_group, tables, worker
+from streamjoin.cli_offsets import offsets_group
 from streamjoin.spark.cli import backfill_command, bootstrap_command
 from streamjoin.testing.kafka import KAFKA_VERSION, KafkaProvisioningError, LocalKafka
 
@@ -78,6 +79,7 @@ cli.add_command(agents)
 cli.add_command(assignment)
 cli.add_command(tables)
 cli.add_command(table_group)
+cli.add_command(offsets_group)
 cli.add_command(backfill_command)
 cli.add_command(bootstrap_command)
 

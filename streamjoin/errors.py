@@ -58,6 +58,7 @@ __all__ = [
     "EncodeError",
     "FencedInstanceError",
     "GroupMembershipError",
+    "GroupNotStopped",
     "IncompatibleWindowState",
     "InternalError",
     "InvalidAssignmentError",
@@ -77,6 +78,7 @@ __all__ = [
     "NonEmptyChangelog",
     "NotFoundError",
     "NullKeyError",
+    "OffsetMoveRefused",
     "OffsetTrackingError",
     "ProcessingError",
     "ProvisioningError",
@@ -506,6 +508,17 @@ class TopicAdminError(ProvisioningError):
 
 class ConsumerGroupError(ProvisioningError):
     """A consumer group could not be described (the broker answered with an error)."""
+
+
+class GroupNotStopped(ConsumerGroupError):
+    """A consumer group's offsets were to be moved while it has active members: their next
+    commit would overwrite the move (stop the workers first)."""
+
+
+class OffsetMoveRefused(ConsumerGroupError):
+    """A requested move of a group's committed offsets is not possible or would lose more
+    than asked (an offset outside the partition's records, a skip that would also skip
+    unprocessed records); the message says what to do instead."""
 
 
 class KafkaProvisioningError(ProvisioningError):

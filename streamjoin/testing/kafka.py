@@ -126,14 +126,15 @@ DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
 LISTEN_PORT_RANGE = (10000, 30000)
 
 
-def parse_port_range(text: str) -> tuple[int, int]:
-    """``/proc/sys/net/ipv4/ip_local_port_range`` ("32768\t60999") -> (32768, 60999)."""
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """``/proc/sys/net/ipv4/ip_local_port_range`` ("32768\t60999") -> (32768, 60999);
+    None when the text is not a port range."""
     parts = text.split()
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"not a port range: {text!r}")
+        return None
     low, high = int(parts[0]), int(parts[1])
     if not 0 < low <= high <= 65535:
-        raise ValueError(f"not a port range: {text!r}")
+        return None
     return low, high
 
 
@@ -142,9 +143,10 @@ def ephemeral_port_range(
 ) -> tuple[int, int]:
     """The OS's ephemeral port range (Linux's /proc), else Linux's default."""
     try:
-        return parse_port_range(proc_file.read_text())
-    except (OSError, ValueError):
-        return DEFAULT_EPHEMERAL_RANGE
+        parsed = parse_port_range(proc_file.read_text())
+    except OSError:
+        parsed = None
+    return DEFAULT_EPHEMERAL_RANGE if parsed is None else parsed
 
 
 def listen_port_candidates(
