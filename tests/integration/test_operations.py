@@ -213,3 +213,53 @@ async def test_a_poison_record_under_stop_is_skipped_and_the_restarted_worker_go
     finally:
         workers.stop_all()
         workers.close()
+
+
+async def test_assignment_shows_offsets_and_lag_per_partition_and_no_active_members(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    env = _poison_env(kafka_bootstrap, unique_topic, partitions=2)
+    app_id, topic, sink = env["SJT_APP_ID"], env["SJT_SOURCE"], env["SJT_SINK"]
+    workers = Workers(POISON_APP, env, tmp_path)
+    try:
+        workers.start("w1")
+        await wait_for_group(kafka_bootstrap, app_id, lambda i: len(i.members) == 1, workers)
+        await produce(kafka_bootstrap, topic, [(f"k{i}", f"v{i}") for i in range(20)])
+        await read_all(kafka_bootstrap, sink, 20)
+        deadline = time.monotonic() + 30
+        while sum(await committed_offsets(kafka_bootstrap, app_id, topic, 2)) < 20:
+            assert time.monotonic() < deadline, workers.logs()
+            await asyncio.sleep(0.2)
+        ends = await committed_offsets(kafka_bootstrap, app_id, topic, 2)
+
+        running = await streamjoin_cli(env, "assignment", "-A", POISON_APP)
+        assert running.returncode == 0, running.stderr
+        lines = running.stdout.splitlines()
+        assert lines[0] == f"group {app_id!r}: state Stable, 1 members"
+        table = [line.split() for line in lines[lines.index("") + 1 :]]
+        assert table == [
+            ["TOPIC", "PARTITION", "OWNER", "COMMITTED", "END", "LAG"],
+            [topic, "0", "w1", str(ends[0]), str(ends[0]), "0"],
+            [topic, "1", "w1", str(ends[1]), str(ends[1]), "0"],
+        ]
+        # a static member stays in the group until its session times out: wait it out
+        assert workers.stop("w1") == 0
+        await produce(kafka_bootstrap, topic, [("k", "late-1"), ("k", "late-2")])
+        deadline = time.monotonic() + 30
+        while (await describe_group(kafka_bootstrap, app_id)).members:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+
+        stopped = await streamjoin_cli(env, "assignment", "-A", POISON_APP)
+        assert stopped.returncode == 0, stopped.stderr
+        lines = stopped.stdout.splitlines()
+        assert lines[0] == f"group {app_id!r}: no active members"
+        assert "Empty" not in stopped.stdout and "Dead" not in stopped.stdout
+        assert lines[1:3] == ["", lines[2]] and lines[2].split()[0] == "TOPIC"
+        rows = [line.split() for line in lines[3:]]
+        assert [r[2] for r in rows] == ["-", "-"]  # no owner
+        assert sum(int(r[5]) for r in rows) == 2  # the two records written while stopped
+        assert all(int(r[5]) == int(r[4]) - int(r[3]) for r in rows)
+    finally:
+        workers.stop_all()
+        workers.close()
