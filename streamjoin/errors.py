@@ -217,9 +217,7 @@ class StateDirInUse(StateDirUnusable):
 
     def __init__(self, path: Path | str, pid: int | None) -> None:
         who = f"pid {pid}" if pid is not None else "another process"
-        super().__init__(
-            f"state dir {path} in use by {who}; give each worker its own --state-dir"
-        )
+        super().__init__(f"state dir {path} in use by {who}; give each worker its own --state-dir")
         self.path = Path(path)
         self.pid = pid
 

@@ -38,7 +38,7 @@ from streamjoin.runtime.state_dir import StateDirLock
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.runtime.transaction import TransactionalSender, transactional_id_for
-from streamjoin.state.base import StorePartition
+from streamjoin.state.base import StoreCorrupted, StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import Topology
 
@@ -198,6 +198,7 @@ class Worker(Service):
             topology.agents.values(),
             self.sender,
             on_crash=self._on_crash,
+            on_store_corrupted=self._store_corrupted,
             queue_size=self.queue_size,
             transactional=config.exactly_once,
         )
@@ -297,6 +298,34 @@ class Worker(Service):
             return
         for topic, p in task.source_partitions:
             self.consumer.resume(topic, p)
+
+    def _store_corrupted(self, task: Task, exc: StoreCorrupted) -> None:
+        """A read found a store corrupted (a block checksum mismatch in a store that opened
+        fine): rebuild it from its changelog, as a corrupt store found at open is.
+
+        The task stops taking records now; then every partition is given up as lost and
+        the worker rejoins (the path an aborted transaction takes: nothing is committed
+        past the last commit, unflushed writes are dropped). When the partitions come
+        back, the state service wipes the store before restoring it, and the task starts
+        again from the committed offsets."""
+        self.tasks.suspend([task])
+        key = None if self.stores is None else self.stores.key_of(exc.path)
+        membership = None if self.consumer is None else self.consumer.membership
+        if key is None or self.state_service is None or membership is None:
+            self._on_crash(exc)
+            return
+        if self.state_service.is_corrupted(*key):
+            return  # already being rebuilt (another event of the task hit it too)
+        log.warning(
+            "store %s[%d] of task %s is corrupted (%s); giving its partitions up to rebuild "
+            "it from the changelog",
+            key[0],
+            key[1],
+            task.name,
+            exc.cause,
+        )
+        self.state_service.mark_corrupted(*key)
+        membership.abandon(f"store {key[0]}[{key[1]}] corrupted")
 
     def _on_crash(self, exc: BaseException) -> None:
         if self.failure is None:

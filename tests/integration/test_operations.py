@@ -19,14 +19,17 @@ from streamjoin.errors import StateDirInUse
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
 from streamjoin.runtime.group_info import describe_group
 from streamjoin.runtime.streams import Stream
+from streamjoin.state.rocksdb import RocksDBStorePartition
 from tests.integration.support import (
     ROOT,
     Workers,
     committed_offsets,
+    counter_workers,
     produce,
     read_all,
     wait_for_group,
 )
+from tests.unit.state.state_store_support import corrupt_data_block
 
 POISON_APP = "tests.integration.apps.poison_stop:app"
 
@@ -260,6 +263,54 @@ async def test_assignment_shows_offsets_and_lag_per_partition_and_no_active_memb
         assert [r[2] for r in rows] == ["-", "-"]  # no owner
         assert sum(int(r[5]) for r in rows) == 2  # the two records written while stopped
         assert all(int(r[5]) == int(r[4]) - int(r[3]) for r in rows)
+    finally:
+        workers.stop_all()
+        workers.close()
+
+
+async def test_corruption_found_by_a_read_rebuilds_the_store_and_the_worker_goes_on(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A block checksum mismatch in a store that opened fine used to stop the worker with
+    exit code 1 (the read's error went to the agent's on_error policy), and every restart
+    stopped again at the same read."""
+    partitions = 2
+    workers = counter_workers(kafka_bootstrap, unique_topic, tmp_path, partitions)
+    group, source, sink = (workers.env[k] for k in ("SJT_APP_ID", "SJT_SOURCE", "SJT_SINK"))
+    keys = [f"k{i:02d}" for i in range(30)]
+    try:
+        workers.start("w1")
+        await wait_for_group(kafka_bootstrap, group, lambda i: len(i.members) == 1, workers)
+        await produce(kafka_bootstrap, source, [(k, "x") for k in keys] * 2)
+        await read_all(kafka_bootstrap, sink, 2 * len(keys))
+        deadline = time.monotonic() + 30
+        while sum(await committed_offsets(kafka_bootstrap, group, source, partitions)) < 60:
+            assert time.monotonic() < deadline, workers.logs()
+            await asyncio.sleep(0.2)
+        assert workers.stop("w1") == 0
+
+        # flip bytes in a data block of each partition's store: it still opens
+        for p in range(partitions):
+            store_dir = workers.state_dir("w1") / "tables" / "counts" / str(p)
+            store = RocksDBStorePartition(store_dir, table="counts", partition=p)
+            first_key = next(iter(store.items()))[0]
+            store.close()
+            corrupt_data_block(store_dir, "counts", p, first_key)
+
+        workers.start("w1")  # the same static member, on the same state dir
+        await produce(kafka_bootstrap, source, [(k, "x") for k in keys])
+        deadline = time.monotonic() + 60
+        latest: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            out = await read_all(kafka_bootstrap, sink, 3 * len(keys), timeout=5)
+            latest = {k: v for k, v, _ in out}
+            if all(latest.get(k) == f"{k}=3" for k in keys):
+                break
+        log = workers.log_of("w1")
+        assert {k: latest.get(k) for k in keys} == {k: f"{k}=3" for k in keys}, workers.logs()
+        assert "is corrupted" in log and "rebuild it from the changelog" in log, log[-4000:]
+        assert "restoring counts[" in log, log[-4000:]
+        assert workers.procs["w1"].poll() is None, log[-4000:]  # still running
     finally:
         workers.stop_all()
         workers.close()
