@@ -13,6 +13,7 @@ import click
 from streamjoin import __version__
 from streamjoin.assignor.plan import plan_with_explanation
 from streamjoin.cli_app import agents, assignment, table_group, tables, worker
+from streamjoin.cli_offsets import offsets_group
 from streamjoin.spark.cli import backfill_command, bootstrap_command
 from streamjoin.testing.kafka import KAFKA_VERSION, KafkaProvisioningError, LocalKafka
 
@@ -25,7 +26,10 @@ def cli() -> None:
 
 @cli.command("dev-broker")
 @click.option(
-    "--port", type=int, default=None, help="Broker port on 127.0.0.1 (default: a free one)."
+    "--port",
+    type=int,
+    default=None,
+    help="Broker port on 127.0.0.1 (default: a free one below the ephemeral port range).",
 )
 @click.option(
     "--kafka-version", default=KAFKA_VERSION, show_default=True, help="Apache Kafka release to run."
@@ -34,7 +38,10 @@ def cli() -> None:
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Keep broker data here (default: a temporary directory removed on exit).",
+    help=(
+        "Keep broker data here and restart on it (same cluster id, and the same ports when "
+        "free); default: a temporary directory removed on exit."
+    ),
 )
 def dev_broker(port: int | None, kafka_version: str, data_dir: Path | None) -> None:
     """Run a local single-node Apache Kafka broker in the foreground until Ctrl-C.
@@ -72,6 +79,7 @@ cli.add_command(agents)
 cli.add_command(assignment)
 cli.add_command(tables)
 cli.add_command(table_group)
+cli.add_command(offsets_group)
 cli.add_command(backfill_command)
 cli.add_command(bootstrap_command)
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from streamjoin.app import App
 from streamjoin.errors import ConfigurationError
 from streamjoin.loader import AppNotFound, load_app
+
+if TYPE_CHECKING:
+    from streamjoin.runtime.group_info import GroupInfo
+    from streamjoin.runtime.offsets_admin import PartitionOffsets
 
 app_option = click.option(
     "-A",
@@ -125,28 +130,67 @@ def agents(app_spec: str) -> None:
 @app_option
 @broker_option
 def assignment(app_spec: str, broker: str | None) -> None:
-    """Show the app's consumer group: members and their active and standby partitions."""
+    """Show the app's consumer group: members and their active and standby partitions, and
+    each source partition's owner, committed offset, end offset and lag."""
     from streamjoin.runtime.group_info import describe_group
+    from streamjoin.runtime.offsets_admin import read_offsets
 
     app = _load(app_spec, broker)
+    sources = sorted(app.topology().source_topics)
+
+    async def describe() -> tuple[GroupInfo, list[PartitionOffsets]]:
+        info = await describe_group(app.broker, app.id, **app.client_options)
+        parts = await read_offsets(app.broker, app.id, sources, **app.client_options)
+        return info, parts
+
     try:
-        info = asyncio.run(describe_group(app.broker, app.id, **app.client_options))
+        info, parts = asyncio.run(describe())
     except Exception as exc:
         raise click.ClickException(f"could not describe group {app.id!r}: {exc}") from exc
-    click.echo(f"group {info.group_id!r}: state {info.state}, {len(info.members)} members")
-    rows = [("MEMBER", "INSTANCE", "HOST", "GENERATION", "ACTIVE", "STANDBY")]
-    for m in info.members:
+    if not info.members:
+        # Kafka says "Empty" (offsets kept) or "Dead" (none): to an operator, both mean this
+        click.echo(f"group {info.group_id!r}: no active members")
+    else:
+        click.echo(f"group {info.group_id!r}: state {info.state}, {len(info.members)} members")
+        rows = [("MEMBER", "INSTANCE", "HOST", "GENERATION", "ACTIVE", "STANDBY")]
+        for m in info.members:
+            rows.append(
+                (
+                    m.member_id,
+                    m.instance_id or "-",
+                    m.client_host,
+                    str(m.generation),
+                    _format_tps(m.active),
+                    _format_tps(m.standby),
+                )
+            )
+        click.echo(_table(rows))
+    if parts:
+        click.echo("")
+        click.echo(_table(_partition_rows(info, parts)))
+
+
+def _partition_rows(info: GroupInfo, parts: Sequence[PartitionOffsets]) -> list[tuple[str, ...]]:
+    """One row per source partition: who owns it, committed and end offsets, lag."""
+    owners = {
+        (topic, p): m.instance_id or m.member_id
+        for m in info.members
+        for topic, ps in m.active.items()
+        for p in ps
+    }
+    rows: list[tuple[str, ...]] = [("TOPIC", "PARTITION", "OWNER", "COMMITTED", "END", "LAG")]
+    for part in parts:
         rows.append(
             (
-                m.member_id,
-                m.instance_id or "-",
-                m.client_host,
-                str(m.generation),
-                _format_tps(m.active),
-                _format_tps(m.standby),
+                part.topic,
+                str(part.partition),
+                owners.get((part.topic, part.partition), "-"),
+                "-" if part.committed is None else str(part.committed),
+                str(part.end),
+                str(part.lag),
             )
         )
-    click.echo(_table(rows))
+    return rows
 
 
 def _format_tps(tps: dict[str, list[int]]) -> str:

@@ -58,6 +58,7 @@ __all__ = [
     "EncodeError",
     "FencedInstanceError",
     "GroupMembershipError",
+    "GroupNotStopped",
     "IncompatibleWindowState",
     "InternalError",
     "InvalidAssignmentError",
@@ -77,6 +78,7 @@ __all__ = [
     "NonEmptyChangelog",
     "NotFoundError",
     "NullKeyError",
+    "OffsetMoveRefused",
     "OffsetTrackingError",
     "ProcessingError",
     "ProvisioningError",
@@ -84,6 +86,8 @@ __all__ = [
     "ScanInvalidated",
     "SparkJobError",
     "SparkNotInstalled",
+    "StateDirInUse",
+    "StateDirUnusable",
     "StateError",
     "StoreClosed",
     "StoreCorrupted",
@@ -200,6 +204,22 @@ class StoreLocked(StoreError):
         super().__init__(f"local store at {path} is in use by another handle: {cause}")
         self.path = Path(path)
         self.cause = cause
+
+
+class StateDirUnusable(ConfigurationError):
+    """The worker's state directory cannot be created or written (checked at start, before
+    the worker joins its group); the message names the path and the OS error."""
+
+
+class StateDirInUse(StateDirUnusable):
+    """Another worker process holds the state directory's lock: two workers sharing one
+    directory would overwrite each other's stores and membership file."""
+
+    def __init__(self, path: Path | str, pid: int | None) -> None:
+        who = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(f"state dir {path} in use by {who}; give each worker its own --state-dir")
+        self.path = Path(path)
+        self.pid = pid
 
 
 class StoreClosed(StoreError):
@@ -486,6 +506,17 @@ class TopicAdminError(ProvisioningError):
 
 class ConsumerGroupError(ProvisioningError):
     """A consumer group could not be described (the broker answered with an error)."""
+
+
+class GroupNotStopped(ConsumerGroupError):
+    """A consumer group's offsets were to be moved while it has active members: their next
+    commit would overwrite the move (stop the workers first)."""
+
+
+class OffsetMoveRefused(ConsumerGroupError):
+    """A requested move of a group's committed offsets is not possible or would lose more
+    than asked (an offset outside the partition's records, a skip that would also skip
+    unprocessed records); the message says what to do instead."""
 
 
 class KafkaProvisioningError(ProvisioningError):

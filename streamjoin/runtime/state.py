@@ -106,6 +106,22 @@ class TableStores:
             shutil.rmtree(self.path(table.name, partition), ignore_errors=True)
         return self.open(table, partition)
 
+    def destroy(self, table: Table, partition: int) -> None:
+        """Close a store and delete its data (rebuilt from the changelog when next opened)."""
+        self.close(table, partition)
+        if self.state_dir is not None:
+            shutil.rmtree(self.path(table.name, partition), ignore_errors=True)
+
+    def key_of(self, path: Path) -> TaskKey | None:
+        """The table partition whose store lives at ``path`` (None: not one of ours)."""
+        if self.state_dir is None:
+            return None
+        for name in self.tables:
+            root = self.state_dir / "tables" / name
+            if path.parent == root and path.name.isdigit():
+                return name, int(path.name)
+        return None
+
     def close_all(self) -> None:
         for name, partition in list(self._open):
             self.close(self.tables[name], partition)
@@ -309,6 +325,8 @@ class StateService(Service):
         self._lags: dict[str, dict[int, int]] = {}
         #: active partitions restored here (caught up by definition)
         self._ready: set[TaskKey] = set()
+        #: stores a read found corrupted: wiped once no task uses them, then rebuilt
+        self._corrupted: set[TaskKey] = set()
         self.restored_records = 0
 
     # ------------------------------------------------------------------ public
@@ -334,7 +352,13 @@ class StateService(Service):
         """
         self._wanted_active = {t: set(ps) for t, ps in active.items()}
         self._wanted_standby = {t: set(ps) for t, ps in standby.items()}
-        self._ready = {(t, p) for t, p in self._ready if p in self._wanted_active.get(t, ())}
+        # (a corrupted store is never kept as ready: its task was given up before this
+        # assignment, and the store is wiped and restored before the new task runs)
+        self._ready = {
+            (t, p)
+            for t, p in self._ready
+            if p in self._wanted_active.get(t, ()) and (t, p) not in self._corrupted
+        }
         self._changed.set()
 
     def revoke(self, keys: Iterable[TaskKey]) -> None:
@@ -343,6 +367,17 @@ class StateService(Service):
         self._ready -= gone
         for table, partition in gone:
             self._wanted_active.get(table, set()).discard(partition)
+
+    def mark_corrupted(self, table: str, partition: int) -> None:
+        """A read found this store corrupted (a block checksum mismatch). Its task must be
+        given up (the worker does that); once it is, the next reconciliation wipes the
+        store and restores it from its changelog like any other store without an offset."""
+        self._corrupted.add((table, partition))
+        self._changed.set()
+
+    def is_corrupted(self, table: str, partition: int) -> bool:
+        """Marked corrupted and not wiped yet."""
+        return (table, partition) in self._corrupted
 
     def is_ready(self, table: str, partition: int) -> bool:
         return (table, partition) in self._ready
@@ -410,7 +445,16 @@ class StateService(Service):
                 self._changed.clear()
                 await self._reconcile()
             if self._restores:
-                await self._apply_batch()
+                try:
+                    await self._apply_batch()
+                except StoreCorrupted as exc:
+                    # a restoring or standby store: no task reads it, so wipe and plan again
+                    key = self.stores.key_of(exc.path)
+                    if key is None:
+                        raise
+                    log.warning("store %s[%d]: %s", key[0], key[1], exc)
+                    self._corrupted.add(key)
+                    self._changed.set()
             else:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=1.0)
@@ -434,6 +478,12 @@ class StateService(Service):
         for name, partition in self.stores.open_keys():
             if (name, partition) not in active | standby:
                 self.stores.close(self.stores.tables[name], partition)
+        for key in sorted(self._corrupted - self._ready):  # no running task reads these
+            self._corrupted.discard(key)
+            log.warning(
+                "store %s[%d] is corrupted; wiping it to rebuild it from its changelog", *key
+            )
+            self.stores.destroy(self.stores.tables[key[0]], key[1])
         wanted = sorted(active | standby)
         self._restores = {}
         if not wanted:
@@ -451,6 +501,8 @@ class StateService(Service):
             table = self.stores.tables[name]
             if (name, partition) in self._ready:
                 continue  # active, restored and running here: nothing to read
+            if (name, partition) in self._corrupted:
+                continue  # still read by its task until it is given up; wiped after that
             store = self.stores.open(table, partition)
             plan = plan_restore(store.changelog_offset(), starts[tp], ends[tp])
             if plan.action is RestoreAction.REBUILD:
@@ -518,8 +570,9 @@ class StateService(Service):
 
     def _flush_pending(self) -> None:
         """Write what the current restores collected into their stores (still open ones)."""
-        for restore in self._restores.values():
-            restore.flush(self.stores)
+        for key, restore in self._restores.items():
+            if key not in self._corrupted:  # (a corrupted store is wiped next)
+                restore.flush(self.stores)
 
     def _finish(self, key: TaskKey) -> None:
         restore = self._restores.pop(key)

@@ -20,7 +20,7 @@ from typing import Any
 from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
 from streamjoin.context import Sender, current_event, current_record
-from streamjoin.errors import AgentFailed, InternalError
+from streamjoin.errors import AgentFailed, InternalError, StoreCorrupted
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.record_queue import RecordQueue
@@ -148,6 +148,12 @@ class AgentRunner:
             except Exception as exc:
                 current, self.current = self.current, None
                 current_event.set(None)
+                corrupted = _store_corrupted(exc)
+                if current is not None and corrupted is not None:
+                    # Not the record's fault: its task's store is rebuilt and the record is
+                    # read again (never acknowledged), whatever the error policy says.
+                    self.runtime.store_corrupted(current.task, corrupted)
+                    continue
                 if current is None:
                     raise AgentFailed(
                         f"agent {self.name} raised outside of event processing: {exc!r}"
@@ -171,6 +177,7 @@ class AgentRuntime:
         sender: Sender,
         *,
         on_crash: Callable[[BaseException], None],
+        on_store_corrupted: Callable[[Task, StoreCorrupted], None] | None = None,
         queue_size: int = 1000,
         transactional: bool = False,
         counters: WorkerCounters | None = None,
@@ -186,6 +193,7 @@ class AgentRuntime:
         self.barrier = asyncio.Event()
         self.barrier.set()
         self._on_crash = on_crash
+        self._on_store_corrupted = on_store_corrupted
         #: values agents keep for the worker's lifetime (join counters), by key
         self.shared_values: dict[str, Any] = {}
         self.runners: list[AgentRunner] = []
@@ -350,6 +358,14 @@ class AgentRuntime:
 
     # -- failures
 
+    def store_corrupted(self, task: Task, exc: StoreCorrupted) -> None:
+        """A read in ``task``'s store found it corrupted: the worker rebuilds it (without a
+        handler, e.g. in-memory stores, that stops the worker like any fatal error)."""
+        if self._on_store_corrupted is None:
+            self._on_crash(exc)
+        else:
+            self._on_store_corrupted(task, exc)
+
     async def handle_failure(
         self, runner: AgentRunner, inflight: _InFlight, exc: BaseException, kind: str
     ) -> None:
@@ -396,6 +412,18 @@ class AgentRuntime:
                 dlq.name,
             )
         self._ack(inflight)
+
+
+def _store_corrupted(exc: BaseException) -> StoreCorrupted | None:
+    """The :class:`StoreCorrupted` behind ``exc`` (itself, or what it was raised from)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, StoreCorrupted):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _stopped(task: Task) -> bool:

@@ -7,7 +7,8 @@ all go through it or through the Topology; the in-memory test driver runs the
 same task manager and agent runtime over in-memory transports. Nothing here
 imports the App: everything comes in as parameters.
 
-Start order: topics (create/verify), producer, state service, agents, consumer.
+Start order: the state directory (writable, and locked for this process: before
+anything joins the group), topics (create/verify), producer, state service, agents, consumer.
 Stop order is the reverse and loses nothing: stop fetching, let in-flight events
 finish, flush sends, commit, leave the group (static members stay), stop the
 producer. An agent failure under the ``stop`` policy stops the worker;
@@ -35,10 +36,11 @@ from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.monitor import WorkerMonitor, collect
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
+from streamjoin.runtime.state_dir import StateDirLock
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.runtime.transaction import TransactionalSender, transactional_id_for
-from streamjoin.state.base import StorePartition
+from streamjoin.state.base import StoreCorrupted, StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import Topology
 
@@ -121,6 +123,8 @@ class Worker(Service):
         #: metrics: what the runtime counts, and the service reporting it (lag, status page)
         self.counters = WorkerCounters()
         self.monitor: WorkerMonitor | None = None
+        #: held while running when the worker keeps state (tables, or group membership)
+        self.state_dir_lock = StateDirLock(config.state_path)
         self._done = asyncio.Event()
         self._stopping = False
 
@@ -160,6 +164,17 @@ class Worker(Service):
         return self.monitor.web_url if self.monitor is not None else None
 
     async def on_start(self) -> None:
+        if self.topology.agents or self.topology.tables:
+            # before the group: a second worker on this directory must fail here, not
+            # after it took partitions whose stores the first one holds open
+            self.state_dir_lock.acquire()
+        try:
+            await self._start_services()
+        except BaseException:
+            self.state_dir_lock.release()
+            raise
+
+    async def _start_services(self) -> None:
         topology, config = self.topology, self.config
         await prepare_topics(topology, config)
         if config.exactly_once:
@@ -197,6 +212,7 @@ class Worker(Service):
             topology.agents.values(),
             self.sender,
             on_crash=self._on_crash,
+            on_store_corrupted=self._store_corrupted,
             queue_size=self.queue_size,
             transactional=config.exactly_once,
             counters=self.counters,
@@ -268,6 +284,7 @@ class Worker(Service):
                 await self.sender.stop()
         finally:
             self.link.disconnect()
+            self.state_dir_lock.release()
             self._done.set()
 
     # -- tables
@@ -306,6 +323,34 @@ class Worker(Service):
             return
         for topic, p in task.source_partitions:
             self.consumer.resume(topic, p)
+
+    def _store_corrupted(self, task: Task, exc: StoreCorrupted) -> None:
+        """A read found a store corrupted (a block checksum mismatch in a store that opened
+        fine): rebuild it from its changelog, as a corrupt store found at open is.
+
+        The task stops taking records now; then every partition is given up as lost and
+        the worker rejoins (the path an aborted transaction takes: nothing is committed
+        past the last commit, unflushed writes are dropped). When the partitions come
+        back, the state service wipes the store before restoring it, and the task starts
+        again from the committed offsets."""
+        self.tasks.suspend([task])
+        key = None if self.stores is None else self.stores.key_of(exc.path)
+        membership = None if self.consumer is None else self.consumer.membership
+        if key is None or self.state_service is None or membership is None:
+            self._on_crash(exc)
+            return
+        if self.state_service.is_corrupted(*key):
+            return  # already being rebuilt (another event of the task hit it too)
+        log.warning(
+            "store %s[%d] of task %s is corrupted (%s); giving its partitions up to rebuild "
+            "it from the changelog",
+            key[0],
+            key[1],
+            task.name,
+            exc.cause,
+        )
+        self.state_service.mark_corrupted(*key)
+        membership.abandon(f"store {key[0]}[{key[1]}] corrupted")
 
     def _on_crash(self, exc: BaseException) -> None:
         self.counters.error("fatal")

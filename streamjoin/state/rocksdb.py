@@ -166,6 +166,16 @@ def _open_error(path: Path, exc: Exception) -> StoreError:
     return StoreCorrupted(path, f"RocksDB failed to open it: {message}")
 
 
+def _read_error(path: Path, exc: Exception) -> Exception:
+    """Classify a failed read or write of an open store: RocksDB's ``Corruption`` status (a
+    block checksum mismatch, a truncated file) is :class:`StoreCorrupted`, which the
+    runtime answers by rebuilding the partition; anything else stays a :class:`StoreError`."""
+    message = str(exc)
+    if message.startswith("Corruption"):
+        return StoreCorrupted(path, f"a read found {message}")
+    return StoreError(f"local store at {path}: {message}")
+
+
 def _is_rocksdb_dir(path: Path) -> bool:
     return (path / "CURRENT").is_file()
 
@@ -323,11 +333,15 @@ class RocksDBStorePartition:
         return db
 
     def get(self, key: bytes) -> bytes | None:
-        value = self._open_db().get(key)
+        db = self._open_db()
+        try:
+            value = db.get(key)
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status
+            raise _read_error(self.path, exc) from exc
         return value if value is None or isinstance(value, bytes) else bytes(value)
 
     def contains(self, key: bytes) -> bool:
-        return self._open_db().get(key) is not None
+        return self.get(key) is not None
 
     def items(
         self, start: bytes | None = None, end: bytes | None = None
@@ -339,7 +353,7 @@ class RocksDBStorePartition:
             bounded = ReadOptions()
             bounded.set_iterate_upper_bound(end)
             it = db.iter(bounded)
-        scan = _Scan(it, start, end)
+        scan = _Scan(it, start, end, self.path)
         self._live_scans.add(scan)
         return scan
 
@@ -368,6 +382,8 @@ class RocksDBStorePartition:
         try:
             db.write(batch)
         except Exception as exc:
+            if str(exc).startswith("Corruption"):
+                raise _read_error(self.path, exc) from exc
             raise StoreError(f"{self!r}: write of {len(batch)} entries failed: {exc}") from exc
         if changelog_offset is not None:
             self._offset = changelog_offset
@@ -406,15 +422,17 @@ class _Scan(Iterator[tuple[bytes, bytes]]):
 
     The start is applied by seeking; the end is checked here too, not only by
     the iterator's upper bound (rocksdict's bound setters have been wrong
-    before: see the module notes). The native
+    before: see the module notes). A read error ends the scan with
+    :class:`StoreCorrupted` or :class:`StoreError`, never silently. The native
     iterator is dropped as soon as the scan ends or the store closes, since a
     live one keeps the database open; a scan cut short by ``close()`` raises
     :class:`StoreClosed` instead of ending as if the range were exhausted.
     """
 
-    __slots__ = ("__weakref__", "_aborted", "_end", "_it")
+    __slots__ = ("__weakref__", "_aborted", "_end", "_it", "_path")
 
-    def __init__(self, it: RdictIter, start: bytes | None, end: bytes | None) -> None:
+    def __init__(self, it: RdictIter, start: bytes | None, end: bytes | None, path: Path) -> None:
+        self._path = path
         if start is None:
             it.seek_to_first()
         else:
@@ -430,7 +448,13 @@ class _Scan(Iterator[tuple[bytes, bytes]]):
                 raise StoreClosed("the store was closed during a scan")
             raise StopIteration
         if not it.valid():
+            # an iterator also stops being valid on a read error (a corrupt block): never
+            # let that pass for the end of the range
             self._it = None
+            try:
+                it.status()
+            except Exception as exc:
+                raise _read_error(self._path, exc) from exc
             raise StopIteration
         key: bytes = it.key()
         if self._end is not None and key >= self._end:

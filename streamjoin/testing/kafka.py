@@ -19,6 +19,7 @@ import base64
 import contextlib
 import fcntl
 import os
+import random
 import re
 import shutil
 import signal
@@ -51,6 +52,8 @@ MIN_JAVA_MAJOR = 17
 LOOPBACK = "127.0.0.1"
 
 _COMPLETE_MARKER = ".complete"
+#: in a kept data dir: the ports it last ran on ("<broker> <controller>")
+PORTS_FILE = "ports"
 
 Progress = Callable[[str], None]
 
@@ -116,15 +119,98 @@ def parse_java_major(version_output: str) -> int:
     return major
 
 
-def free_port(host: str = LOOPBACK, exclude: frozenset[int] = frozenset()) -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks; retried if excluded)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-        if port not in exclude:
+#: Linux's default ephemeral (outgoing connection) port range, when /proc does not say
+DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
+#: where the broker's ports are picked: below the ephemeral range, so an outgoing
+#: connection's local port never takes a restarting broker's port
+LISTEN_PORT_RANGE = (10000, 30000)
+
+
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """``/proc/sys/net/ipv4/ip_local_port_range`` ("32768\t60999") -> (32768, 60999);
+    None when the text is not a port range."""
+    parts = text.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    low, high = int(parts[0]), int(parts[1])
+    if not 0 < low <= high <= 65535:
+        return None
+    return low, high
+
+
+def ephemeral_port_range(
+    proc_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range"),
+) -> tuple[int, int]:
+    """The OS's ephemeral port range (Linux's /proc), else Linux's default."""
+    try:
+        parsed = parse_port_range(proc_file.read_text())
+    except OSError:
+        parsed = None
+    return DEFAULT_EPHEMERAL_RANGE if parsed is None else parsed
+
+
+def listen_port_candidates(
+    ephemeral: tuple[int, int], preferred: tuple[int, int] = LISTEN_PORT_RANGE
+) -> range:
+    """Ports to listen on that are outside ``ephemeral``: ``preferred`` cut below the
+    ephemeral range (or above it, when the ephemeral range starts too low)."""
+    low, high = preferred
+    eph_low, eph_high = ephemeral
+    below = range(max(low, 1024), min(high, eph_low - 1) + 1)
+    if len(below) >= 100:
+        return below
+    above = range(max(eph_high + 1, 1024), 65536)
+    if len(above) >= 100:
+        return above
+    raise KafkaProvisioningError(
+        f"no port range outside the ephemeral range {eph_low}-{eph_high} to listen on"
+    )
+
+
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether ``port`` can be bound on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(
+    host: str = LOOPBACK,
+    exclude: frozenset[int] = frozenset(),
+    *,
+    candidates: range | None = None,
+) -> int:
+    """A TCP port that is free on ``host`` right now, outside the OS's ephemeral range
+    (random among ``candidates``, by default :func:`listen_port_candidates`)."""
+    pool = listen_port_candidates(ephemeral_port_range()) if candidates is None else candidates
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(pool)
+        if port not in exclude and port_is_free(port, host):
             return port
-    raise KafkaProvisioningError(f"no free TCP port found on {host}")
+    raise KafkaProvisioningError(
+        f"no free TCP port found on {host} in {pool.start}-{pool.stop - 1}"
+    )
+
+
+def stored_cluster_id(log_dir: Path) -> str | None:
+    """The cluster id in ``<log_dir>/meta.properties`` (None: the storage is not formatted).
+
+    A restart on kept data must format with this id (the storage tool refuses another).
+    """
+    meta = log_dir / "meta.properties"
+    try:
+        text = meta.read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "cluster.id" and value.strip():
+            return value.strip()
+    raise BrokerStartError(f"{meta} has no cluster.id; remove the data dir to start afresh")
 
 
 def new_cluster_id() -> str:
@@ -459,6 +545,7 @@ class LocalKafka:
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self.settings: BrokerSettings | None = None
         self.workdir: Path | None = None
+        self._attempt = 1
 
     # -- public
 
@@ -492,6 +579,7 @@ class LocalKafka:
         # retry with new ports when the broker dies at startup (not when it hangs).
         attempts = 1 if self._requested_port else 3
         for attempt in range(1, attempts + 1):
+            self._attempt = attempt
             started = time.monotonic()
             try:
                 self._launch(java, classpath)
@@ -558,8 +646,13 @@ class LocalKafka:
     def _launch(self, java: str, classpath: list[Path]) -> None:
         if self.workdir is None:
             raise KafkaProvisioningError("no work directory")
-        broker_port = self._requested_port or free_port()
-        controller_port = free_port(exclude=frozenset({broker_port}))
+        saved = self._saved_ports()
+        broker_port = self._requested_port or (saved[0] if saved else free_port())
+        controller_port = (
+            saved[1]
+            if saved and saved[1] != broker_port
+            else free_port(exclude=frozenset({broker_port}))
+        )
         self.settings = BrokerSettings(
             broker_port=broker_port,
             controller_port=controller_port,
@@ -571,6 +664,8 @@ class LocalKafka:
         log4j = self.workdir / "log4j2.properties"
         log4j.write_text(render_log4j2_config(self.workdir / "broker.log"))
         self._format_storage(java, classpath, props, log4j)
+        if self._tmpdir is None:
+            (self.workdir / PORTS_FILE).write_text(f"{broker_port} {controller_port}\n")
         self._progress(f"Starting Apache Kafka {self.version} on {self.settings.bootstrap_servers}")
         with (self.workdir / "stdout.log").open("wb") as stdout:
             self._proc = subprocess.Popen(
@@ -588,12 +683,28 @@ class LocalKafka:
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
 
+    def _saved_ports(self) -> tuple[int, int] | None:
+        """A kept data dir's previous ports, when both are free again (a stable address)."""
+        if self._tmpdir is not None or self.workdir is None or self._attempt > 1:
+            return None
+        try:
+            broker, controller = (int(p) for p in (self.workdir / PORTS_FILE).read_text().split())
+        except (OSError, ValueError):
+            return None
+        if port_is_free(broker) and port_is_free(controller):
+            return broker, controller
+        return None
+
     def _format_storage(self, java: str, classpath: list[Path], props: Path, log4j: Path) -> None:
+        """Format the log dir once; on kept data, with the cluster id it already has."""
+        if self.settings is None:
+            raise KafkaProvisioningError("broker settings were not made")
+        cluster_id = stored_cluster_id(self.settings.log_dir) or new_cluster_id()
         cmd = java_command(
             java,
             classpath,
             "kafka.tools.StorageTool",
-            ["format", "--ignore-formatted", "-t", new_cluster_id(), "-c", str(props)],
+            ["format", "--ignore-formatted", "-t", cluster_id, "-c", str(props)],
             heap="256m",
             log4j_config=log4j,
         )

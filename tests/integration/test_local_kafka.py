@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streamjoin.errors import CopartitioningError
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.testing.kafka import LocalKafka, broker_answers_metadata
+from streamjoin.testing.kafka import LocalKafka, broker_answers_metadata, ephemeral_port_range
 
 
 async def test_broker_answers_metadata(kafka_bootstrap: str) -> None:
@@ -111,3 +112,63 @@ def test_dev_broker_cli_prints_address_and_stops_on_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _start_dev_broker(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamjoin.cli", "dev-broker", "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(30)
+        stderr = proc.stderr.read() if proc.stderr is not None else ""
+        raise AssertionError(f"dev-broker exited with {proc.returncode}:\n{stderr}")
+    assert line.startswith("bootstrap servers: 127.0.0.1:"), line
+    return proc, line.split(": ", 1)[1].strip()
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0
+
+
+async def test_dev_broker_restarts_on_its_own_data_dir(tmp_path: Path) -> None:
+    """Restarting on kept data used to fail formatting the storage with a new cluster id
+    ("Invalid cluster.id in: .../meta.properties")."""
+    data_dir = tmp_path / "kafka"
+    low, high = ephemeral_port_range()
+    proc, address = _start_dev_broker(data_dir)
+    try:
+        port = int(address.rsplit(":", 1)[1])
+        assert not low <= port <= high, f"{port} is in the ephemeral range {low}-{high}"
+        await ensure_topics(address, [TopicSpec("kept", partitions=2)])
+        producer = AIOKafkaProducer(bootstrap_servers=address, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait("kept", b"still here", key=b"k", partition=1)
+        finally:
+            await producer.stop()
+    finally:
+        _stop(proc)
+    proc, again = _start_dev_broker(data_dir)
+    try:
+        assert again == address  # the same ports, free again: clients reconnect as they were
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=again, group_id=None, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            tp = TopicPartition("kept", 1)
+            consumer.assign([tp])
+            batch = await consumer.getmany(tp, timeout_ms=10_000)
+            values = [(r.key, r.value) for r in batch.get(tp, [])]
+        finally:
+            await consumer.stop()
+        assert values == [(b"k", b"still here")]
+    finally:
+        _stop(proc)

@@ -34,3 +34,26 @@ class StoreFactory:
     def close_all(self) -> None:
         for store in self._opened:
             store.close()
+
+
+def corrupt_data_block(store_dir: Path, table: str, partition: int, key: bytes) -> Path:
+    """Flush a closed RocksDB store's data into SST files, then flip bytes at the start of
+    the SST that holds ``key``: its first data block. The store still opens (footer, index
+    and metadata are intact); a read of that block fails its checksum. Returns the SST."""
+    store = RocksDBStorePartition(store_dir, table=table, partition=partition)
+    try:
+        db = store._db
+        assert db is not None
+        db.flush()
+        files = [
+            f for f in db.live_files() if f["start_key"] <= key <= f["end_key"] and f["level"] >= 0
+        ]
+    finally:
+        store.close()
+    assert files, f"no SST of {store_dir} holds {key!r}"
+    sst = store_dir / files[0]["name"].lstrip("/")
+    data = bytearray(sst.read_bytes())
+    for i in range(8, 72):
+        data[i] ^= 0xFF
+    sst.write_bytes(bytes(data))
+    return sst

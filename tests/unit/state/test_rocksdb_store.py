@@ -403,3 +403,28 @@ def test_option_variants_work(path: Path, options: RocksDBOptions) -> None:
         assert again.get(b"a") == b"1" and again.changelog_offset() == 1  # clean close flushes
     finally:
         again.close()
+
+
+def test_a_corrupt_data_block_found_by_a_read_raises_store_corrupted(path: Path) -> None:
+    """RocksDB reports a block checksum mismatch only when the block is read: the store
+    opens fine. Gets raise StoreCorrupted, and a scan does too instead of ending early (an
+    iterator stops being valid on a read error; it used to look like the end of the range)."""
+    from tests.unit.state.state_store_support import corrupt_data_block
+
+    store = RocksDBStorePartition(path, table="t", partition=0)
+    store.write({f"key-{i:03d}".encode(): b"v" * 20 for i in range(50)}, 7)
+    store.close()
+    corrupt_data_block(path, "t", 0, b"key-000")
+    reopened = RocksDBStorePartition(path, table="t", partition=0)
+    try:
+        assert reopened.changelog_offset() == 7  # opened fine
+        with pytest.raises(StoreCorrupted, match=r"corrupted: a read found Corruption: block"):
+            reopened.get(b"key-000")
+        with pytest.raises(StoreCorrupted):
+            reopened.contains(b"key-001")
+        with pytest.raises(StoreCorrupted):
+            list(reopened.items())
+        with pytest.raises(StoreCorrupted):
+            list(reopened.items(b"key-010", b"key-020"))
+    finally:
+        reopened.close()

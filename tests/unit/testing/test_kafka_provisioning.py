@@ -204,3 +204,49 @@ def test_topic_names_are_legal_and_unique() -> None:
     for name in names:
         assert name.startswith("clicks-test_x-param-1-2-")
         assert all(c.isalnum() or c in "._-" for c in name)
+
+
+def test_port_range_parsing_and_the_fallback(tmp_path: Path) -> None:
+    assert kafka.parse_port_range("32768\t60999\n") == (32768, 60999)
+    for bad in ("", "1 2 3", "a b", "70000 70001", "500 100"):
+        assert kafka.parse_port_range(bad) is None
+    proc = tmp_path / "ip_local_port_range"
+    proc.write_text("20000 50000\n")
+    assert kafka.ephemeral_port_range(proc) == (20000, 50000)
+    assert kafka.ephemeral_port_range(tmp_path / "missing") == kafka.DEFAULT_EPHEMERAL_RANGE
+    proc.write_text("garbage\n")
+    assert kafka.ephemeral_port_range(proc) == kafka.DEFAULT_EPHEMERAL_RANGE
+
+
+def test_listen_ports_stay_outside_the_ephemeral_range() -> None:
+    assert kafka.listen_port_candidates((32768, 60999)) == range(10000, 30001)
+    assert kafka.listen_port_candidates((20000, 60999)) == range(10000, 20000)
+    # an ephemeral range starting very low leaves the ports above it
+    assert kafka.listen_port_candidates((1024, 50000)) == range(50001, 65536)
+    with pytest.raises(kafka.KafkaProvisioningError, match="outside the ephemeral range"):
+        kafka.listen_port_candidates((1024, 65535))
+    low, high = kafka.ephemeral_port_range()
+    for _ in range(20):
+        assert not low <= kafka.free_port() <= high
+
+
+def test_a_taken_port_is_never_picked() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        taken = sock.getsockname()[1]
+        sock.listen()
+        assert not kafka.port_is_free(taken)
+        with pytest.raises(kafka.KafkaProvisioningError, match="no free TCP port"):
+            kafka.free_port(candidates=range(taken, taken + 1))
+
+
+def test_stored_cluster_id_is_read_from_meta_properties(tmp_path: Path) -> None:
+    assert kafka.stored_cluster_id(tmp_path) is None
+    (tmp_path / "meta.properties").write_text(
+        "#\nnode.id=1\ndirectory.id=pKpOEx4tU70uTjY3PUWOGQ\nversion=1\n"
+        "cluster.id=7zyIX6IQTrucA83diNelwQ\n"
+    )
+    assert kafka.stored_cluster_id(tmp_path) == "7zyIX6IQTrucA83diNelwQ"
+    (tmp_path / "meta.properties").write_text("node.id=1\n")
+    with pytest.raises(kafka.BrokerStartError, match=r"has no cluster\.id"):
+        kafka.stored_cluster_id(tmp_path)
