@@ -27,11 +27,17 @@ from mode import Service
 
 from streamjoin.config import AppConfig
 from streamjoin.context import RuntimeLink
-from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
+from streamjoin.runtime.admin import (
+    TopicSpec,
+    ensure_topics,
+    fetch_partition_counts,
+    fetch_topic_limits,
+)
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.record_limits import RecordLimits
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
@@ -149,6 +155,9 @@ class Worker(Service):
     async def on_start(self) -> None:
         topology, config = self.topology, self.config
         await prepare_topics(topology, config)
+        limits = RecordLimits(
+            await fetch_topic_limits(config.broker, topology.topics, **config.client_kwargs())
+        )
         if config.exactly_once:
             self.sender = TransactionalSender(
                 config.broker,
@@ -158,6 +167,7 @@ class Worker(Service):
                 transactional_id=transactional_id_for(config.id, config.group_instance_id),
                 transaction_timeout_ms=config.transaction_timeout_ms,
                 group_id=config.id,
+                limits=limits,
             )
         else:
             self.sender = KafkaSender(
@@ -165,6 +175,7 @@ class Worker(Service):
                 client_options=config.client_kwargs(),
                 producer_options=config.producer_options,
                 client_id=self.client_id,
+                limits=limits,
             )
         await self.sender.start()
         if topology.tables:
