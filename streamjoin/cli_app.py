@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from streamjoin.app import App
-from streamjoin.errors import ConfigurationError
+from streamjoin.errors import AppImportError, ConfigurationError, StreamjoinError
 from streamjoin.loader import AppNotFound, load_app
 
 app_option = click.option(
@@ -30,12 +30,25 @@ def _load(app_spec: str, broker: str | None) -> App:
         app = load_app(app_spec)
         if broker:
             app.configure(broker=broker)
-    except (AppNotFound, ConfigurationError) as exc:
+    except (AppNotFound, AppImportError, ConfigurationError) as exc:
         raise click.ClickException(str(exc)) from exc
     return app
 
 
-@click.command("worker")
+class CannotStart(click.ClickException):
+    """The worker cannot start (exit code 3; see ``EXIT_CODES``)."""
+
+    exit_code = 3
+
+
+def _worker_help() -> str:
+    from streamjoin.runtime.run import EXIT_CODES
+
+    codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
+    return f"Run the app's agents as a worker until SIGINT/SIGTERM.\n\n\b\nExit codes:\n{codes}"
+
+
+@click.command("worker", help=_worker_help())
 @app_option
 @broker_option
 @click.option(
@@ -56,31 +69,55 @@ def _load(app_spec: str, broker: str | None) -> App:
     default=None,
     help="Static group membership id: restart with the same id to keep the partitions.",
 )
+@click.option(
+    "--startup-timeout",
+    type=float,
+    default=None,
+    help="Seconds to keep trying to reach the broker at start (default: the app's "
+    "startup_timeout, 60).",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=float,
+    default=None,
+    help="Longest a stop may take before the worker exits anyway (default: the app's "
+    "shutdown_timeout, 30).",
+)
 def worker(
     app_spec: str,
     broker: str | None,
     loglevel: str,
     state_dir: Path | None,
     instance_id: str | None,
+    startup_timeout: float | None,
+    shutdown_timeout: float | None,
 ) -> None:
-    """Run the app's agents as a worker until SIGINT/SIGTERM.
-
-    Exit codes: 0 after a clean stop, 1 after a fatal processing error, 2 when
-    the app cannot start (configuration, topics).
-    """
     from streamjoin.runtime.run import run_worker
 
-    app = _load(app_spec, broker)
     overrides: dict[str, object] = {}
+    if broker:
+        overrides["broker"] = broker
     if state_dir is not None:
         overrides["state_dir"] = state_dir
     if instance_id is not None:
         overrides["group_instance_id"] = instance_id
+    if startup_timeout is not None:
+        overrides["startup_timeout"] = startup_timeout
+    if shutdown_timeout is not None:
+        overrides["shutdown_timeout"] = shutdown_timeout
     try:
+        app = load_app(app_spec)
         app.configure(**overrides)  # validated like the App's own settings
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from exc
-    raise SystemExit(run_worker(app, loglevel))
+    except StreamjoinError as exc:  # AppNotFound, AppImportError, ConfigurationError...
+        raise CannotStart(str(exc)) from exc
+    raise SystemExit(
+        run_worker(
+            app,
+            loglevel,
+            broker=app.broker,
+            shutdown_timeout=app.config.shutdown_timeout,
+        )
+    )
 
 
 @click.command("agents")

@@ -142,6 +142,8 @@ class AppConfig:
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
     probing_rebalance_interval: float = 600.0
+    startup_timeout: float = 60.0
+    shutdown_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are written once, here
@@ -184,6 +186,10 @@ class AppConfig:
             raise ConfigurationError(
                 f"probing_rebalance_interval must be > 0 (seconds), got {probing!r}"
             )
+        for name in ("startup_timeout", "shutdown_timeout"):
+            seconds = getattr(self, name)
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+                raise ConfigurationError(f"{name} must be > 0 (seconds), got {seconds!r}")
         _int("capacity", self.capacity, 1)
         _int("topic_partitions", self.topic_partitions, 1)
         _int("topic_replication_factor", self.topic_replication_factor, 1)

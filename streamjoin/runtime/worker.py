@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mode import Service
@@ -35,6 +36,7 @@ from streamjoin.runtime.admin import (
 )
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.liveness import wait_for_broker
 from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.record_limits import RecordLimits
@@ -107,6 +109,7 @@ class Worker(Service):
         *,
         link: RuntimeLink | None = None,
         queue_size: int = 1000,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__()
         self.topology = topology
@@ -122,8 +125,11 @@ class Worker(Service):
         self.stores: TableStores | None = None
         self.state_service: StateService | None = None
         self.failure: BaseException | None = None
+        #: told at once when a fatal error starts stopping the worker
+        self._on_failure = on_failure
         self._done = asyncio.Event()
         self._stopping = False
+        self._stopper: asyncio.Task[None] | None = None
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
@@ -154,6 +160,7 @@ class Worker(Service):
 
     async def on_start(self) -> None:
         topology, config = self.topology, self.config
+        await wait_for_broker(config.broker, config.startup_timeout)
         await prepare_topics(topology, config)
         limits = RecordLimits(
             await fetch_topic_limits(config.broker, topology.topics, **config.client_kwargs())
@@ -304,7 +311,9 @@ class Worker(Service):
                 type(exc).__name__,
                 exc,
             )
-            asyncio.get_running_loop().create_task(self.stop())
+            self._stopper = asyncio.get_running_loop().create_task(self.stop())
+            if self._on_failure is not None:
+                self._on_failure(exc)
 
     async def wait_stopped(self) -> None:
         await self._done.wait()
