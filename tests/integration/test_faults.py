@@ -299,3 +299,130 @@ async def test_a_broker_that_starts_late_is_waited_for(
         assert workers.stop("w") == 0
     finally:
         workers.close()
+
+
+# -- async with app --------------------------------------------------------------------------
+
+
+def _failing_app(bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path):
+    import streamjoin
+    from streamjoin.runtime.streams import Stream
+
+    app = streamjoin.App(
+        unique_topic("app"), broker=f"kafka://{bootstrap}", commit_interval=0.2, state_dir=tmp_path
+    )
+    source = app.topic(
+        unique_topic("in"), key_serializer="str", value_serializer="str", partitions=1
+    )
+
+    @app.agent(source)
+    async def fail(stream: Stream) -> None:
+        async for event in stream:
+            raise ValueError(f"cannot take {event.value}")
+
+    return app, source.name
+
+
+async def test_async_with_app_cancels_the_body_and_raises_what_stopped_the_app(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from streamjoin.errors import AgentFailed
+
+    app, source = _failing_app(kafka_bootstrap, unique_topic, tmp_path)
+    reached_the_end = False
+    started = time.monotonic()
+    with pytest.raises(AgentFailed, match="cannot take boom"):
+        async with app:
+            await produce(kafka_bootstrap, source, [("a", "boom")])
+            await asyncio.sleep(60)  # cancelled when the app fails
+            reached_the_end = True
+    assert not reached_the_end and time.monotonic() - started < 30
+    assert not app.running
+    # the task running the test was not left cancelled
+    await asyncio.sleep(0)
+
+
+async def test_async_with_app_raises_at_exit_when_the_app_failed_during_the_body(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from streamjoin.errors import AgentFailed
+
+    app, source = _failing_app(kafka_bootstrap, unique_topic, tmp_path)
+    with pytest.raises(AgentFailed, match="cannot take boom"):
+        async with app:
+            await produce(kafka_bootstrap, source, [("a", "boom")])
+            while app.failure is None:  # noqa: ASYNC110 (what a user would write)
+                await asyncio.sleep(0.05)
+            # (the body is cancelled as the failure arrives: a loop like this never spins)
+    # an error of the body itself wins over the app's
+    app2, _ = _failing_app(kafka_bootstrap, unique_topic, tmp_path / "2")
+    with pytest.raises(KeyError):
+        async with app2:
+            raise KeyError("the body's own error")
+
+
+# -- logs ------------------------------------------------------------------------------------
+
+
+async def test_log_of_a_rebalance_a_skipped_record_and_late_events(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """At INFO: one line per rebalance, one line per skipped record (no traceback), late
+    events summarized with a count, nothing of aiokafka or mode."""
+    workers = faulty_workers(
+        kafka_bootstrap,
+        unique_topic,
+        tmp_path,
+        SJT_ON_ERROR="skip",
+        SJT_LEFT=unique_topic("left"),
+        SJT_RIGHT=unique_topic("right"),
+        SJT_JOINED=unique_topic("joined"),
+    )
+    env = workers.env
+    group = env["SJT_APP_ID"]
+    try:
+        workers.start("w1", static=False)
+        await wait_for_group(kafka_bootstrap, group, lambda i: len(i.members) == 1, workers)
+        workers.start("w2", static=False)
+        await wait_for_group(
+            kafka_bootstrap,
+            group,
+            lambda i: len(i.members) == 2 and all(i.members[k].active for k in range(2)),
+            workers,
+        )
+        await produce(kafka_bootstrap, env["SJT_SOURCE"], [("a", "1"), ("a", "poison"), ("a", "2")])
+        await read_all(kafka_bootstrap, env["SJT_SINK"], 2)
+        # a late event: stream time moves to now, then 50 events an hour old, one key
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            now = int(time.time() * 1000)
+            await producer.send_and_wait(env["SJT_LEFT"], b"fresh", key=b"k", timestamp_ms=now)
+            for i in range(50):
+                await producer.send(
+                    env["SJT_LEFT"], b"old", key=b"k", timestamp_ms=now - 3_600_000 + i
+                )
+            await producer.flush()
+        finally:
+            await producer.stop()
+        await asyncio.sleep(3)
+        codes = workers.stop_all()
+        assert codes == {"w1": 0, "w2": 0}, workers.logs()
+        logs = {name: workers.log_of(name) for name in ("w1", "w2")}
+        both = "\n".join(logs.values())
+        assert_no_tracebacks(both)
+        assert not lines(both, r"\bmode\b|Terminating cancelled task|\[\^"), both
+        # w1 saw two rebalances (alone, then with w2) and the stop of w2 maybe a third;
+        # each is one "rebalance done" line
+        for name, log in logs.items():
+            done = lines(log, "rebalance done")
+            assert 1 <= len(done) <= 3, (name, log)
+            assert len(lines(log, "rebalance (started|begins)")) <= len(done), log
+        skipped = lines(both, "; skipped")
+        assert len(skipped) == 1 and "poison record" in skipped[0], both
+        late = lines(both, "late and dropped")
+        assert 1 <= len(late) <= 2, both  # the first at once; the rest counted (30 s period)
+    finally:
+        workers.close()
