@@ -35,10 +35,14 @@ def _load(app_spec: str, broker: str | None) -> App:
     return app
 
 
-class CannotStart(click.ClickException):
-    """The worker cannot start (exit code 3; see ``EXIT_CODES``)."""
+def _cannot_start(message: str) -> click.ClickException:
+    """The worker cannot start: ``Error: <message>`` and exit code 3 (see ``EXIT_CODES``)."""
+    from streamjoin.runtime.run import EXIT_CANNOT_START
 
-    exit_code = 3
+    error = click.ClickException(message)
+    # click reads exit_code from the instance it catches
+    error.exit_code = EXIT_CANNOT_START  # type: ignore[misc]
+    return error
 
 
 def _worker_help() -> str:
@@ -109,7 +113,7 @@ def worker(
         app = load_app(app_spec)
         app.configure(**overrides)  # validated like the App's own settings
     except StreamjoinError as exc:  # AppNotFound, AppImportError, ConfigurationError...
-        raise CannotStart(str(exc)) from exc
+        raise _cannot_start(str(exc)) from exc
     raise SystemExit(
         run_worker(
             app,
