@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -365,11 +366,9 @@ class AgentRuntime:
         what = _WHAT.get(kind, "failed on")
         policy = runner.agent.on_error
         if policy == "stop":
-            # a refused record is not a bug in the agent: its message says everything
-            trace = None if isinstance(exc, RecordRejected) else exc
-            log.error(
-                "agent %s %s %s: %s; stopping", runner.name, what, where, _say(exc), exc_info=trace
-            )
+            # one line, with where the agent raised; the traceback is at DEBUG
+            log.error("agent %s %s %s: %s; stopping", runner.name, what, where, _say(exc))
+            log.debug("traceback of the failed record %s", where, exc_info=exc)
             raise AgentFailed(f"agent {runner.name} {what} {where}: {_say(exc)}") from exc
         if policy == "skip":
             # one line per skipped record; the traceback is for debugging only
@@ -416,8 +415,13 @@ _WHAT = {
 
 
 def _say(exc: BaseException) -> str:
-    """``Type: message`` (a refused record's message names topic, size and limit)."""
-    return f"{type(exc).__name__}: {exc}"
+    """``Type: message (file:line)``, the line where the agent's code raised (a refused or
+    undecodable record's message says what is wrong with it instead)."""
+    if isinstance(exc, RecordRejected | DecodeError):
+        return f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    place = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{place}"
 
 
 def _stopped(task: Task) -> bool:
