@@ -10,6 +10,7 @@ processed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -86,6 +87,11 @@ class App:
         web_host: the address the server listens on (default ``127.0.0.1``).
         status_log_interval: seconds between the INFO lines of throughput, lag and
             partitions by role (default 30; None: no such line).
+        startup_timeout: seconds the worker keeps trying to reach the broker when it starts
+            before it gives up (``streamjoin worker`` then exits with code 3).
+        shutdown_timeout: the longest a stop (a signal, or a fatal error) may take: what is
+            not flushed and committed by then (the broker is unreachable) is processed
+            again by the partitions' next owner.
     """
 
     def __init__(
@@ -119,6 +125,8 @@ class App:
         web_port: int | None = None,
         web_host: str = "127.0.0.1",
         status_log_interval: float | None = 30.0,
+        startup_timeout: float = 60.0,
+        shutdown_timeout: float = 30.0,
     ) -> None:
         self.config = AppConfig.from_options(
             id,
@@ -149,6 +157,8 @@ class App:
             web_port=web_port,
             web_host=web_host,
             status_log_interval=status_log_interval,
+            startup_timeout=startup_timeout,
+            shutdown_timeout=shutdown_timeout,
         )
         #: how declarations reach the running worker (connected while it runs)
         self._link = RuntimeLink()
@@ -162,6 +172,9 @@ class App:
         self.copartition_groups: list[tuple[str, ...]] = []
         self._worker: Worker | None = None
         self._last_worker: Worker | None = None
+        #: the task running an ``async with app:`` body, and whether a failure cancelled it
+        self._body: asyncio.Task[Any] | None = None
+        self._body_cancelled = False
 
     # ------------------------------------------------------------------ settings
 
@@ -636,7 +649,7 @@ class App:
             raise LifecycleError(f"{self!r} is already running")
         from streamjoin.runtime.worker import Worker
 
-        worker = Worker(self.topology(), self.config, link=self._link)
+        worker = Worker(self.topology(), self.config, link=self._link, on_failure=self._failed)
         await worker.start()
         self._worker = worker
 
@@ -657,6 +670,20 @@ class App:
         finally:
             if self._worker is worker:
                 self._worker, self._last_worker = None, worker
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped (or is stopping) the app, if any (running or last run)."""
+        worker = self._worker or self._last_worker
+        return None if worker is None else worker.failure
+
+    def _failed(self, exc: BaseException) -> None:
+        """The worker is stopping after ``exc``: an ``async with app:`` body still running
+        is cancelled (``__aexit__`` raises ``exc`` in its place)."""
+        body = self._body
+        if body is not None and not body.done() and body is not asyncio.current_task():
+            self._body_cancelled = True
+            body.cancel()
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
@@ -700,6 +727,7 @@ class App:
 
     async def __aenter__(self) -> App:
         await self.start()
+        self._body, self._body_cancelled = asyncio.current_task(), False
         return self
 
     async def __aexit__(
@@ -708,7 +736,22 @@ class App:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Stop the app; raise the error that stopped it, if one did (the body was cancelled
+        when it happened while the body ran)."""
+        body, cancelled = self._body, self._body_cancelled
+        self._body, self._body_cancelled = None, False
+        worker = self._worker
         await self.stop()
+        failure = None if worker is None else worker.failure
+        if failure is None:
+            return
+        if cancelled and isinstance(exc, asyncio.CancelledError):
+            uncancel = getattr(body, "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()
+            raise failure from None
+        if exc is None:
+            raise failure
 
 
 def _redeclaration_conflicts(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from streamjoin.app import App
-from streamjoin.errors import ConfigurationError
+from streamjoin.errors import AppImportError, ConfigurationError, StreamjoinError
 from streamjoin.loader import AppNotFound, load_app
 
 if TYPE_CHECKING:
@@ -35,12 +35,29 @@ def _load(app_spec: str, broker: str | None) -> App:
         app = load_app(app_spec)
         if broker:
             app.configure(broker=broker)
-    except (AppNotFound, ConfigurationError) as exc:
+    except (AppNotFound, AppImportError, ConfigurationError) as exc:
         raise click.ClickException(str(exc)) from exc
     return app
 
 
-@click.command("worker")
+def _cannot_start(message: str) -> click.ClickException:
+    """The worker cannot start: ``Error: <message>`` and exit code 3 (see ``EXIT_CODES``)."""
+    from streamjoin.runtime.run import EXIT_CANNOT_START
+
+    error = click.ClickException(message)
+    # click reads exit_code from the instance it catches
+    error.exit_code = EXIT_CANNOT_START  # type: ignore[misc]
+    return error
+
+
+def _worker_help() -> str:
+    from streamjoin.runtime.run import EXIT_CODES
+
+    codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
+    return f"Run the app's agents as a worker until SIGINT/SIGTERM.\n\n\b\nExit codes:\n{codes}"
+
+
+@click.command("worker", help=_worker_help())
 @app_option
 @broker_option
 @click.option(
@@ -75,6 +92,20 @@ def _load(app_spec: str, broker: str | None) -> App:
     default=None,
     help="The address the status page listens on (default: the app's web_host, 127.0.0.1).",
 )
+@click.option(
+    "--startup-timeout",
+    type=float,
+    default=None,
+    help="Seconds to keep trying to reach the broker at start (default: the app's "
+    "startup_timeout, 60).",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=float,
+    default=None,
+    help="Longest a stop may take before the worker exits anyway (default: the app's "
+    "shutdown_timeout, 30).",
+)
 def worker(
     app_spec: str,
     broker: str | None,
@@ -83,16 +114,14 @@ def worker(
     instance_id: str | None,
     web_port: int | None,
     web_host: str | None,
+    startup_timeout: float | None,
+    shutdown_timeout: float | None,
 ) -> None:
-    """Run the app's agents as a worker until SIGINT/SIGTERM.
-
-    Exit codes: 0 after a clean stop, 1 after a fatal processing error, 2 when
-    the app cannot start (configuration, topics).
-    """
     from streamjoin.runtime.run import run_worker
 
-    app = _load(app_spec, broker)
     overrides: dict[str, object] = {}
+    if broker:
+        overrides["broker"] = broker
     if state_dir is not None:
         overrides["state_dir"] = state_dir
     if instance_id is not None:
@@ -101,11 +130,23 @@ def worker(
         overrides["web_port"] = web_port
     if web_host is not None:
         overrides["web_host"] = web_host
+    if startup_timeout is not None:
+        overrides["startup_timeout"] = startup_timeout
+    if shutdown_timeout is not None:
+        overrides["shutdown_timeout"] = shutdown_timeout
     try:
+        app = load_app(app_spec)
         app.configure(**overrides)  # validated like the App's own settings
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from exc
-    raise SystemExit(run_worker(app, loglevel))
+    except StreamjoinError as exc:  # AppNotFound, AppImportError, ConfigurationError...
+        raise _cannot_start(str(exc)) from exc
+    raise SystemExit(
+        run_worker(
+            app,
+            loglevel,
+            broker=app.broker,
+            shutdown_timeout=app.config.shutdown_timeout,
+        )
+    )
 
 
 @click.command("agents")

@@ -163,6 +163,8 @@ class AppConfig:
     web_port: int | None = None
     web_host: str = "127.0.0.1"
     status_log_interval: float | None = 30.0
+    startup_timeout: float = 60.0
+    shutdown_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are written once, here
@@ -206,6 +208,10 @@ class AppConfig:
                 f"probing_rebalance_interval must be > 0 (seconds), got {probing!r}"
             )
         _check_web(self.web_port, self.web_host, self.status_log_interval)
+        for name in ("startup_timeout", "shutdown_timeout"):
+            seconds = getattr(self, name)
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+                raise ConfigurationError(f"{name} must be > 0 (seconds), got {seconds!r}")
         _int("capacity", self.capacity, 1)
         _int("topic_partitions", self.topic_partitions, 1)
         _int("topic_replication_factor", self.topic_replication_factor, 1)

@@ -21,6 +21,7 @@ or ``except LookupError`` around a call keeps working::
     ├── JoinError (ValueError)              the join core
     ├── AssignorError                       partition assignment and its userdata
     ├── ProvisioningError (RuntimeError)    topics, groups, the local dev broker
+    ├── StartupError                        the worker cannot start (exit code 3)
     ├── SparkJobError                       the offline Spark jobs
     └── InternalError (RuntimeError)        a broken invariant: a streamjoin bug
 
@@ -40,11 +41,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentFailed",
+    "AppImportError",
     "AppNotFound",
     "ArgumentTypeError",
     "AssignorError",
     "BrokerExitedError",
     "BrokerStartError",
+    "BrokerUnreachable",
     "ChangelogOffsetOutOfRange",
     "ChangelogReadError",
     "CodecError",
@@ -82,10 +85,12 @@ __all__ = [
     "OffsetTrackingError",
     "ProcessingError",
     "ProvisioningError",
+    "RecordRejected",
     "RecordTooLargeError",
     "ScanInvalidated",
     "SparkJobError",
     "SparkNotInstalled",
+    "StartupError",
     "StateDirInUse",
     "StateDirUnusable",
     "StateError",
@@ -313,8 +318,26 @@ class NullKeyError(ProcessingError, TypeError):
     """A ``None`` key was given to the key partitioner; Kafka never hashes null keys."""
 
 
-class RecordTooLargeError(ProcessingError, ValueError):
-    """A record does not fit in one producer batch; raise the producer's ``max_batch_size``."""
+class RecordRejected(ProcessingError, ValueError):
+    """A record the broker refuses (or would refuse) to store: too large for its topic's
+    ``max.message.bytes``, a null key for a compacted topic, or any record the broker
+    answered as invalid. Raised by the send inside the agent, so the agent's ``on_error``
+    policy applies to the event that sent it (skip, dead-letter or stop) like any other
+    processing error. The message names the topic and what is wrong."""
+
+    def __init__(self, message: str, *, topic: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+
+
+class RecordTooLargeError(RecordRejected):
+    """A record is larger than its topic accepts (``max.message.bytes``) or than one
+    producer batch holds; ``size`` and ``limit`` are in bytes."""
+
+    def __init__(self, message: str, *, topic: str, size: int, limit: int) -> None:
+        super().__init__(message, topic=topic)
+        self.size = size
+        self.limit = limit
 
 
 class GroupMembershipError(ProcessingError, RuntimeError):
@@ -541,6 +564,26 @@ class BrokerStartError(KafkaProvisioningError):
 
 class BrokerExitedError(BrokerStartError):
     """The broker process exited during startup (e.g. a port was taken meanwhile)."""
+
+
+# -- startup -------------------------------------------------------------------------------
+
+
+class StartupError(StreamjoinError):
+    """The worker cannot start: the app cannot be loaded, the broker did not answer within
+    the startup timeout, the state directory is unusable, or the settings are wrong for this
+    cluster. ``streamjoin worker`` exits with code 3 on it (and on a
+    :class:`ConfigurationError` or :class:`ProvisioningError` raised while starting), so a
+    supervisor can tell "will never start as configured" from a processing failure (1)."""
+
+
+class AppImportError(StartupError):
+    """Importing the app module (``-A module:app``) raised: a syntax error, or an exception
+    at import time. The message names the file and line."""
+
+
+class BrokerUnreachable(StartupError):
+    """No bootstrap server answered within the startup timeout."""
 
 
 # -- Spark jobs ------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from typing import TYPE_CHECKING
 
+from streamjoin.errors import AppImportError
 from streamjoin.errors import AppNotFound as AppNotFound
 
 if TYPE_CHECKING:
@@ -31,7 +33,13 @@ def load_app(spec: str) -> App:
             raise AppNotFound(
                 f"-A {spec!r}: module {module_name!r} was not found (is it on PYTHONPATH?)"
             ) from exc
-        raise
+        raise AppImportError(f"-A {spec!r}: {_where(exc)}") from exc
+    except SyntaxError as exc:
+        raise AppImportError(
+            f"-A {spec!r}: {exc.filename}:{exc.lineno}: SyntaxError: {exc.msg}"
+        ) from exc
+    except Exception as exc:
+        raise AppImportError(f"-A {spec!r}: {_where(exc)}") from exc
     obj: object = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
@@ -43,3 +51,15 @@ def load_app(spec: str) -> App:
             "not a streamjoin.App"
         )
     return obj
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line: Type: message`` of the innermost frame outside importlib's machinery:
+    the line of the user's module that raised, without the import system's frames."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<frozen") and "importlib" not in f.filename
+    ]
+    place = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    return f"{place}{type(exc).__name__}: {exc}"

@@ -32,11 +32,14 @@ from streamjoin.errors import (
 )
 from streamjoin.events import Event
 from streamjoin.joins.core import JoinInput, JoinOutput, JoinSpec, StreamStreamJoin
+from streamjoin.log_summary import Summary
 from streamjoin.stream import Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
 
 log = logging.getLogger("streamjoin.joins")
+#: late and beyond-grace events: the first logged at once, then a count per period
+_late_events = Summary(log)
 
 How = Literal["inner", "left", "outer"]
 JoinFunction = Callable[[Any, Any, Any], Any]
@@ -128,14 +131,19 @@ class StreamStreamJoinDecl:
             dropped = stats.late != late
             counters.late += stats.late - late
             counters.beyond_grace += stats.beyond_grace - beyond_grace
-            log.warning(
-                "join %s: %s (event time %d) is %s; stream time of partition %d is %s",
-                self.name,
-                event.position,
-                timestamp,
-                "late and dropped" if dropped else "beyond the grace period",
-                event.partition,
-                core.stream_time_ms,
+            what = "late and dropped" if dropped else "beyond the grace period"
+            stream_time = core.stream_time_ms
+            _late_events.note(
+                (self.name, event.topic, dropped),
+                lambda: (
+                    f"join {self.name}: {event.position} (event time {timestamp}) is {what}; "
+                    f"stream time of partition {event.partition} is {stream_time} (more are "
+                    "counted and logged once per 30 s)"
+                ),
+                lambda count, seconds: (
+                    f"join {self.name}: {count} more events {what} in the last "
+                    f"{seconds:.0f} s on topic {event.topic}"
+                ),
             )
         for out in outputs:
             await self._emit(out)

@@ -12,10 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
 
 from streamjoin.errors import ConfigurationError, CopartitioningError
 from streamjoin.errors import TopicAdminError as TopicAdminError
+from streamjoin.runtime.record_limits import TopicLimits
 
 _NO_ERROR = 0
 _TOPIC_ALREADY_EXISTS = 36
@@ -154,3 +156,38 @@ async def fetch_partition_counts(
         return await describe_partition_counts(admin, topics)
     finally:
         await admin.close()
+
+
+#: the broker's default max.message.bytes (used when a topic's config cannot be read)
+_DEFAULT_MAX_MESSAGE_BYTES = 1048588
+
+
+async def fetch_topic_limits(
+    bootstrap_servers: str, topics: Iterable[str], **client_kwargs: object
+) -> dict[str, TopicLimits]:
+    """``max.message.bytes`` and whether compacted, of each existing topic among ``topics``
+    (their effective configs: the topic's own or the broker's default)."""
+    wanted = sorted(set(topics))
+    if not wanted:
+        return {}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
+    await admin.start()
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in wanted]
+        )
+    finally:
+        await admin.close()
+    limits: dict[str, TopicLimits] = {}
+    for response in responses:
+        for code, _message, _type, name, entries in response.resources:
+            if code != _NO_ERROR:
+                continue  # not there (yet): its sends are checked by the broker alone
+            configs = {entry[0]: entry[1] for entry in entries}
+            limits[name] = TopicLimits(
+                max_message_bytes=int(
+                    configs.get("max.message.bytes") or _DEFAULT_MAX_MESSAGE_BYTES
+                ),
+                compacted="compact" in (configs.get("cleanup.policy") or ""),
+            )
+    return limits

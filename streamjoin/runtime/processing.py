@@ -105,6 +105,8 @@ class TaskProcessing:
         self.transaction = transaction
         self._on_transaction_aborted = on_transaction_aborted
         self._aborts_in_a_row = 0
+        #: commits are being skipped because the member is rejoining (logged once)
+        self._skipping_commits = False
         #: tasks an abort lost, until the revocation of their partitions reports them
         self._lost_by_abort: list[Task] = []
 
@@ -179,11 +181,16 @@ class TaskProcessing:
         async with self._committing():
             chosen = self.tasks.live() if tasks is None else tasks
             if self._member_ok is not None and not await self._member_ok():
-                log.warning(
-                    "not committing: this worker is rejoining the group (its partitions may "
-                    "have moved); their next owner resumes from the last commit"
-                )
+                if not self._skipping_commits:  # once per episode, not every interval
+                    log.warning(
+                        "not committing: this worker is rejoining the group (its partitions "
+                        "may have moved); their next owner resumes from the last commit"
+                    )
+                self._skipping_commits = True
                 return {}
+            if self._skipping_commits:
+                self._skipping_commits = False
+                log.info("committing again: this worker is back in the group")
             # Positions first, then the writes, with no await in between: every write taken
             # belongs to an event at or before a committed position, or to an event still in
             # flight (only a crash before the next commit replays those on top).

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
 from streamjoin.context import Sender, current_event, current_record
-from streamjoin.errors import AgentFailed, InternalError, StoreCorrupted
+from streamjoin.errors import AgentFailed, InternalError, RecordRejected, StoreCorrupted
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.record_queue import RecordQueue
@@ -44,12 +45,15 @@ YIELD_EVERY = 64
 class _InFlight:
     """The event an actor is processing: the runtime's side of :mod:`streamjoin.context`."""
 
-    __slots__ = ("raw", "runtime", "sends", "task")
+    __slots__ = ("raw", "runner", "runtime", "sends", "task")
 
-    def __init__(self, raw: RawRecord, task: Task, runtime: AgentRuntime) -> None:
+    def __init__(
+        self, raw: RawRecord, task: Task, runtime: AgentRuntime, runner: AgentRunner
+    ) -> None:
         self.raw = raw
         self.task = task
         self.runtime = runtime
+        self.runner = runner
         self.sends: list[asyncio.Future[Any]] = []
 
     @property
@@ -120,7 +124,7 @@ class AgentRunner:
             if not task.running:
                 continue  # revocation began: its next owner reads it again
             self.idle.clear()
-            inflight = _InFlight(raw, task, self.runtime)
+            inflight = _InFlight(raw, task, self.runtime, self)
             try:
                 event = self.agent.decode(raw)
             except DecodeError as exc:
@@ -196,6 +200,8 @@ class AgentRuntime:
         self._on_store_corrupted = on_store_corrupted
         #: values agents keep for the worker's lifetime (join counters), by key
         self.shared_values: dict[str, Any] = {}
+        #: on_error policies being applied to events whose sends the broker refused
+        self._policies: set[asyncio.Future[None]] = set()
         self.runners: list[AgentRunner] = []
         self._routes: dict[str, list[list[AgentRunner]]] = {}
         for agent in agents:
@@ -349,12 +355,25 @@ class AgentRuntime:
         self.counters.error("send")
         raw = inflight.raw
         exc = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if isinstance(exc, RecordRejected):
+            # The broker refused the record for what it is: the agent's on_error policy
+            # applies to the event that sent it, as if the send had raised there.
+            policy = asyncio.ensure_future(self._refused(inflight, exc))
+            self._policies.add(policy)
+            policy.add_done_callback(self._policies.discard)
+            return
         self._on_crash(
             AgentFailed(
                 f"a record sent while processing {raw.topic}[{raw.partition}]@{raw.offset} "
                 f"was not acknowledged: {exc!r}; stopping without committing past it"
             )
         )
+
+    async def _refused(self, inflight: _InFlight, exc: RecordRejected) -> None:
+        try:
+            await self.handle_failure(inflight.runner, inflight, exc, "send")
+        except Exception as failure:
+            self._on_crash(failure)
 
     # -- failures
 
@@ -371,7 +390,7 @@ class AgentRuntime:
     ) -> None:
         raw = inflight.raw
         where = f"{raw.topic}[{raw.partition}]@{raw.offset}"
-        what = "could not decode" if kind == "decode" else "failed on"
+        what = _WHAT.get(kind, "failed on")
         policy = runner.agent.on_error
         counters = self.counters
         counters.error(kind)
@@ -379,10 +398,14 @@ class AgentRuntime:
             failed = counters.skipped if policy == "skip" else counters.dead_lettered
             failed[runner.agent.name] = failed.get(runner.agent.name, 0) + 1
         if policy == "stop":
-            log.error("agent %s %s %s: %r; stopping", runner.name, what, where, exc, exc_info=exc)
-            raise AgentFailed(f"agent {runner.name} {what} {where}: {exc!r}") from exc
+            # one line, with where the agent raised; the traceback is at DEBUG
+            log.error("agent %s %s %s: %s; stopping", runner.name, what, where, _say(exc))
+            log.debug("traceback of the failed record %s", where, exc_info=exc)
+            raise AgentFailed(f"agent {runner.name} {what} {where}: {_say(exc)}") from exc
         if policy == "skip":
-            log.warning("agent %s %s %s: %r; skipped", runner.name, what, where, exc, exc_info=exc)
+            # one line per skipped record; the traceback is for debugging only
+            log.warning("agent %s %s %s: %s; skipped", runner.name, what, where, _say(exc))
+            log.debug("traceback of the skipped record %s", where, exc_info=exc)
         else:
             dlq = runner.agent.dead_letter
             if dlq is None:  # rejected when the agent is declared; kept for type narrowing
@@ -404,13 +427,14 @@ class AgentRuntime:
             if not self.transactional:  # (exactly-once: the commit checks every send)
                 await future
             log.warning(
-                "agent %s %s %s: %r; sent to dead-letter topic %s",
+                "agent %s %s %s: %s; sent to dead-letter topic %s",
                 runner.name,
                 what,
                 where,
-                exc,
+                _say(exc),
                 dlq.name,
             )
+            log.debug("traceback of the dead-lettered record %s", where, exc_info=exc)
         self._ack(inflight)
 
 
@@ -424,6 +448,24 @@ def _store_corrupted(exc: BaseException) -> StoreCorrupted | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+#: how a failure of each kind reads in the log ("agent X <what> topic[p]@offset: ...")
+_WHAT = {
+    "decode": "could not decode",
+    "processing": "failed on",
+    "send": "had a record refused by the broker while processing",
+}
+
+
+def _say(exc: BaseException) -> str:
+    """``Type: message (file:line)``, the line where the agent's code raised (a refused or
+    undecodable record's message says what is wrong with it instead)."""
+    if isinstance(exc, RecordRejected | DecodeError):
+        return f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    place = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{place}"
 
 
 def _stopped(task: Task) -> bool:

@@ -32,10 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+)
 
 from streamjoin.errors import TransactionError, TransactionFailed
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.record_limits import RecordLimits, is_rejection
 from streamjoin.runtime.state import Sending, TakenWrites, send_writes
 from streamjoin.runtime.txn_protocol import (
     PRODUCER_FENCED_CODES,
@@ -141,6 +147,7 @@ class TransactionalSender(KafkaSender):
         transactional_id: str,
         transaction_timeout_ms: int,
         group_id: str,
+        limits: RecordLimits | None = None,
     ) -> None:
         super().__init__(
             bootstrap_servers,
@@ -156,6 +163,7 @@ class TransactionalSender(KafkaSender):
                 "transaction_timeout_ms": transaction_timeout_ms,
             },
             client_id=client_id,
+            limits=limits,
         )
         self.transactional_id = transactional_id
         self.group_id = group_id
@@ -198,6 +206,9 @@ class TransactionalSender(KafkaSender):
         headers: Headers,
         timestamp_ms: int | None,
     ) -> asyncio.Future[Any]:
+        # A record the broker would refuse never enters a transaction: the agent's on_error
+        # policy applies to it here (a refusal would abort the whole transaction instead).
+        self.limits.check(topic, key, value, headers)
         if not self._open.is_set():
             # A commit is ending the transaction: the record joins the next one. Held here
             # (the agent goes on at once: its event counts as processed, and the next
@@ -207,7 +218,7 @@ class TransactionalSender(KafkaSender):
                 self._held.append(held)
                 return held.future
             await self._open.wait()
-        future = await super().send(
+        future = await self._send_checked(
             topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
         )
         self._watch(future)
@@ -219,7 +230,7 @@ class TransactionalSender(KafkaSender):
             batch, self._held = self._held, []
             for held in batch:
                 try:
-                    future = await super().send(
+                    future = await self._send_checked(
                         held.topic,
                         held.key,
                         held.value,
@@ -368,11 +379,16 @@ class TransactionalSender(KafkaSender):
         self._drop_held()
         self.aborts += 1
         producer = self._require()
-        try:
-            await producer.abort_transaction()
-        except (KafkaError, AssertionError) as exc:
-            log.warning("could not abort the transaction (%r); starting a new producer", exc)
+        if is_rejection(self._failure) or isinstance(self._failure, OutOfOrderSequenceNumber):
+            # A refused batch broke the idempotent producer's sequence numbers: a new
+            # producer (InitProducerId again) aborts the transaction and starts them afresh.
             await self._replace_producer()
+        else:
+            try:
+                await producer.abort_transaction()
+            except (KafkaError, AssertionError) as exc:
+                log.warning("could not abort the transaction (%r); starting a new producer", exc)
+                await self._replace_producer()
         await self.begin()
 
     async def _replace_producer(self) -> None:
@@ -383,6 +399,10 @@ class TransactionalSender(KafkaSender):
         producer = AIOKafkaProducer(**self._options)
         await producer.start()
         self._producer = producer
+
+    def _refused(self, producer: AIOKafkaProducer) -> None:
+        """The transaction holding the refused record fails at its commit; :meth:`abort`
+        replaces the producer (never in the middle of a transaction)."""
 
     def ids(self) -> TransactionIds:
         manager = self._require()._txn_manager

@@ -22,19 +22,27 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mode import Service
 
 from streamjoin.config import AppConfig
 from streamjoin.context import RuntimeLink
-from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
+from streamjoin.runtime.admin import (
+    TopicSpec,
+    ensure_topics,
+    fetch_partition_counts,
+    fetch_topic_limits,
+)
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.liveness import wait_for_broker
 from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.monitor import WorkerMonitor, collect
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.record_limits import RecordLimits
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.state_dir import StateDirLock
 from streamjoin.runtime.streams import AgentRuntime
@@ -105,6 +113,7 @@ class Worker(Service):
         *,
         link: RuntimeLink | None = None,
         queue_size: int = 1000,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__()
         self.topology = topology
@@ -125,8 +134,11 @@ class Worker(Service):
         self.monitor: WorkerMonitor | None = None
         #: held while running when the worker keeps state (tables, or group membership)
         self.state_dir_lock = StateDirLock(config.state_path)
+        #: told at once when a fatal error starts stopping the worker
+        self._on_failure = on_failure
         self._done = asyncio.Event()
         self._stopping = False
+        self._stopper: asyncio.Task[None] | None = None
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
@@ -176,7 +188,11 @@ class Worker(Service):
 
     async def _start_services(self) -> None:
         topology, config = self.topology, self.config
+        await wait_for_broker(config.broker, config.startup_timeout)
         await prepare_topics(topology, config)
+        limits = RecordLimits(
+            await fetch_topic_limits(config.broker, topology.topics, **config.client_kwargs())
+        )
         if config.exactly_once:
             self.sender = TransactionalSender(
                 config.broker,
@@ -186,6 +202,7 @@ class Worker(Service):
                 transactional_id=transactional_id_for(config.id, config.group_instance_id),
                 transaction_timeout_ms=config.transaction_timeout_ms,
                 group_id=config.id,
+                limits=limits,
             )
         else:
             self.sender = KafkaSender(
@@ -193,6 +210,7 @@ class Worker(Service):
                 client_options=config.client_kwargs(),
                 producer_options=config.producer_options,
                 client_id=self.client_id,
+                limits=limits,
             )
         self.sender.counters = self.counters
         await self.sender.start()
@@ -364,7 +382,9 @@ class Worker(Service):
                 type(exc).__name__,
                 exc,
             )
-            asyncio.get_running_loop().create_task(self.stop())
+            self._stopper = asyncio.get_running_loop().create_task(self.stop())
+            if self._on_failure is not None:
+                self._on_failure(exc)
 
     async def wait_stopped(self) -> None:
         await self._done.wait()

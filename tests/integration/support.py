@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,7 @@ class Workers:
         static: bool = True,
         cwd: Path | None = None,
         instance_id: str | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         """Start worker ``name`` (its instance id is ``name`` unless ``instance_id`` says
         otherwise); ``cwd`` runs another checkout's streamjoin package (its directory holds
@@ -183,6 +184,7 @@ class Workers:
         ]
         if static:
             args += ["--instance-id", instance_id or name]
+        args += extra
         self.procs[name] = subprocess.Popen(
             args,
             cwd=cwd or ROOT,

@@ -74,7 +74,7 @@ def test_worker_cli_overrides_are_validated(
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     result = CliRunner().invoke(cli, ["worker", "-A", "cfgapp:app", "--instance-id", " "])
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 3, result.output  # cannot start (2 is click's usage error)
     assert "group_instance_id must be a non-empty string" in result.output
     result = CliRunner().invoke(cli, ["worker", "-A", "cfgapp:app", "-b", "kafka://x"])
     assert result.exit_code != 0 and "broker" in result.output
