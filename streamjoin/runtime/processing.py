@@ -198,6 +198,7 @@ class TaskProcessing:
             if self._flush_tables is not None:
                 # State and changelog first, then the source offsets (at-least-once).
                 await self._flush_tables(chosen)
+                self._report_corruption(chosen)
                 # A task lost meanwhile (the member was fenced) had its flush skipped:
                 # nothing of it is committed either.
                 lost = {
@@ -254,7 +255,16 @@ class TaskProcessing:
             await transaction.begin()
             apply_writes(sending, offsets)
             self.tasks.mark_committed(positions)
+            self._report_corruption(tasks)
             return positions
+
+    def _report_corruption(self, tasks: Iterable[Task]) -> None:
+        """Stores a flush found corrupted go to the rebuild path (once each)."""
+        for task in tasks:
+            for state in task.tables.values():
+                if state.corrupted is not None:
+                    exc, state.corrupted = state.corrupted, None
+                    self.runtime.store_corrupted(task, exc)
 
     async def _aborted(self, transaction: Transaction, exc: TransactionFailed) -> None:
         """Abort, and lose every task: their sends and changelog records since the last

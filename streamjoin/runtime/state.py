@@ -224,10 +224,14 @@ async def send_writes(
             continue
         pairs = unordered_items(item.records)  # the changelog needs no key order
         store = state.store
+        records = list(pairs)
         if item.clean:
-            records = [(k, v) for k, v in pairs if v is not None or store.contains(k)]
-        else:
-            records = list(pairs)
+            try:
+                records = [(k, v) for k, v in records if v is not None or store.contains(k)]
+            except StoreCorrupted as exc:
+                # Every tombstone is sent (harmless for absent keys); the commit goes on and
+                # reports the store for a rebuild, like corruption found by an agent's read.
+                state.corrupted = exc
         if not records:
             sending.append((state, None))
             continue

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from sortedcontainers import SortedDict
 
+from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
 
 __all__ = ["TablePartition"]
@@ -26,7 +27,7 @@ _MISSING = object()
 class TablePartition:
     """The store and the buffered writes of partition ``partition`` of table ``table``."""
 
-    __slots__ = ("abandoned", "flushing", "partition", "pending", "store", "table")
+    __slots__ = ("abandoned", "corrupted", "flushing", "partition", "pending", "store", "table")
 
     def __init__(self, table: str, partition: int, store: StorePartition) -> None:
         self.table = table
@@ -38,6 +39,8 @@ class TablePartition:
         self.flushing: SortedDict[bytes, bytes | None] = SortedDict()
         #: the partition was lost: a flush under way must not send or apply its writes
         self.abandoned = False
+        #: a flush's read found the store corrupted (the commit reports it for a rebuild)
+        self.corrupted: StoreCorrupted | None = None
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"

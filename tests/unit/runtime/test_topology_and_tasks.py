@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import streamjoin
 from streamjoin.cli import cli
 from streamjoin.config import AppConfig, Secret
-from streamjoin.errors import ConfigurationError, StreamjoinError
+from streamjoin.errors import ConfigurationError, StoreCorrupted, StreamjoinError
 from streamjoin.runtime.state import flush_partitions
 from streamjoin.runtime.tasks import Task, TaskManager, TaskState
 from streamjoin.state.memory import MemoryStorePartition
@@ -303,3 +303,34 @@ async def test_the_driver_aligns_co_partitioned_inputs_by_timestamp() -> None:
         await driver.drain()
     # r was empty but caught up: the aligner waited align_idle_ms for it before releasing l
     assert [ts for _, ts in seen] == [10, 20, 30, 40, 50]
+
+
+async def test_corruption_found_by_a_commits_flush_rebuilds_the_store_not_the_worker() -> None:
+    """A clean flush asks the store whether a deleted key exists (to skip needless
+    tombstones). When that read finds the store corrupted, the commit must still go
+    through (the tombstone is sent: harmless if the key was absent) and the store be
+    handed to the rebuild path, like corruption found by an agent's read; it used to
+    fail the commit, which stopped the worker."""
+    app, _counts = counting_app("corrupt-mid-flush")
+    async with TestDriver(app) as driver:
+        await driver.put("clicks", key="a", value=1)
+        await driver.drain()
+        processing = driver.processing
+        assert processing is not None and driver.tasks is not None
+        (task,) = driver.tasks.live()
+        state = task.tables["counts"]
+        seen: list[tuple[Task, StoreCorrupted]] = []
+        processing.runtime._on_store_corrupted = lambda t, exc: seen.append((t, exc))
+
+        def corrupted(key: bytes) -> bool:
+            raise StoreCorrupted("/tmp/corrupt-mid-flush", "block checksum mismatch")
+
+        state.store.contains = corrupted  # type: ignore[method-assign]
+        await driver.put("clicks", key="b", value=1)
+        await driver.drain()
+        state.put(b"gone", None)  # a delete: the flush asks the store about it
+        committed = await driver.commit()
+        assert committed == {("clicks", 0): 2}
+        changelog = driver.raw_records("corrupt-mid-flush-counts-changelog")
+        assert (b"gone", None) in [(r.key, r.value) for r in changelog]
+        assert [(t, str(exc.cause)) for t, exc in seen] == [(task, "block checksum mismatch")]
