@@ -32,6 +32,12 @@ CONNECTION_TROUBLE = re.compile(
     r"|Could not send|Heartbeat|[Cc]oordinator|OffsetCommit failed|Failed to commit"
     r"|RequestTimedOut|Unable to request metadata|not ready|Connection refused",
 )
+#: aiokafka's lines about conditions it retries itself while the broker answers (a leader
+#: not elected yet right after a topic is created, metadata catching up): not an outage
+RETRIED_BY_THE_CLIENT = re.compile(
+    r"NotLeaderForPartition|LeaderNotAvailable|UnknownTopicOrPartition|Failed fetch offsets"
+    r"|NotCoordinator|CoordinatorLoadInProgress",
+)
 #: first and longest pause between two attempts to reach the broker while starting
 BACKOFF_START, BACKOFF_MAX = 0.1, 5.0
 
@@ -108,7 +114,10 @@ class BrokerWatch(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("aiokafka") or record.levelno < logging.WARNING:
             return True
-        if not CONNECTION_TROUBLE.search(record.getMessage()):
+        message = record.getMessage()
+        if RETRIED_BY_THE_CLIENT.search(message):
+            return False
+        if not CONNECTION_TROUBLE.search(message):
             return True
         self.trouble()
         return False

@@ -105,3 +105,25 @@ def test_startup_and_shutdown_timeouts_are_settings() -> None:
     for bad in (0, -1, "x", True):
         with pytest.raises(ConfigurationError, match="shutdown_timeout must be > 0"):
             AppConfig("a", shutdown_timeout=bad)
+
+
+def test_broker_watch_drops_aiokafkas_retried_metadata_errors_without_an_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen in CI: right after the worker created its topics, aiokafka's fetcher logged
+    ``ERROR ... Failed fetch offsets from 1: [Error 6] NotLeaderForPartitionError`` (the
+    leader was not elected yet; aiokafka retries). A normal start logs no ERROR line."""
+    watch = BrokerWatch("127.0.0.1:9092", interval=10, clock=lambda: 0.0)
+    caplog.set_level(logging.INFO, "streamjoin.broker")
+    retried = [
+        "Failed fetch offsets from 1: [Error 6] NotLeaderForPartitionError: TopicPartition(...)",
+        "Got error [Error 5] LeaderNotAvailableError for topic t",
+        "Topic t not found in cluster metadata ([Error 3] UnknownTopicOrPartitionError)",
+    ]
+    for message in retried:
+        record = logging.LogRecord(
+            "aiokafka.consumer.fetcher", logging.ERROR, "", 0, message, (), None
+        )
+        assert watch.filter(record) is False, message
+    assert watch.since is None  # not an outage: the broker answered
+    assert not [r for r in caplog.records if r.name == "streamjoin.broker"]
