@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             "duplicates": sum(n - 1 for n in seen.values()),
         }
 
-    async def settle(topics: Topics, bootstrap: str) -> None:
+    async def settle(_marks: list[Path], topics: Topics, bootstrap: str) -> None:
         await output_settled(len(truth), args.partitions, topics, bootstrap)
 
     spec = WorkloadSpec(

@@ -104,8 +104,10 @@ def load_average() -> str:
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
     if proc.poll() is not None:
         return
+    # (py-spy writes its profile on SIGINT; on SIGTERM it dies without writing it)
+    stop = signal.SIGINT if os.environ.get("STREAMJOIN_BENCH_PYSPY") else signal.SIGTERM
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, stop)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -129,6 +131,29 @@ def peak_rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def py_spy_prefix(name: str) -> list[str]:
+    """``py-spy record`` in front of a streamjoin worker's command when the environment
+    names a directory in ``STREAMJOIN_BENCH_PYSPY`` (profiles: ``benchmarks/profile_summary.py``).
+    CPU time and RSS are then those of the worker under py-spy's sampling."""
+    out = os.environ.get("STREAMJOIN_BENCH_PYSPY")
+    if not out:
+        return []
+    py_spy = Path(sys.executable).with_name("py-spy")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return [
+        str(py_spy),
+        "record",
+        "--format",
+        "raw",
+        "--rate",
+        "250",
+        "--nonblocking",
+        "-o",
+        str(Path(out) / f"{name}.txt"),
+        "--",
+    ]
 
 
 # --------------------------------------------------------------------------- broker I/O
@@ -410,6 +435,7 @@ def workload_commands(
         return [
             (
                 [
+                    *py_spy_prefix(f"{name}-{i}"),
                     sys.executable,
                     "-m",
                     "streamjoin.cli",
@@ -582,7 +608,7 @@ class WorkloadSpec:
     #: "expected" means correct
     check: Callable[[list[Path], Topics, str], Awaitable[dict[str, int]]]
     #: awaited after every partition is done, before the processes stop
-    settle: Callable[[Topics, str], Awaitable[None]] | None = None
+    settle: Callable[[list[Path], Topics, str], Awaitable[None]] | None = None
     uses_table: bool = False
     uses_output: bool = False
 
@@ -658,7 +684,7 @@ async def run_workload(
         progress(f"{s}: starting {len(commands)} process(es)")
         settle = None
         if spec.settle is not None:
-            settle = functools.partial(spec.settle, topics, bootstrap)
+            settle = functools.partial(spec.settle, marks, topics, bootstrap)
         try:
             measured = await run_to_completion(
                 commands, marks, logs, last_inputs, args.timeout, progress, settle

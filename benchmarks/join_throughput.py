@@ -68,6 +68,7 @@ from benchmarks.harness import (
     dist_version,
     log_tail,
     peak_rss_mb,
+    py_spy_prefix,
     sayer,
     stop_process,
     streamjoin_version,
@@ -236,6 +237,7 @@ class Run:
                 JOINBENCH_MARKS=str(self.marks_path),
             )
             cmd = [
+                *py_spy_prefix(self.name),
                 sys.executable,
                 "-m",
                 "streamjoin.cli",

@@ -16,7 +16,8 @@ per key and 1-minute window in a windowed table with RocksDB state and a changel
   (``benchmarks/workload_faust_app.py``).
 
 The answer is each system's windows once the last offset of every partition is processed
-(written by the app, see the app modules), checked against the counts computed here:
+(written by the app after its last mark, see the app modules; the harness waits for them),
+checked against the counts computed here:
 ``missing`` (key and window absent), ``wrong`` (another count), ``unexpected``. CPU time,
 wall time and peak RSS are measured as ``benchmarks/harness.py`` describes.
 """
@@ -24,6 +25,7 @@ wall time and peak RSS are measured as ``benchmarks/harness.py`` describes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 from collections import Counter
@@ -70,6 +72,17 @@ def read_dumps(marks: list[Path]) -> dict[tuple[str, int], int]:
     return got
 
 
+def dumps_complete(marks: list[Path], partitions: int) -> bool:
+    """Whether the apps' dumps cover every partition (they are written after the marks)."""
+    parts = {
+        dump.name.rsplit(".", 1)[-1]
+        for path in marks
+        for dump in path.parent.glob(f"{path.name}.dump.*")
+        if ".tmp-" not in dump.name
+    }
+    return "all" in parts or parts >= {f"p{p}" for p in range(partitions)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     workload_arguments(parser, events=500_000, keys=10_000)
@@ -85,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             "unexpected": sum(1 for k in got if k not in truth),
         }
 
+    async def settle(marks: list[Path], _topics: Topics, _bootstrap: str) -> None:
+        for _ in range(1200):  # at most a minute
+            if dumps_complete(marks, args.partitions):
+                return
+            await asyncio.sleep(0.05)
+
     spec = WorkloadSpec(
         bench="window_count",
         workload="count",
@@ -94,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             "counts, 1-minute tumbling windows"
         ),
         check=check,
+        settle=settle,
     )
     return workload_main(args, spec)
 
