@@ -16,6 +16,7 @@ expiry runs when the worker flushes, before the writes reach the changelog.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,23 @@ from streamjoin.state.window_layout import DATA, INDEX
 from streamjoin.state.window_layout import STREAM_TIME_KEY as STREAM_TIME
 from streamjoin.state.windows import WindowSpec
 from streamjoin.tables import Table, TableAccessError
+
+_U32 = struct.Struct(">I").pack
+_U64 = struct.Struct(">Q").pack
+_MAX_KEY_BYTES = 1 << 16
+
+
+def _keys_of(key_bytes: bytes, start: int) -> tuple[bytes, bytes]:
+    """``(DATA + window_key(key, start), INDEX + u64(start) + length_prefixed(key))``,
+    packed directly for ordinary keys (once per table access); the layout's own functions,
+    with their checks and errors, otherwise. The layout tests pin the bytes."""
+    if type(key_bytes) is bytes and len(key_bytes) < _MAX_KEY_BYTES and 0 <= start < 1 << 63:
+        prefixed = _U32(len(key_bytes)) + key_bytes
+        at = _U64(start)
+        return DATA + prefixed + at, INDEX + at + prefixed
+    return DATA + window_key(key_bytes, start), INDEX + encode_uint64(start) + length_prefixed(
+        key_bytes
+    )
 
 
 @dataclass(eq=False)
@@ -82,7 +100,7 @@ class WindowedTable(Table):
         Remembers what it read, so that ``table[key] = ...`` right after (``+=``) knows
         the window exists without reading it again."""
         view, windows = self._event_context()
-        data_key = DATA + window_key(self._encode_key(key), windows[-1][0])
+        data_key = _keys_of(self._encode_key(key), windows[-1][0])[0]
         raw = view.get(data_key)
         self._last_read = (view, data_key, raw is not None)
         return raw
@@ -110,11 +128,11 @@ class WindowedTable(Table):
         key_bytes = self._encode_key(key)
         found = False
         for start, _end in windows:
-            data_key = DATA + window_key(key_bytes, start)
+            data_key, index_key = _keys_of(key_bytes, start)
             if view.get(data_key) is not None:
                 found = True
                 view.delete(data_key)
-                view.delete(INDEX + encode_uint64(start) + length_prefixed(key_bytes))
+                view.delete(index_key)
         if not found:
             raise KeyError(key)
 
@@ -127,8 +145,7 @@ class WindowedTable(Table):
             )
         last_read, self._last_read = self._last_read, None
         key_bytes = self._encode_key(key)
-        start = windows[0][0]
-        data_key = DATA + window_key(key_bytes, start)
+        data_key, index_key = _keys_of(key_bytes, windows[0][0])
         encoded = self.value_codec.dumps(value)
         if encoded is None:
             view.delete(data_key)
@@ -141,7 +158,7 @@ class WindowedTable(Table):
             or not (last_read[2])
         ):
             # a new window (or not known to exist): index it for expiry
-            view.put(INDEX + encode_uint64(start) + length_prefixed(key_bytes), b"")
+            view.put(index_key, b"")
 
     def update(self, key: Any, fn: Callable[[Any], Any]) -> None:
         """Replace the value of ``key`` in every window of the current event by ``fn(old)``."""
@@ -149,7 +166,7 @@ class WindowedTable(Table):
         self._last_read = None
         key_bytes = self._encode_key(key)
         for start, _end in windows:
-            data_key = DATA + window_key(key_bytes, start)
+            data_key, index_key = _keys_of(key_bytes, start)
             raw = view.get(data_key)
             if raw is not None:
                 old = self.value_codec.loads(raw)
@@ -161,7 +178,7 @@ class WindowedTable(Table):
             else:
                 view.put(data_key, encoded)
                 if raw is None:
-                    view.put(INDEX + encode_uint64(start) + length_prefixed(key_bytes), b"")
+                    view.put(index_key, b"")
 
     def windows_of(self, key: Any, from_ms: int, to_ms: int) -> list[tuple[int, Any]]:
         """(window start, value) of ``key`` for windows starting in [from_ms, to_ms]."""

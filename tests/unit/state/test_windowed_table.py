@@ -16,7 +16,7 @@ from streamjoin.state.keys import encode_uint64, length_prefixed
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import HoppingWindows, TumblingWindows
 from streamjoin.testing.driver import TestDriver
-from streamjoin.windowed import WindowedTable
+from streamjoin.windowed import WindowedTable, _keys_of
 
 
 async def test_tumbling_counts_per_window_and_expiry() -> None:
@@ -367,3 +367,14 @@ async def test_every_window_stays_indexed_through_deletes_and_expiry() -> None:
         await driver.drain()
         data, index = _data_and_index(table)
         assert data == index == {(b"j", 1_000)}
+
+
+@pytest.mark.parametrize(
+    ("key", "start"),
+    [(b"", 0), (b"k", 60_000), (b"\x00\xff" * 10, (1 << 63) - 1), (b"x" * 70_000, 5)],
+)
+def test_window_keys_are_the_layouts(key: bytes, start: int) -> None:
+    assert _keys_of(key, start) == (
+        layout.data_key(key, start),
+        layout.index_key(start, length_prefixed(key)),
+    )
