@@ -235,7 +235,7 @@ def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
     # what it refuses (NaN, lone surrogate escapes, deep nesting, bad bytes) or might read
     # differently (integers beyond 64 bits) goes to the standard parser, which also words
     # the error.
-    if type(data) is bytes and _LONG_DIGITS.search(data) is None:
+    if type(data) is bytes and (len(data) < 19 or _LONG_DIGITS.search(data) is None):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
