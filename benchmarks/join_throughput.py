@@ -46,11 +46,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -63,21 +61,27 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from benchmarks.broker import broker
+from benchmarks.harness import (
+    DIST_OF,
+    ROOT,
+    VENV_ROOT,
+    dist_version,
+    log_tail,
+    peak_rss_mb,
+    py_spy_prefix,
+    sayer,
+    stop_process,
+    streamjoin_version,
+    venv_python,
+    wait_leaders,
+)
 from examples.ad_traffic import Traffic, generate
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
 
-ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 10
 SYSTEMS = ("streamjoin", "streamjoin-eos", "faust", "faust-lookup", "quix")
-VENV_ROOT = Path.home() / ".cache" / "streamjoin" / "bench" / "join-venvs"
-#: venv name -> pip requirements
-VENVS = {"faust": ["faust-streaming", "rocksdict"], "quix": ["quixstreams"]}
 VENV_OF = {"faust": "faust", "faust-lookup": "faust", "quix": "quix"}
-DIST_OF = {"faust": "faust-streaming", "quix": "quixstreams"}
-
-
-def say(message: str) -> None:
-    print(f"[join-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+say = sayer("join-bench")
 
 
 @dataclass
@@ -97,6 +101,8 @@ class Result:
     #: CPU time of the app's process (all threads) from the first to the last input event:
     #: steadier than wall time on a busy machine
     cpu_seconds: float | None = None
+    #: the app process's peak resident set size (VmHWM), MB
+    peak_rss_mb: float | None = None
     outputs: int = 0
     distinct_joins: int = 0
     missing: int = 0
@@ -110,74 +116,7 @@ class Result:
 # --------------------------------------------------------------------------- environment
 
 
-def venv_python(name: str, root: Path, install: bool) -> tuple[Path | None, str]:
-    """The venv's python (created and filled with pip when missing), or None and why not."""
-    venv = root / name
-    python = venv / "bin" / "python"
-    ready = venv / ".join-bench-ready"
-    if ready.exists() and python.exists():
-        return python, ""
-    if not install:
-        return None, f"no venv at {venv} (run without --no-install to create it)"
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    log = root / f"{name}-install.log"
-    say(f"creating {venv} and installing {' '.join(VENVS[name])} (log: {log})")
-    with log.open("w") as out:
-        for cmd in (
-            [sys.executable, "-m", "venv", str(venv)],
-            [str(python), "-m", "pip", "install", "-q", *VENVS[name]],
-        ):
-            try:
-                code = subprocess.run(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900
-                ).returncode
-            except subprocess.TimeoutExpired:
-                code = -1
-            if code != 0:
-                return None, f"{' '.join(cmd[:4])}... failed (exit {code}); see {log}"
-    ready.write_text("ok\n")
-    return python, ""
-
-
-def dist_version(python: Path, dist: str) -> str:
-    try:
-        out = subprocess.run(
-            [str(python), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired:
-        return "?"
-    return out.stdout.strip() or "?"
-
-
-def streamjoin_version() -> str:
-    import streamjoin
-
-    return getattr(streamjoin, "__version__", "?")
-
-
 # --------------------------------------------------------------------------- broker I/O
-
-
-async def wait_leaders(bootstrap: str, topics: list[str], timeout: float = 30) -> None:
-    """Until every partition of ``topics`` answers ListOffsets (has a leader)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                await consumer.end_offsets(tps)
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-    finally:
-        await consumer.stop()
 
 
 async def produce(bootstrap: str, traffic: Traffic, topics: dict[str, str]) -> float:
@@ -298,6 +237,7 @@ class Run:
                 JOINBENCH_MARKS=str(self.marks_path),
             )
             cmd = [
+                *py_spy_prefix(self.name),
                 sys.executable,
                 "-m",
                 "streamjoin.cli",
@@ -353,25 +293,6 @@ class Run:
         return marks
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    if not path.exists():
-        return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
 async def run_system(run: Run, traffic: Traffic, timeout: float, result: Result) -> Result:
     cmd, env = run.command()
     result.records = run.records
@@ -388,6 +309,7 @@ async def run_system(run: Run, traffic: Traffic, timeout: float, result: Result)
         deadline = time.monotonic() + timeout
         # 1. until the app has seen every input record
         while "done" not in run.read_marks():
+            result.peak_rss_mb = peak_rss_mb(proc.pid) or result.peak_rss_mb
             if proc.poll() is not None:
                 result.status = "failed"
                 result.detail = f"worker exited with {proc.returncode}:\n{log_tail(run.log_path)}"
@@ -412,6 +334,7 @@ async def run_system(run: Run, traffic: Traffic, timeout: float, result: Result)
         result.committed = await committed_all(
             run.bootstrap, run.group, list(run.inputs.values()), timeout=30
         )
+        result.peak_rss_mb = peak_rss_mb(proc.pid) or result.peak_rss_mb
     finally:
         await probe.stop()
         stop_process(proc)
@@ -471,7 +394,7 @@ async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict
             for t in outputs.values()
         ],
     )
-    await wait_leaders(bootstrap, [*inputs.values(), *outputs.values()])
+    await wait_leaders(bootstrap, [*inputs.values(), *outputs.values()], PARTITIONS)
     say(
         f"traffic: {len(traffic.records)} records ({traffic.impressions} impressions, "
         f"{traffic.clicks} clicks), {len(traffic.expected_joins)} joins expected"
@@ -582,12 +505,13 @@ def table(report: dict[str, Any]) -> str:
             "streamjoin / x",
             "cpu s",
             "by cpu",
+            "peak RSS MB",
             "output correct?",
         )
     ]
     for r in results:
         if r.seconds is None:
-            rows.append((r.system, r.version, str(r.records), *[""] * 7, r.status))
+            rows.append((r.system, r.version, str(r.records), *[""] * 8, r.status))
             continue
         verdict = "yes" if r.correct else f"NO: {r.missing} missing, {r.unexpected} unexpected"
         if r.duplicates:
@@ -604,6 +528,7 @@ def table(report: dict[str, Any]) -> str:
                 ratio(ours, r),
                 "" if r.cpu_seconds is None else f"{r.cpu_seconds:.2f}",
                 ratio(ours, r, by_cpu=True),
+                "" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}",
                 verdict,
             )
         )
@@ -620,7 +545,7 @@ def table(report: dict[str, Any]) -> str:
         "that system's output is wrong (a fast wrong answer does not count).",
         "cpu s: the app process's CPU time (all threads) from its first to its last input",
         "event; by cpu: that system's cpu s divided by streamjoin's (steadier than wall time",
-        "when the machine is shared).",
+        "when the machine is shared). peak RSS MB: the app process's peak resident set size.",
     ]
     eos = next((r for r in results if r.system == "streamjoin-eos" and r.status == "ok"), None)
     if ours is not None and eos is not None and ours.joins_per_s and eos.joins_per_s:

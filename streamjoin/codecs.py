@@ -19,12 +19,15 @@ import dataclasses
 import datetime as dt
 import enum
 import json
+import re
 import types
 import typing
 import uuid
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
+
+import orjson
 
 from streamjoin.errors import (
     ArgumentTypeError,
@@ -175,25 +178,68 @@ def _json_default(obj: Any) -> Any:
     raise EncodeError(f"Object of type {type(obj).__qualname__} is not JSON serializable")
 
 
+#: Canonical bytes: the same mapping always encodes (and so partitions) the same, which
+#: matters when JSON is used for keys. NaN/Infinity are not JSON; other consumers would
+#: reject the record. (One encoder for every call: ``json.dumps`` with options builds one
+#: per call.)
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"),
+    sort_keys=True,
+    ensure_ascii=False,
+    allow_nan=False,
+    default=_json_default,
+)
+#: types orjson writes byte for byte as the encoder above does (not float: orjson writes
+#: 1e-05 as 1e-5 and NaN as null; not subclasses, whose JSON form the encoder decides)
+_PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
+#: what the encoder does with a str (ensure_ascii=False)
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring
+#: 19 digits in a row: maybe an integer beyond 64 bits (below -2**63 takes 19), which
+#: orjson reads as a float
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def _plain(obj: Any) -> bool:
+    """Whether ``obj`` is a dict (str keys) or list of scalars, which orjson encodes to
+    exactly the bytes of :data:`_ENCODER` (the key bytes decide partitions)."""
+    if type(obj) is dict:
+        for key, value in obj.items():
+            if type(key) is not str or type(value) not in _PLAIN_SCALARS:
+                return False
+        return True
+    return type(obj) is list and all(type(item) in _PLAIN_SCALARS for item in obj)
+
+
 def _json_dumps(codec: str, obj: Any) -> bytes:
+    kind = type(obj)
+    if kind is int and -(2**63) <= obj < 2**64:
+        return b"%d" % obj
+    if kind is str:
+        return _utf8(codec, _encode_str(obj))
+    if _plain(obj):
+        try:
+            # copied: the bytes orjson returns keep a buffer of about 4 KB each, and table
+            # values wait in memory until the next flush
+            return bytes(memoryview(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)))
+        except TypeError:
+            pass  # an int beyond 64 bits, a lone surrogate: the encoder decides (and says why)
     try:
-        text = json.dumps(
-            obj,
-            separators=(",", ":"),
-            # Canonical bytes: the same mapping always encodes (and so partitions) the same,
-            # which matters when JSON is used for keys.
-            sort_keys=True,
-            ensure_ascii=False,
-            # NaN/Infinity are not JSON; other consumers would reject the record.
-            allow_nan=False,
-            default=_json_default,
-        )
+        text = _ENCODER.encode(obj)
     except (TypeError, ValueError, RecursionError) as exc:
         raise _encode_error(codec, obj, str(exc)) from exc
     return _utf8(codec, text)
 
 
 def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
+    # orjson reads strict UTF-8 JSON as the standard parser does, several times faster;
+    # what it refuses (NaN, lone surrogate escapes, deep nesting, bad bytes) or might read
+    # differently (integers beyond 64 bits) goes to the standard parser, which also words
+    # the error.
+    if type(data) is bytes and (len(data) < 19 or _LONG_DIGITS.search(data) is None):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
     try:
         # Decode first: json.loads(bytes) would silently accept UTF-16/32 too.
         return json.loads(str(_check_bytes(codec, data), "utf-8"))

@@ -16,6 +16,7 @@ expiry runs when the worker flushes, before the writes reach the changelog.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,23 @@ from streamjoin.state.window_layout import STREAM_TIME_KEY as STREAM_TIME
 from streamjoin.state.windows import WindowSpec
 from streamjoin.tables import Table, TableAccessError
 
+_U32 = struct.Struct(">I").pack
+_U64 = struct.Struct(">Q").pack
+_MAX_KEY_BYTES = 1 << 16
+
+
+def _keys_of(key_bytes: bytes, start: int) -> tuple[bytes, bytes]:
+    """``(DATA + window_key(key, start), INDEX + u64(start) + length_prefixed(key))``,
+    packed directly for ordinary keys (once per table access); the layout's own functions,
+    with their checks and errors, otherwise. The layout tests pin the bytes."""
+    if type(key_bytes) is bytes and len(key_bytes) < _MAX_KEY_BYTES and 0 <= start < 1 << 63:
+        prefixed = _U32(len(key_bytes)) + key_bytes
+        at = _U64(start)
+        return DATA + prefixed + at, INDEX + at + prefixed
+    return DATA + window_key(key_bytes, start), INDEX + encode_uint64(start) + length_prefixed(
+        key_bytes
+    )
+
 
 @dataclass(eq=False)
 class WindowedTable(Table):
@@ -39,13 +57,27 @@ class WindowedTable(Table):
     """
 
     windows: WindowSpec | None = field(default=None, repr=False)
+    #: (record, its table partition, its windows) of the event last seen
+    _context: tuple[Any, TablePartition, list[tuple[int, int]]] | None = field(
+        default=None, init=False, repr=False
+    )
+    #: (partition, data key, the window existed) of the last read of the current window
+    _last_read: tuple[TablePartition, bytes, bool] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def _spec(self) -> WindowSpec:
         if self.windows is None:
             raise TableAccessError(f"windowed table {self.name!r} has no window spec")
         return self.windows
 
-    def _event_context(self) -> tuple[TablePartition, int]:
+    def _event_context(self) -> tuple[TablePartition, list[tuple[int, int]]]:
+        """The current event's table partition and windows.
+
+        Computed once per event: ``counts[k] += 1`` reads and writes the table, and each
+        access would otherwise look up the partition, read and decode the stream time and
+        compute the windows again (kept with the record, so another event recomputes).
+        """
         record = current_record()
         if record is None:
             raise TableAccessError(
@@ -53,15 +85,25 @@ class WindowedTable(Table):
                 "event's window, so they work inside agents only; elsewhere use "
                 "table.windows_of(key, from_ms, to_ms)"
             )
+        context = self._context
+        if context is not None and context[0] is record:
+            return context[1], context[2]
         view = self._state(None, writing=False)
         _advance_stream_time(view, record.timestamp)
-        return view, record.timestamp
+        windows = self._spec().windows_for(record.timestamp)
+        self._context = (record, view, windows)
+        return view, windows
 
     def _current_value(self, key: Any) -> bytes | None:
-        """The stored value of ``key`` in the current event's (latest) window."""
-        view, ts = self._event_context()
-        start = self._spec().windows_for(ts)[-1][0]
-        return view.get(DATA + window_key(self._encode_key(key), start))
+        """The stored value of ``key`` in the current event's (latest) window.
+
+        Remembers what it read, so that ``table[key] = ...`` right after (``+=``) knows
+        the window exists without reading it again."""
+        view, windows = self._event_context()
+        data_key = _keys_of(self._encode_key(key), windows[-1][0])[0]
+        raw = view.get(data_key)
+        self._last_read = (view, data_key, raw is not None)
+        return raw
 
     def __getitem__(self, key: Any) -> Any:
         raw = self._current_value(key)
@@ -81,33 +123,50 @@ class WindowedTable(Table):
 
     def __delitem__(self, key: Any) -> None:
         """Delete ``key`` from every window of the current event (KeyError if in none)."""
-        view, ts = self._event_context()
+        view, windows = self._event_context()
+        self._last_read = None
         key_bytes = self._encode_key(key)
         found = False
-        for start, _end in self._spec().windows_for(ts):
-            data_key = DATA + window_key(key_bytes, start)
+        for start, _end in windows:
+            data_key, index_key = _keys_of(key_bytes, start)
             if view.get(data_key) is not None:
                 found = True
                 view.delete(data_key)
-                view.delete(INDEX + encode_uint64(start) + length_prefixed(key_bytes))
+                view.delete(index_key)
         if not found:
             raise KeyError(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        windows = self._spec().windows_for(self._event_context()[1])
+        view, windows = self._event_context()
         if len(windows) != 1:
             raise TableAccessError(
                 f"table {self.name!r} has hopping windows: an event is in {len(windows)} "
                 "windows, so use table.update(key, fn) to change each of them"
             )
-        self.update(key, lambda _old: value)
+        last_read, self._last_read = self._last_read, None
+        key_bytes = self._encode_key(key)
+        data_key, index_key = _keys_of(key_bytes, windows[0][0])
+        encoded = self.value_codec.dumps(value)
+        if encoded is None:
+            view.delete(data_key)
+            return
+        view.put(data_key, encoded)
+        if (
+            last_read is None
+            or last_read[0] is not view
+            or last_read[1] != data_key
+            or not (last_read[2])
+        ):
+            # a new window (or not known to exist): index it for expiry
+            view.put(index_key, b"")
 
     def update(self, key: Any, fn: Callable[[Any], Any]) -> None:
         """Replace the value of ``key`` in every window of the current event by ``fn(old)``."""
-        view, ts = self._event_context()
+        view, windows = self._event_context()
+        self._last_read = None
         key_bytes = self._encode_key(key)
-        for start, _end in self._spec().windows_for(ts):
-            data_key = DATA + window_key(key_bytes, start)
+        for start, _end in windows:
+            data_key, index_key = _keys_of(key_bytes, start)
             raw = view.get(data_key)
             if raw is not None:
                 old = self.value_codec.loads(raw)
@@ -118,7 +177,8 @@ class WindowedTable(Table):
                 view.delete(data_key)
             else:
                 view.put(data_key, encoded)
-                view.put(INDEX + encode_uint64(start) + length_prefixed(key_bytes), b"")
+                if raw is None:
+                    view.put(index_key, b"")
 
     def windows_of(self, key: Any, from_ms: int, to_ms: int) -> list[tuple[int, Any]]:
         """(window start, value) of ``key`` for windows starting in [from_ms, to_ms]."""
@@ -149,6 +209,8 @@ class WindowedTable(Table):
 
     def expire_partition(self, view: TablePartition) -> int:
         """Delete the partition's windows past retention; returns how many."""
+        # it may delete the window a read remembered: the next write indexes it again
+        self._last_read = None
         spec = self._spec()
         try:
             stream_time = _stream_time(view)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from streamjoin.errors import CorruptJoinState, InvalidJoinInput, InvalidJoinSpec, JoinError
 from streamjoin.joins.state import KeyValueView
@@ -182,8 +182,10 @@ class JoinStats:
     expired: int = 0  #: buffered events removed at window close
 
 
-@dataclass(frozen=True)
-class _Meta:
+class _Meta(NamedTuple):
+    """The join partition's metadata (a named tuple: one is made per event, and a frozen
+    dataclass costs several times more to build)."""
+
     stream_time_ms: int | None
     buffered: int
     #: no buffered event has a timestamp below this (a lower bound, or _NO_EXPIRY)

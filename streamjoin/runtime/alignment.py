@@ -132,7 +132,10 @@ class TimestampAligner:
                         break  # caught up, but its producer may be a little behind
                 self._blocked_since.pop(key, None)
                 self._waited.pop(key, None)
-                first = min(heads, key=lambda b: (b[0].timestamp, b[0].topic, b[0].offset))
+                if len(heads) == 2 == len(buffers):
+                    _merge_two(heads[0], heads[1], out)  # until one runs dry
+                    continue
+                first = min(heads, key=_head_order)
                 out.append(first.popleft())
         return out
 
@@ -160,3 +163,21 @@ class TimestampAligner:
         if step:
             for key in self._waited:
                 self._waited[key] += step
+
+
+def _head_order(buffer: deque[RawRecord]) -> tuple[int, str, int]:
+    head = buffer[0]
+    return head.timestamp, head.topic, head.offset
+
+
+def _merge_two(a: deque[RawRecord], b: deque[RawRecord], out: list[RawRecord]) -> None:
+    """Release from two buffers in (timestamp, topic, offset) order while both hold
+    records: what one release step at a time would do, without its per-record checks
+    (a two-input join's common case)."""
+    pop_a, pop_b, emit = a.popleft, b.popleft, out.append
+    while a and b:
+        x, y = a[0], b[0]
+        if (x.timestamp, x.topic, x.offset) < (y.timestamp, y.topic, y.offset):
+            emit(pop_a())
+        else:
+            emit(pop_b())

@@ -29,7 +29,6 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from mode import Service
-from sortedcontainers import SortedDict
 
 from streamjoin.context import Sender
 from streamjoin.errors import InternalError, LifecycleError
@@ -43,7 +42,7 @@ from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition, un
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
 from streamjoin.state.rocksdb import RocksDBStorePartition, open_or_rebuild
-from streamjoin.state.table_partition import TablePartition
+from streamjoin.state.table_partition import Buffer, TablePartition
 from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.state")
@@ -187,7 +186,7 @@ class TakenWrites:
     state: TablePartition
     #: the last flush completed (deletes of keys the store never had need no tombstone)
     clean: bool
-    records: SortedDict[bytes, bytes | None]
+    records: Buffer
 
 
 #: one partition's flush under way: its state and the future of its last changelog offset

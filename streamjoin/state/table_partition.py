@@ -1,8 +1,12 @@
 """One table partition at run time: its store plus the writes not yet in it (pure, no I/O).
 
-Writes made while processing events are buffered here (sorted, so range scans merge
-them with the store lazily) and reach the changelog and the store only when the
-worker flushes: :meth:`take_pending` hands them out, :meth:`finish_flush` applies
+Writes made while processing events are buffered here and reach the changelog and
+the store only when the worker flushes. A buffer is a plain dict until a range scan
+needs it in order; from then on it is a :class:`SortedDict`, so scans merge it with
+the store lazily. Writing a new key into a plain dict costs a fraction of keeping
+keys sorted, and most tables scan rarely (windowed tables once per flush) while join
+buffers scan once per event (their buffer turns sorted at its first scan). The worker
+flushes: :meth:`take_pending` hands them out, :meth:`finish_flush` applies
 them with the changelog offset they reached, :meth:`abandon` forgets them when the
 partition is lost (its next owner replays the events that made them). Reads always
 see the newest layer first: pending, then flushing, then the store. This is the
@@ -19,7 +23,10 @@ from sortedcontainers import SortedDict
 from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
 
-__all__ = ["TablePartition"]
+__all__ = ["Buffer", "TablePartition"]
+
+#: buffered writes, key -> value (None = delete): a dict, sorted once a scan needs it
+Buffer = dict[bytes, bytes | None] | SortedDict[bytes, bytes | None]
 
 _MISSING = object()
 
@@ -33,10 +40,11 @@ class TablePartition:
         self.table = table
         self.partition = partition
         self.store = store
-        #: key -> value bytes (None = delete), written since the last flush began
-        self.pending: SortedDict[bytes, bytes | None] = SortedDict()
+        #: key -> value bytes (None = delete), written since the last flush began; a
+        #: SortedDict once a scan needed it in order (see the module docstring)
+        self.pending: Buffer = {}
         #: writes of the flush under way (read through while it runs)
-        self.flushing: SortedDict[bytes, bytes | None] = SortedDict()
+        self.flushing: Buffer = {}
         #: the partition was lost: a flush under way must not send or apply its writes
         self.abandoned = False
         #: a flush's read found the store corrupted (the commit reports it for a rebuild)
@@ -71,9 +79,12 @@ class TablePartition:
         buffered in the range (the join core asks "what comes next?" once per event).
         """
         layers: list[Iterator[tuple[bytes, bytes | None]]] = []
-        for layer in (self.pending, self.flushing):
-            if layer:
-                layers.append(_buffered_range(layer, start, end))
+        if self.pending:
+            self.pending = pending = _sorted(self.pending)
+            layers.append(_buffered_range(pending, start, end))
+        if self.flushing:
+            self.flushing = flushing = _sorted(self.flushing)
+            layers.append(_buffered_range(flushing, start, end))
         stored = self.store.items(start, end)
         if not layers:
             return stored
@@ -86,14 +97,15 @@ class TablePartition:
         """A previous flush did not finish: its writes may be in the changelog already."""
         return bool(self.flushing)
 
-    def take_pending(self) -> SortedDict[bytes, bytes | None]:
-        """Move pending writes to ``flushing`` and return everything being flushed."""
+    def take_pending(self) -> Buffer:
+        """Move pending writes to ``flushing`` and return everything being flushed (in no
+        particular order)."""
         if self.pending:
             if self.flushing:
                 self.flushing.update(self.pending)
             else:
                 self.flushing = self.pending
-            self.pending = SortedDict()
+            self.pending = {}
         return self.flushing
 
     def finish_flush(self, changelog_offset: int | None) -> None:
@@ -103,15 +115,19 @@ class TablePartition:
             return
         if self.flushing:
             self.store.write(self.flushing, changelog_offset)
-        self.flushing = SortedDict()
+        self.flushing = {}
 
     def abandon(self) -> int:
         """Forget unflushed writes (the partition was lost); returns how many were dropped."""
         dropped = len(self.pending) + len(self.flushing)
         self.abandoned = True
-        self.pending = SortedDict()
-        self.flushing = SortedDict()
+        self.pending = {}
+        self.flushing = {}
         return dropped
+
+
+def _sorted(layer: Buffer) -> SortedDict[bytes, bytes | None]:
+    return layer if isinstance(layer, SortedDict) else SortedDict(layer)
 
 
 def _buffered_range(

@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any, Literal, Optional
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from streamjoin import codecs
@@ -646,3 +646,69 @@ def test_json_bytes_do_not_depend_on_insertion_order() -> None:
     from streamjoin.codecs import JSON
 
     assert JSON.dumps({"b": 1, "a": 2}) == JSON.dumps({"a": 2, "b": 1}) == b'{"a":2,"b":1}'
+
+
+# -- the orjson fast paths give what the standard library gives ----------------------------
+
+_json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+_json_values = st.recursive(
+    _json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _stdlib_bytes(obj: object) -> bytes:
+    return json.dumps(
+        obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_values)
+def test_json_encodes_exactly_as_the_standard_library(obj: object) -> None:
+    """Key bytes decide partitions: the fast path must not change a single byte."""
+    assume(obj is not None)  # (None is a null record, not b"null")
+    codec = codecs.JsonCodec()
+    try:
+        expected = _stdlib_bytes(obj)
+    except UnicodeEncodeError:  # lone surrogates: refused either way
+        with pytest.raises(EncodeError):
+            codec.dumps(obj)
+        return
+    assert codec.dumps(obj) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_values)
+def test_json_decodes_exactly_as_the_standard_library(obj: object) -> None:
+    try:
+        data = _stdlib_bytes(obj)
+    except UnicodeEncodeError:
+        return
+    decoded = codecs.JsonCodec().loads(data)
+    assert decoded == json.loads(data)
+    assert repr(decoded) == repr(json.loads(data))  # int stays int, -0.0 stays -0.0
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"NaN",
+        b"[1e400]",
+        b'"\\ud800"',
+        b"12345678901234567890123",
+        b"-99999999999999999999",
+        b"-9223372036854775809",
+    ],
+)
+def test_json_that_orjson_refuses_or_reads_differently_still_decodes_as_before(
+    data: bytes,
+) -> None:
+    assert repr(codecs.JsonCodec().loads(data)) == repr(json.loads(data))

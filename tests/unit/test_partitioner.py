@@ -8,6 +8,8 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjoin import partitioner
+from streamjoin.errors import ArgumentTypeError, ConfigurationError
 from streamjoin.partitioner import (
     NullKeyError,
     murmur2,
@@ -144,3 +146,21 @@ def test_partitions_for_keys_errors() -> None:
         partitions_for_keys([], 0)
     with pytest.raises(NullKeyError, match=r"item 1"):
         partitions_for_keys([b"a", None], 3)  # type: ignore[list-item]
+
+
+def test_cached_hashes_give_the_same_partitions_and_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(partitioner, "_POSITIVE_HASHES", {})
+    monkeypatch.setattr(partitioner, "_CACHED_HASHES", 7)  # overflows, and is cleared
+    keys = [f"key-{i}".encode() for i in range(50)]
+    expected = [to_positive(murmur2(k)) % 12 for k in keys]
+    for _ in range(3):
+        assert [partition_for_key(k, 12) for k in keys] == expected
+        assert [partition_for_key(bytearray(k), 12) for k in keys] == expected
+    assert len(partitioner._POSITIVE_HASHES) <= 7
+    cached = keys[-1]
+    assert cached in partitioner._POSITIVE_HASHES
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises((ConfigurationError, ArgumentTypeError)):
+            partition_for_key(cached, bad)  # type: ignore[arg-type]

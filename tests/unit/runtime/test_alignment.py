@@ -210,3 +210,30 @@ def test_the_default_step_covers_an_idle_fetch_round() -> None:
     for now in range(0, 2_000, 600):
         assert aligner.release(always, now) == []
     assert [r.timestamp for r in aligner.release(always, 2_400)] == [5]
+
+
+def _one_step_release(buffers: list[list[RawRecord]]) -> list[RawRecord]:
+    """The release order by definition: the smallest (timestamp, topic, offset) head, one
+    record at a time, while every side has records."""
+    out = []
+    while all(buffers):
+        first = min((b for b in buffers), key=lambda b: (b[0].timestamp, b[0].topic, b[0].offset))
+        out.append(first.pop(0))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=20), max_size=30),
+    st.lists(st.integers(min_value=0, max_value=20), max_size=30),
+)
+def test_two_sides_with_records_release_in_the_defined_order(
+    left: list[int], right: list[int]
+) -> None:
+    aligner = TimestampAligner([("imp", "clk")])
+    imp = [rec("imp", i, ts) for i, ts in enumerate(left)]
+    clk = [rec("clk", i, ts) for i, ts in enumerate(right)]
+    aligner.add(imp)
+    aligner.add(clk)
+    expected = _one_step_release([list(imp), list(clk)])
+    assert aligner.release(never, 0) == expected

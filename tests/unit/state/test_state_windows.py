@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamjoin.state.windows import HoppingWindows, TumblingWindows, WindowError
@@ -82,3 +82,17 @@ def test_expiry_boundary_keeps_while_stream_time_is_below_end_plus_retention() -
         assert not windows.expired(window_end_ms=10, stream_time_ms=24)
         assert windows.expired(window_end_ms=10, stream_time_ms=25)
         assert windows.expired(window_end_ms=10, stream_time_ms=1000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=(1 << 62)), st.integers(min_value=1, max_value=10**7))
+def test_tumbling_windows_are_hopping_windows_with_a_step_of_their_size(ts: int, size: int) -> None:
+    assert TumblingWindows(size, size).windows_for(ts) == HoppingWindows(
+        size, size, size
+    ).windows_for(ts)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "5"])
+def test_tumbling_windows_refuse_bad_timestamps(bad: object) -> None:
+    with pytest.raises(WindowError):
+        TumblingWindows(10, 10).windows_for(bad)  # type: ignore[arg-type]

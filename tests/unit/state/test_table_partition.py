@@ -85,3 +85,41 @@ def test_abandon_forgets_unflushed_writes_and_keeps_the_store() -> None:
     assert view.abandon() == 3
     assert dict(view.scan(b"", None)) == {b"a": b"1"}
     assert store.changelog_offset() == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "delete", "take", "flush", "scan"]),
+            keys,
+            st.binary(max_size=2),
+        ),
+        max_size=80,
+    )
+)
+def test_scans_between_writes_see_every_write(operations: list[tuple[str, bytes, bytes]]) -> None:
+    """Buffers start as plain dicts and turn sorted at their first scan, whenever that is:
+    scans and reads agree with a dict model at every step."""
+    view = TablePartition("t", 0, MemoryStorePartition())
+    model: dict[bytes, bytes] = {}
+    offset = 0
+    for op, key, value in operations:
+        if op == "put":
+            view.put(key, value)
+            model[key] = value
+        elif op == "delete":
+            view.delete(key)
+            model.pop(key, None)
+        elif op == "take":
+            view.take_pending()
+        elif op == "flush":
+            view.take_pending()
+            offset += 1
+            view.finish_flush(offset)
+        else:
+            assert list(view.scan(key, None)) == sorted(
+                (k, v) for k, v in model.items() if k >= key
+            )
+        assert view.get(key) == model.get(key)
+    assert list(view.scan(b"", None)) == sorted(model.items())

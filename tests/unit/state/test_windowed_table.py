@@ -16,7 +16,7 @@ from streamjoin.state.keys import encode_uint64, length_prefixed
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import HoppingWindows, TumblingWindows
 from streamjoin.testing.driver import TestDriver
-from streamjoin.windowed import WindowedTable
+from streamjoin.windowed import WindowedTable, _keys_of
 
 
 async def test_tumbling_counts_per_window_and_expiry() -> None:
@@ -283,3 +283,98 @@ async def test_get_and_in_read_the_current_events_window_inside_agents() -> None
         assert table.windows_of("k", 0, 20_000) == [(0, "c"), (10_000, "d")]
     # each event finds the value its window holds: deleted by "del", none in a new window
     assert seen == [(False, "none"), (True, "a"), (True, "b"), (False, "none"), (False, "none")]
+
+
+def _data_and_index(table: WindowedTable) -> tuple[set[tuple[bytes, int]], set[tuple[bytes, int]]]:
+    """(key, window start) of every DATA entry and of every INDEX entry, flushed or not."""
+    view = table.active_partition(0)
+    data = {
+        (entry.key, entry.time_ms)
+        for entry in (
+            layout.split_data_key(k) for k, _ in view.scan(*layout.namespace_range(layout.DATA))
+        )
+    }
+    index = set()
+    for k, _ in view.scan(*layout.namespace_range(layout.INDEX)):
+        start, prefixed = layout.split_index_key(k)
+        index.add((layout.strip_length_prefix(prefixed), start))
+    return data, index
+
+
+async def test_counting_into_an_existing_window_writes_its_index_entry_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app, table = counting_app(size_ms=10_000, retention_ms=10_000)
+    index_puts = 0
+    real_put = TablePartition.put
+
+    def counting_put(view: TablePartition, key: bytes, value: bytes | None) -> None:
+        nonlocal index_puts
+        if key.startswith(layout.INDEX):
+            index_puts += 1
+        real_put(view, key, value)
+
+    monkeypatch.setattr(TablePartition, "put", counting_put)
+    async with TestDriver(app) as driver:
+        for ts in (1_000, 2_000, 3_000, 11_000, 12_000):
+            await driver.put("clicks", key="k", value=1, timestamp_ms=ts)
+        await driver.drain()
+        assert table.windows_of("k", 0, 20_000) == [(0, 3), (10_000, 2)]
+        assert index_puts == 2  # one per window, not one per event
+        data, index = _data_and_index(table)
+        assert data == index
+
+
+async def test_every_window_stays_indexed_through_deletes_and_expiry() -> None:
+    """The index entry is skipped only for a window just read as present: a window deleted
+    or expired in between is indexed again, so expiry never leaves data behind."""
+    app = streamjoin.App("win-unit")
+    clicks = app.topic("clicks", key_serializer="str", partitions=1)
+    table = app.table(
+        "counts",
+        default=int,
+        key_serializer="str",
+        window=TumblingWindows(size_ms=10, retention_ms=10),
+        copartitioned_with=clicks,
+    )
+    assert isinstance(table, WindowedTable)
+
+    @app.agent(clicks)
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            n = table[event.key]
+            if event.value == "reset":
+                del table[event.key]
+            elif event.value == "expire":
+                table.expire()  # drops the windows past retention (not this one)
+            table[event.key] = n + 1
+
+    async with TestDriver(app) as driver:
+        events = [(0, "x"), (1, "reset"), (3, "x"), (15, "x"), (16, "reset")]
+        # j at 30 moves stream time on; k at 5 is late: its window [0, 10) is read as
+        # present, expired by table.expire(), then written again
+        events += [(30, "j"), (5, "expire")]
+        for ts, what in events:
+            key = "j" if what == "j" else "k"
+            await driver.put("clicks", key=key, value=what, timestamp_ms=ts)
+        await driver.drain()
+        # the flush expired k's windows again (stream time 30): data and index alike
+        assert table.windows_of("k", 0, 100) == []
+        data, index = _data_and_index(table)
+        assert data == index == {(b"j", 30)}
+        # far later: everything but the last window expires, data and index alike
+        await driver.put("clicks", key="j", value="x", timestamp_ms=1_000)
+        await driver.drain()
+        data, index = _data_and_index(table)
+        assert data == index == {(b"j", 1_000)}
+
+
+@pytest.mark.parametrize(
+    ("key", "start"),
+    [(b"", 0), (b"k", 60_000), (b"\x00\xff" * 10, (1 << 63) - 1), (b"x" * 70_000, 5)],
+)
+def test_window_keys_are_the_layouts(key: bytes, start: int) -> None:
+    assert _keys_of(key, start) == (
+        layout.data_key(key, start),
+        layout.index_key(start, length_prefixed(key)),
+    )

@@ -1,0 +1,145 @@
+"""Stream-table enrichment: events joined with a table's row for their key, streamjoin vs
+Quix Streams vs Faust.
+
+    .venv/bin/python -m benchmarks.enrichment                      # starts a local broker
+    .venv/bin/python -m benchmarks.enrichment --events 20000 --keys 1000 --workers 2
+
+The input: a table topic of ``--keys`` rows (default 10,000: ``user -> {tier, country}``,
+timestamped an hour before the events) and ``--events`` JSON events (default 300,000) keyed
+by user, both with ``--partitions`` (8) partitions, produced once (table first). Each system
+sends every event to its output enriched with the row of its key (a left join: an event
+whose row the system has not read yet goes out with ``tier`` None):
+
+* streamjoin: ``app.topic_table(users)`` and ``@app.join(events, users_table, how="left")``
+  (``benchmarks/workload_streamjoin_app.py``);
+* Quix Streams: ``events.join_asof(users, how="left")``
+  (``benchmarks/workload_quix_app.py``);
+* faust-streaming: an agent keeps the rows in a Table, the events' agent looks them up
+  (``benchmarks/workload_faust_app.py``).
+
+Every system's output is checked against the rows: ``missing`` (an event with no output),
+``unenriched`` (sent without its row), ``wrong`` (another row), ``duplicates``. Input events
+for the per-event figures are the table rows plus the events. CPU time, wall time and peak
+RSS are measured as ``benchmarks/harness.py`` describes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from benchmarks.harness import (
+    Topics,
+    WorkloadSpec,
+    read_topic,
+    workload_arguments,
+    workload_main,
+)
+
+SPAN_MS = 10 * 60_000
+BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+TIERS = ("free", "basic", "pro", "enterprise")
+COUNTRIES = ("DE", "FR", "US", "JP", "BR", "IN", "NG", "AU")
+
+
+def generate(
+    events: int, keys: int, seed: int
+) -> tuple[list[tuple[str, bytes, bytes, int]], dict[int, tuple[str, str]]]:
+    """The records (rows first, then events) and each event id's true (tier, country)."""
+    rng = random.Random(seed)
+    records = []
+    rows: dict[str, tuple[str, str]] = {}
+    for k in range(keys):
+        user = f"user-{k:05d}"
+        rows[user] = (rng.choice(TIERS), rng.choice(COUNTRIES))
+        value = {"user": user, "tier": rows[user][0], "country": rows[user][1]}
+        records.append(
+            ("table", user.encode(), json.dumps(value).encode(), BASE_MS - 3_600_000 + k)
+        )
+    truth: dict[int, tuple[str, str]] = {}
+    for i in range(events):
+        user = f"user-{rng.randrange(keys):05d}"
+        ts = BASE_MS + i * SPAN_MS // events
+        value = {"event_id": i, "user": user, "amount": rng.randrange(1, 10_000)}
+        records.append(("input", user.encode(), json.dumps(value).encode(), ts))
+        truth[i] = rows[user]
+    return records, truth
+
+
+async def output_settled(expected: int, partitions: int, topics: Topics, bootstrap: str) -> None:
+    """Until the output holds ``expected`` records or stops growing for 3 s."""
+    assert topics.output is not None
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topics.output, p) for p in range(partitions)]
+        last, quiet_since = -1, time.monotonic()
+        while True:
+            count = sum((await consumer.end_offsets(tps)).values())
+            if count >= expected:
+                return
+            if count != last:
+                last, quiet_since = count, time.monotonic()
+            elif time.monotonic() - quiet_since > 3.0:
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await consumer.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_arguments(parser, events=300_000, keys=10_000)
+    args = parser.parse_args(argv)
+    records, truth = generate(args.events, args.keys, args.seed)
+
+    async def check(_marks: list[Path], topics: Topics, bootstrap: str) -> dict[str, int]:
+        assert topics.output is not None
+        out = await read_topic(bootstrap, topics.output, args.partitions)
+        seen: Counter[int] = Counter()
+        unenriched = wrong = 0
+        for _key, raw in out:
+            value = json.loads(raw or b"null")
+            event_id = value["event_id"]
+            seen[event_id] += 1
+            if seen[event_id] > 1:
+                continue
+            got = (value.get("tier"), value.get("country"))
+            if got[0] is None:
+                unenriched += 1
+            elif got != truth.get(event_id):
+                wrong += 1
+        return {
+            "expected": len(truth),
+            "missing": sum(1 for i in truth if i not in seen),
+            "unenriched": unenriched,
+            "wrong": wrong,
+            "unexpected": sum(1 for i in seen if i not in truth),
+            "duplicates": sum(n - 1 for n in seen.values()),
+        }
+
+    async def settle(_marks: list[Path], topics: Topics, bootstrap: str) -> None:
+        await output_settled(len(truth), args.partitions, topics, bootstrap)
+
+    spec = WorkloadSpec(
+        bench="enrichment",
+        workload="enrich",
+        records=records,
+        head=f"{args.keys:,} table rows + {args.events:,} events, left stream-table join",
+        check=check,
+        settle=settle,
+        uses_table=True,
+        uses_output=True,
+    )
+    return workload_main(args, spec)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
