@@ -597,6 +597,12 @@ class StateService(Service):
         store = self.stores.get(table.name, partition)
         if store is None:  # closed meanwhile (a newer assignment)
             return
+        if partition not in self._wanted_active.get(table.name, ()):
+            # revoked (or lost) while it restored: no task to announce it to. Kept as a
+            # caught-up store; if the partition comes back, the next reconciliation finds
+            # nothing to read and announces it then (marking it ready now would make that
+            # reconciliation skip it, and the new task would wait for its table forever)
+            return
         self._ready.add((table.name, partition))
         self._on_ready(table.name, partition, store)
 

@@ -147,3 +147,37 @@ async def test_an_unreadable_changelog_stops_the_worker_with_the_error(
     assert isinstance(error, ChangelogReadError)
     assert "CORRUPT_MESSAGE" in str(error)
     assert not service.is_ready(table.name, 0)  # never marked restored
+
+
+async def test_a_restore_that_ends_after_its_partition_was_revoked_is_readied_on_reassignment(
+    scripted: type[ScriptedReader],
+) -> None:
+    """Seen in CI (the exactly-once zombie test, once): a worker's transaction aborted,
+    its partitions were lost while their stores restored; a restore then finished for a
+    partition no longer assigned ("ready", announced to no task), and when the same
+    partition came back the service kept it as ready and never announced it again: the
+    task waited for its table forever, its source partitions paused."""
+    readied: list[tuple[str, int]] = []
+    service, _table, tp = one_table_service(
+        on_ready=lambda name, partition, store: readied.append((name, partition))
+    )
+    await service.start()
+    (live,) = scripted.instances
+    live.log = {tp: [(o, b"k%d" % o, b"v%d" % o) for o in range(6)]}
+    try:
+        service.set_assignment({"t": {0}}, {})
+        for _ in range(3):  # the restore is planned and reads its first records
+            await asyncio.sleep(0)
+        service.revoke([("t", 0)])  # lost mid-restore
+        for _ in range(50):  # the restore runs to its end meanwhile
+            await asyncio.sleep(0.01)
+        readied_while_revoked = list(readied)
+        service.set_assignment({"t": {0}}, {})  # the same partition comes back
+        for _ in range(50):
+            if len(readied) > len(readied_while_revoked):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await service.stop()
+    assert readied_while_revoked == []  # nobody to announce it to
+    assert readied == [("t", 0)]
