@@ -169,7 +169,7 @@ class App:
         self.joins: dict[str, Any] = {}
         #: tables materialized from a topic (app.topic_table): table name -> topic
         self.table_sources: dict[str, Topic] = {}
-        #: what keeps each topic table (and the stream-table joins reading it): table name ->
+        #: table name -> what keeps that topic table (and the stream-table joins reading it)
         self._feeds: dict[str, TopicTableFeed] = {}
         self.copartition_groups: list[tuple[str, ...]] = []
         self._worker: Worker | None = None
@@ -551,8 +551,11 @@ class App:
           equal and their event times differ by at most ``window``; events up to ``grace``
           late are still joined. ``how``: ``inner``, ``left`` or ``outer`` (unmatched sides
           are emitted once, with None for the missing side, when their window closes).
-        * ``(topic, table)``: stream-table join: each event with the table's current value
-          (``inner`` skips events without one, ``left`` passes None).
+        * ``(topic, table)``: stream-table join: each event with the table's value for its
+          key (``inner`` skips events without one, ``left`` passes None): for an
+          ``app.topic_table``, as of the event's timestamp (the table's agent reads the
+          stream too, in timestamp order with the table's topic); for a table written by
+          agents, its current value.
         * ``(table, table)``: the join of two ``app.topic_table`` tables, maintained as a
           table named after the join; every change is emitted (None when a row disappears).
 
