@@ -40,6 +40,9 @@ class Agent:
     on_error: OnError = "stop"
     dead_letter: Topic | None = None
     more_topics: tuple[Topic, ...] = ()
+    #: topics whose records go before the others' of the same timestamp (a table's source
+    #: before the streams it enriches: each stream record sees the row of its timestamp)
+    ties_first: frozenset[str] = frozenset()
 
     @property
     def topics(self) -> tuple[Topic, ...]:

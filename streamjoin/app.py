@@ -29,6 +29,7 @@ from streamjoin.joins.api import JoinStats, declare_join
 from streamjoin.state.windows import WindowSpec
 from streamjoin.stream import Stream
 from streamjoin.tables import Table
+from streamjoin.topic_tables import TopicTableFeed
 from streamjoin.topics import Topic
 from streamjoin.topology import Topology
 from streamjoin.windowed import WindowedTable
@@ -168,7 +169,8 @@ class App:
         self.joins: dict[str, Any] = {}
         #: tables materialized from a topic (app.topic_table): table name -> topic
         self.table_sources: dict[str, Topic] = {}
-        self._table_listeners: dict[str, list[Callable[[Any], Awaitable[None]]]] = {}
+        #: table name -> what keeps that topic table (and the stream-table joins reading it)
+        self._feeds: dict[str, TopicTableFeed] = {}
         self.copartition_groups: list[tuple[str, ...]] = []
         self._worker: Worker | None = None
         self._last_worker: Worker | None = None
@@ -461,7 +463,9 @@ class App:
         default: Callable[[], Any] | None = None,
     ) -> Table:
         """A table holding the latest value per key of ``topic`` (a null value deletes the key),
-        kept up to date by an internal agent; usable in stream-table and table-table joins."""
+        kept up to date by an internal agent (``<table>.materialize``); usable in stream-table
+        and table-table joins. Streams joined with it are read by that same agent, in
+        timestamp order with the topic (see :mod:`streamjoin.topic_tables`)."""
         source = self.topic(topic) if isinstance(topic, str) else topic
         table_name = name or f"{source.name}-table"
         table = self.table(
@@ -472,19 +476,8 @@ class App:
             copartitioned_with=source,
         )
         self.table_sources[table_name] = source
-        listeners = self._table_listeners.setdefault(table_name, [])
-
-        async def materialize(stream: Stream) -> None:
-            async for event in stream:
-                if event.value is None:
-                    if event.key in table:
-                        del table[event.key]
-                else:
-                    table[event.key] = event.value
-                for listener in listeners:
-                    await listener(event.key)
-
-        self.agent(source, name=f"{table_name}.materialize")(materialize)
+        feed = self._feeds[table_name] = TopicTableFeed(table, source)
+        self._declare_feed_agent(feed)
         return table
 
     def attach_reader(self, table: Table, topic: Topic) -> None:
@@ -499,9 +492,44 @@ class App:
 
     def on_table_update(self, table: Table, listener: Callable[[Any], Awaitable[None]]) -> None:
         """Call ``listener(key)`` after a topic-backed table's key was updated."""
-        if table.name not in self.table_sources:
+        feed = self._feeds.get(table.name)
+        if feed is None:
             raise ConfigurationError(f"table {table.name!r} is not read from a topic")
-        self._table_listeners.setdefault(table.name, []).append(listener)
+        feed.listeners.append(listener)
+
+    def read_in_order(
+        self,
+        table: Table,
+        stream: Topic,
+        handler: Callable[[Event], Awaitable[None]],
+        *,
+        join: str,
+        on_error: OnError,
+    ) -> bool:
+        """Have ``handler`` called for each event of ``stream`` by the agent of the topic
+        table ``table``, in timestamp order with the table's rows; False (nothing done)
+        when ``table`` is not a topic table."""
+        feed = self._feeds.get(table.name)
+        if feed is None:
+            return False
+        feed.add_reader(join, stream, handler, on_error)
+        self._declare_feed_agent(feed)
+        return True
+
+    def _declare_feed_agent(self, feed: TopicTableFeed) -> None:
+        """(Re)declare the topic table's agent over its source and the streams joined with it."""
+        self.agents.pop(feed.agent_name, None)
+        streams = [t for name, t in feed.streams.items() if name != feed.source.name]
+        dead_letter = None
+        if feed.on_error == "dead_letter":
+            dead_letter = f"{self.id}-{feed.table.name}-dead-letters"
+        self.agent(
+            [feed.source, *streams],
+            name=feed.agent_name,
+            on_error=feed.on_error,
+            dead_letter=dead_letter,
+        )(feed.run)
+        self.agents[feed.agent_name].ties_first = frozenset({feed.source.name})
 
     def join(
         self,
@@ -523,8 +551,11 @@ class App:
           equal and their event times differ by at most ``window``; events up to ``grace``
           late are still joined. ``how``: ``inner``, ``left`` or ``outer`` (unmatched sides
           are emitted once, with None for the missing side, when their window closes).
-        * ``(topic, table)``: stream-table join: each event with the table's current value
-          (``inner`` skips events without one, ``left`` passes None).
+        * ``(topic, table)``: stream-table join: each event with the table's value for its
+          key (``inner`` skips events without one, ``left`` passes None): for an
+          ``app.topic_table``, as of the event's timestamp (the table's agent reads the
+          stream too, in timestamp order with the table's topic); for a table written by
+          agents, its current value.
         * ``(table, table)``: the join of two ``app.topic_table`` tables, maintained as a
           table named after the join; every change is emitted (None when a row disappears).
 

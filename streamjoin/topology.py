@@ -89,8 +89,24 @@ class Topology:
         return frozenset(t.changelog.name for t in self.tables.values())
 
     def aligned_groups(self) -> list[tuple[str, ...]]:
-        """Source topics read together by one agent: consumed in timestamp order per partition."""
-        return [tuple(t.name for t in a.topics) for a in self.agents.values() if a.more_topics]
+        """Source topics read together by one agent: consumed in timestamp order per partition.
+
+        Agents sharing a topic (two joins of one stream) share one group: a single
+        timestamp order of all their topics is also each agent's."""
+        groups: list[set[str]] = []
+        for agent in self.agents.values():
+            if not agent.more_topics:
+                continue
+            merged = {t.name for t in agent.topics}
+            for group in [g for g in groups if g & merged]:
+                merged |= group
+                groups.remove(group)
+            groups.append(merged)
+        return [tuple(sorted(g)) for g in groups]
+
+    def ties_first(self) -> frozenset[str]:
+        """Aligned topics released before the others of their group on equal timestamps."""
+        return frozenset(t for a in self.agents.values() for t in a.ties_first)
 
     def resolve_partitions(self, existing: Mapping[str, int], default: int) -> None:
         """Fill in partition counts nobody declared: an existing topic keeps its count, a topic

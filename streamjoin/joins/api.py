@@ -5,7 +5,8 @@
   join survives crashes and moves with its partition) and calls the decorated
   function for every joined (or, for left/outer joins, unmatched) pair;
 * stream-table: ``@app.join(stream_topic, table)`` enriches each event with the
-  table's current value for its key;
+  table's value for its key: for a topic table, as of the event's timestamp (the
+  table's agent reads the stream too, in timestamp order with the table's topic);
 * table-table: ``@app.join(left_table, right_table)`` maintains the join of two
   topic-backed tables as a table and emits every change.
 
@@ -78,6 +79,16 @@ class Declarations(Protocol):
     def attach_reader(self, table: Table, topic: Topic) -> None: ...
 
     def on_table_update(self, table: Table, listener: Callable[[Any], Awaitable[None]]) -> None: ...
+
+    def read_in_order(
+        self,
+        table: Table,
+        stream: Topic,
+        handler: Callable[[Event], Awaitable[None]],
+        *,
+        join: str,
+        on_error: Any,
+    ) -> bool: ...
 
 
 @dataclass
@@ -260,16 +271,24 @@ def _stream_table(
         raise InvalidJoinSpec(f"join {name!r}: a stream-table join is inner or left, not outer")
     app.attach_reader(table, stream)
 
-    async def enrich(events: Stream) -> None:
-        async for event in events:
-            current = table.get(event.key)
-            if current is None and how == "inner":
-                continue
-            result = await _call(fun, event.key, event.value, current)
-            if result is not None and output is not None:
-                await output.send(key=event.key, value=result, timestamp_ms=event.timestamp)
+    async def enrich(event: Event) -> None:
+        current = table.get(event.key)
+        if current is None and how == "inner":
+            return
+        result = await _call(fun, event.key, event.value, current)
+        if result is not None and output is not None:
+            await output.send(key=event.key, value=result, timestamp_ms=event.timestamp)
 
-    app.agent(stream, name=f"{name}.stream", on_error=on_error)(enrich)
+    # A topic table's own agent reads the stream too: rows and events in one timestamp order.
+    if app.read_in_order(table, stream, enrich, join=name, on_error=on_error):
+        return
+
+    # A table written by agents: nothing orders its writes against the stream.
+    async def run(events: Stream) -> None:
+        async for event in events:
+            await enrich(event)
+
+    app.agent(stream, name=f"{name}.stream", on_error=on_error)(run)
 
 
 def _table_table(

@@ -49,17 +49,31 @@ class TimestampAligner:
     max_step_ms: float = MAX_WAIT_STEP_MS
 
     def __init__(
-        self, groups: Iterable[Iterable[str]], max_idle_ms: int = 5_000, idle_ms: int = 0
+        self,
+        groups: Iterable[Iterable[str]],
+        max_idle_ms: int = 5_000,
+        idle_ms: int = 0,
+        first: Iterable[str] = (),
     ) -> None:
         if max_idle_ms < 0 or idle_ms < 0:
             raise ConfigurationError(
                 f"alignment waits must be >= 0 ms, got max_idle_ms={max_idle_ms}, idle_ms={idle_ms}"
             )
-        self._groups: list[tuple[str, ...]] = [tuple(g) for g in groups]
+        early = frozenset(first)
+        #: each group's topics in release order for equal timestamps
+        self._groups: list[tuple[str, ...]] = [
+            tuple(sorted(set(g), key=lambda t: (t not in early, t))) for g in groups
+        ]
         self._group_of: dict[str, int] = {}
         for index, group in enumerate(self._groups):
             for topic in group:
+                if topic in self._group_of:
+                    raise ConfigurationError(
+                        f"topic {topic!r} is in two aligned groups: merge them into one"
+                    )
                 self._group_of[topic] = index
+        #: (timestamp, rank, offset) orders any two buffered records of a group
+        self._rank = {t: rank for group in self._groups for rank, t in enumerate(group)}
         self._buffers: dict[TopicPartition, deque[RawRecord]] = {}
         #: per blocked group: wall-clock start of its wait (for ``caught_up``) ...
         self._blocked_since: dict[tuple[int, int], float] = {}
@@ -135,7 +149,8 @@ class TimestampAligner:
                 if len(heads) == 2 == len(buffers):
                     _merge_two(heads[0], heads[1], out)  # until one runs dry
                     continue
-                first = min(heads, key=_head_order)
+                rank = self._rank
+                first = min(heads, key=lambda b: (b[0].timestamp, rank[b[0].topic], b[0].offset))
                 out.append(first.popleft())
         return out
 
@@ -165,19 +180,13 @@ class TimestampAligner:
                 self._waited[key] += step
 
 
-def _head_order(buffer: deque[RawRecord]) -> tuple[int, str, int]:
-    head = buffer[0]
-    return head.timestamp, head.topic, head.offset
-
-
 def _merge_two(a: deque[RawRecord], b: deque[RawRecord], out: list[RawRecord]) -> None:
-    """Release from two buffers in (timestamp, topic, offset) order while both hold
-    records: what one release step at a time would do, without its per-record checks
-    (a two-input join's common case)."""
+    """Release from two buffers (``a`` the first topic of its group on equal timestamps)
+    in timestamp order while both hold records: what one release step at a time would
+    do, without its per-record checks (a two-input join's common case)."""
     pop_a, pop_b, emit = a.popleft, b.popleft, out.append
     while a and b:
-        x, y = a[0], b[0]
-        if (x.timestamp, x.topic, x.offset) < (y.timestamp, y.topic, y.offset):
+        if a[0].timestamp <= b[0].timestamp:
             emit(pop_a())
         else:
             emit(pop_b())

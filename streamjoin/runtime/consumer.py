@@ -114,6 +114,7 @@ class KafkaConsumerService(Service):
         aligned_groups: Iterable[Iterable[str]] = (),
         align_max_idle_ms: int = 5_000,
         align_idle_ms: int = 0,
+        align_first: Iterable[str] = (),
         counters: WorkerCounters | None = None,
     ) -> None:
         super().__init__()
@@ -152,7 +153,10 @@ class KafkaConsumerService(Service):
         self.rebalance_metrics = RebalanceMetrics()
         self._assigned: frozenset[TP] = frozenset()
         self._aligner = TimestampAligner(
-            aligned_groups, max_idle_ms=align_max_idle_ms, idle_ms=align_idle_ms
+            aligned_groups,
+            max_idle_ms=align_max_idle_ms,
+            idle_ms=align_idle_ms,
+            first=align_first,
         )
         transaction = None
         if isinstance(sender, TransactionalSender):

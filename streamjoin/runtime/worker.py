@@ -267,6 +267,7 @@ class Worker(Service):
                 aligned_groups=topology.aligned_groups(),
                 align_idle_ms=config.align_idle_ms,
                 align_max_idle_ms=config.align_max_idle_ms,
+                align_first=topology.ties_first(),
                 counters=self.counters,
             )
             await self.consumer.start()

@@ -307,6 +307,7 @@ class TestDriver:
                 topology.aligned_groups(),
                 max_idle_ms=self.app.config.align_max_idle_ms,
                 idle_ms=self.app.config.align_idle_ms,
+                first=topology.ties_first(),
             ),
             flush_tables=self.flush,
             flush_sends=self._flush_sends,

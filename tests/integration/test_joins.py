@@ -255,3 +255,95 @@ async def test_a_stream_table_join_without_partition_counts_runs_with_the_app_de
         assert workers.stop("w1") == 0
     finally:
         workers.close()
+
+
+ASOF_APP = '''
+"""A left stream-table join over a topic-backed table (written by test_joins.py)."""
+import os
+
+import streamjoin
+
+app = streamjoin.App(
+    os.environ["SJT_APP_ID"], broker=os.environ["SJT_BROKER"], commit_interval=0.2
+)
+users = app.topic(os.environ["SJT_USERS"], key_serializer="str", partitions=3)
+events = app.topic(os.environ["SJT_EVENTS"], key_serializer="str", partitions=3)
+out = app.topic(os.environ["SJT_OUTPUT"], key_serializer="str", partitions=3)
+users_table = app.topic_table(users)
+
+
+@app.join(events, users_table, how="left", output=out)
+def enrich(key, event, user):
+    return {"id": event, "user": user}
+'''
+
+
+async def produce_at(bootstrap: str, topic: str, records: list[tuple[str, str, int]]) -> None:
+    """Send ``(key, json value, timestamp_ms)`` records in order."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for key, value, timestamp in records:
+            await producer.send(topic, value.encode(), key=key.encode(), timestamp_ms=timestamp)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def test_a_stream_table_join_over_a_backlog_joins_each_event_as_of_its_timestamp(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Rows and events are all in the topics before the worker starts (rows produced first,
+    timestamped before the events). The table's topic and the stream are read by one agent in
+    timestamp order, so every event sees the row of its key as of its own timestamp: every
+    event after its row is enriched (this used to leave events unenriched: the table's and the
+    join's agents ran independently), and an event timestamped before its row gets None even
+    though the row was produced first."""
+    (tmp_path / "asof_app.py").write_text(ASOF_APP)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "SJT_APP_ID": unique_topic("asof"),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_USERS": unique_topic("users"),
+        "SJT_EVENTS": unique_topic("events"),
+        "SJT_OUTPUT": unique_topic("out"),
+    }
+    await ensure_topics(
+        kafka_bootstrap,
+        [TopicSpec(env[n], 3, 1) for n in ("SJT_USERS", "SJT_EVENTS", "SJT_OUTPUT")],
+    )
+    base = 1_767_225_600_000
+    keys = [f"user-{i}" for i in range(2000)]
+    # rows an hour before the events; the "late-*" rows come mid-stream (at base + 5 s)
+    rows = [(k, json.dumps(k.upper()), base - 3_600_000 + i) for i, k in enumerate(keys)]
+    late_keys = [f"late-{i}" for i in range(6)]
+    rows += [(k, json.dumps(k.upper()), base + 5_000) for k in late_keys]
+    await produce_at(kafka_bootstrap, env["SJT_USERS"], rows)
+    events = [(keys[i % len(keys)], json.dumps(i), base + i) for i in range(20_000)]
+    expected: dict[int, str | None] = {i: keys[i % len(keys)].upper() for i in range(20_000)}
+    # per late key: one event before its row (None), one at its timestamp and one after (row)
+    for j, k in enumerate(late_keys):
+        for n, (timestamp, want) in enumerate(
+            [(base + 4_999, None), (base + 5_000, k.upper()), (base + 25_000, k.upper())]
+        ):
+            event_id = 100_000 + 10 * j + n
+            events.append((k, json.dumps(event_id), timestamp))
+            expected[event_id] = want
+    events.sort(key=lambda e: e[2])  # the stream itself in time order, as a producer writes it
+    await produce_at(kafka_bootstrap, env["SJT_EVENTS"], events)
+
+    workers = Workers("asof_app:app", env, tmp_path)
+    try:
+        workers.start("w1", static=False)
+        out = await read_all(kafka_bootstrap, env["SJT_OUTPUT"], len(events), timeout=120)
+        got = {v["id"]: v["user"] for v in (json.loads(value) for _, value, _ in out)}
+        assert set(got) == set(expected), workers.logs()
+        unenriched = sorted(i for i, user in got.items() if user is None and expected[i])
+        wrong = {i: (got[i], expected[i]) for i in got if got[i] != expected[i]}
+        assert not unenriched, f"{len(unenriched)} unenriched, e.g. {unenriched[:5]}"
+        assert not wrong, f"{len(wrong)} wrong, e.g. {list(wrong.items())[:6]}"
+        assert workers.stop("w1") == 0
+    finally:
+        workers.close()

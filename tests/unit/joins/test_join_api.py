@@ -9,6 +9,7 @@ import pytest
 
 import streamjoin
 from streamjoin.app import CopartitioningError
+from streamjoin.errors import ConfigurationError
 from streamjoin.testing.driver import TestDriver
 
 MIN = 60_000
@@ -215,3 +216,109 @@ def test_a_table_table_join_without_partition_counts_declares() -> None:
 
     app.topology().resolve_partitions({}, app.topic_partitions)
     assert {t.partitions for t in app.topics.values()} == {3}
+
+
+def test_a_stream_table_join_is_read_by_the_tables_agent_in_timestamp_order() -> None:
+    """The table's topic and the stream are one aligned group of ONE agent (the table's), its
+    topic first on equal timestamps: each event sees its key's row as of its timestamp."""
+    app, _ = _enrich_app()
+    assert set(app.agents) == {"ads-table.materialize"}  # no separate agent for the stream
+    agent = app.agents["ads-table.materialize"]
+    assert {t.name for t in agent.topics} == {"ads", "views"}
+    topology = app.topology()
+    assert topology.aligned_groups() == [("ads", "views")]
+    assert topology.ties_first() == {"ads"}
+
+
+def test_a_join_with_a_table_written_by_an_agent_keeps_its_own_agent() -> None:
+    app = streamjoin.App("joins-unit")
+    views = app.topic("views", key_serializer="str", partitions=2)
+    counts = app.table("counts", default=int, copartitioned_with=views)
+
+    @app.join(views, counts, how="left")
+    def enrich(key: Any, view: Any, count: Any) -> Any:
+        return None
+
+    assert set(app.agents) == {"enrich.stream"}
+    assert app.topology().aligned_groups() == []
+
+
+async def test_two_stream_table_joins_of_one_table_share_its_agent() -> None:
+    app = streamjoin.App("joins-unit")
+    ads = app.topic("ads", key_serializer="str", partitions=2)
+    views = app.topic("views", key_serializer="str", partitions=2)
+    clicks = app.topic("clicks", key_serializer="str", partitions=2)
+    out = app.topic("enriched", key_serializer="str", partitions=2)
+    ads_table = app.topic_table(ads)
+
+    @app.join(views, ads_table, how="left", output=out)
+    def enrich_views(key: Any, view: Any, ad: Any) -> Any:
+        return {"view": view, "ad": ad}
+
+    @app.join(clicks, ads_table, how="inner", output=out)
+    def enrich_clicks(key: Any, click: Any, ad: Any) -> Any:
+        return {"click": click, "ad": ad}
+
+    assert set(app.agents) == {"ads-table.materialize"}
+    assert app.topology().aligned_groups() == [("ads", "clicks", "views")]
+    async with TestDriver(app) as driver:
+        await driver.put("views", key="ad1", value=1, timestamp_ms=5)
+        await driver.put("ads", key="ad1", value="shoes", timestamp_ms=10)
+        await driver.put("clicks", key="ad1", value=2, timestamp_ms=20)
+        await driver.put("views", key="ad1", value=3, timestamp_ms=30)
+        await driver.drain()
+        got = [e.value for e in driver.records("enriched")]
+    assert got == [{"view": 1, "ad": None}, {"click": 2, "ad": "shoes"}, {"view": 3, "ad": "shoes"}]
+
+
+def test_joins_of_one_table_with_different_error_policies_are_refused() -> None:
+    app, ads_table = _enrich_app()
+    with pytest.raises(ConfigurationError, match="same table 'ads-table' have on_error='stop'"):
+
+        @app.join(app.topic("clicks", key_serializer="str"), ads_table, on_error="skip")
+        def other(key: Any, click: Any, ad: Any) -> Any:
+            return None
+
+
+def test_one_stream_joined_with_two_tables_is_one_aligned_group() -> None:
+    app, _ = _enrich_app()
+    users_table = app.topic_table(app.topic("users", key_serializer="str"))
+
+    @app.join(app.topics["views"], users_table, how="left")
+    def with_user(key: Any, view: Any, user: Any) -> Any:
+        return None
+
+    topology = app.topology()
+    assert topology.aligned_groups() == [("ads", "users", "views")]
+    assert topology.ties_first() == {"ads", "users"}
+
+
+async def test_a_table_in_a_stream_table_and_a_table_table_join_updates_both() -> None:
+    """The table's agent, which now also enriches the stream, still calls the table's update
+    listeners (the table-table join's)."""
+    app = streamjoin.App("joins-unit")
+    users = app.topic("users", key_serializer="str", partitions=2)
+    prefs = app.topic("prefs", key_serializer="str", partitions=2)
+    clicks = app.topic("clicks", key_serializer="str", partitions=2)
+    profiles = app.topic("profiles", key_serializer="str", partitions=2)
+    enriched = app.topic("enriched", key_serializer="str", partitions=2)
+    users_t = app.topic_table(users)
+    prefs_t = app.topic_table(prefs)
+
+    @app.join(users_t, prefs_t, how="inner", output=profiles, name="profiles")
+    def profile(key: Any, user: Any, pref: Any) -> Any:
+        return {**user, **pref}
+
+    @app.join(clicks, users_t, how="left", output=enriched)
+    def click_user(key: Any, click: Any, user: Any) -> Any:
+        return {"click": click, "user": user}
+
+    async with TestDriver(app) as driver:
+        await driver.put("prefs", key="u1", value={"lang": "fi"}, timestamp_ms=1)
+        await driver.put("users", key="u1", value={"name": "ann"}, timestamp_ms=2)
+        await driver.put("clicks", key="u1", value=7, timestamp_ms=3)
+        await driver.drain()
+        assert [e.value for e in driver.records("profiles")] == [{"name": "ann", "lang": "fi"}]
+        assert [e.value for e in driver.records("enriched")] == [
+            {"click": 7, "user": {"name": "ann"}}
+        ]

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
 
@@ -237,3 +238,39 @@ def test_two_sides_with_records_release_in_the_defined_order(
     aligner.add(clk)
     expected = _one_step_release([list(imp), list(clk)])
     assert aligner.release(never, 0) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=20), max_size=30),
+    st.lists(st.integers(min_value=0, max_value=20), max_size=30),
+)
+def test_a_topic_named_first_goes_first_on_equal_timestamps(
+    table: list[int], stream: list[int]
+) -> None:
+    """A table's source ("users") before the stream it enriches ("clicks", which sorts
+    first by name): a stream record sees the row of its own timestamp (as of, at or before)."""
+    aligner = TimestampAligner([("clicks", "users")], first=["users"])
+    rows = [rec("users", i, ts) for i, ts in enumerate(table)]
+    events = [rec("clicks", i, ts) for i, ts in enumerate(stream)]
+    aligner.add(events)
+    aligner.add(rows)
+    out: list[RawRecord] = []
+    a, b = list(rows), list(events)
+    while a and b:  # by definition: (timestamp, users before clicks, offset)
+        out.append(a.pop(0) if a[0].timestamp <= b[0].timestamp else b.pop(0))
+    assert aligner.release(never, 0) == out
+
+
+def test_three_topics_release_in_timestamp_order_with_the_first_topic_ahead_on_ties() -> None:
+    aligner = TimestampAligner([("a", "b", "users")], first=["users"])
+    aligner.add([rec("a", 0, 5), rec("a", 1, 7)])
+    aligner.add([rec("b", 0, 5), rec("b", 1, 6)])
+    aligner.add([rec("users", 0, 5), rec("users", 1, 9)])
+    got = [(r.topic, r.timestamp) for r in aligner.release(never, 0)]
+    assert got == [("users", 5), ("a", 5), ("b", 5), ("b", 6)]  # then b has nothing left
+
+
+def test_a_topic_in_two_aligned_groups_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="'users' is in two aligned groups"):
+        TimestampAligner([("a", "users"), ("b", "users")])

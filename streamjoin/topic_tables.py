@@ -1,0 +1,89 @@
+"""What keeps a topic-backed table (``app.topic_table``) up to date, and in step with the
+streams joined with it.
+
+The table's source topic and every stream joined with the table (stream-table joins) are
+read by ONE agent, partition by partition, in timestamp order (an aligned group, with the
+source first on equal timestamps). So a stream event is enriched with the row of its key
+as of its own timestamp (the latest row at or before it), whatever the fetch order: on a
+backlog, rows are not overtaken by the events that need them, and an event older than its
+row does not see it. One agent also means one writer of the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamjoin.agents import OnError
+from streamjoin.errors import ConfigurationError
+from streamjoin.events import Event
+from streamjoin.stream import Stream
+from streamjoin.tables import Table
+from streamjoin.topics import Topic
+
+__all__ = ["TopicTableFeed"]
+
+#: called with each key written to the table (table-table joins recompute it)
+UpdateListener = Callable[[Any], Awaitable[None]]
+#: a stream-table join's work for one event of its stream
+EventHandler = Callable[[Event], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class TopicTableFeed:
+    """A topic-backed table's agent: materializes the source's records into the table and
+    hands each joined stream's events to its joins, in one timestamp order."""
+
+    table: Table
+    source: Topic
+    listeners: list[UpdateListener] = field(default_factory=list)
+    #: stream topic name -> the topic and the (join name, handler) pairs reading it
+    streams: dict[str, Topic] = field(default_factory=dict)
+    readers: dict[str, list[tuple[str, EventHandler]]] = field(default_factory=dict)
+    #: the error policy of the joins (they share this agent, so they must agree)
+    on_error: OnError = "stop"
+
+    @property
+    def agent_name(self) -> str:
+        return f"{self.table.name}.materialize"
+
+    @property
+    def joins(self) -> list[str]:
+        return [join for handlers in self.readers.values() for join, _ in handlers]
+
+    def add_reader(
+        self, join: str, stream: Topic, handler: EventHandler, on_error: OnError
+    ) -> None:
+        """Let ``join`` enrich ``stream`` from this table, in timestamp order with its rows."""
+        if self.readers and on_error != self.on_error:
+            raise ConfigurationError(
+                f"join {join!r}: on_error={on_error!r}, but join(s) "
+                f"{', '.join(map(repr, self.joins))} of the same table {self.table.name!r} have "
+                f"on_error={self.on_error!r}; the joins of a topic table run in one agent (its "
+                f"{self.agent_name!r}, which reads the table's topic and the streams in "
+                "timestamp order): give them the same on_error"
+            )
+        self.on_error = on_error
+        self.streams[stream.name] = stream
+        self.readers.setdefault(stream.name, []).append((join, handler))
+
+    async def apply(self, event: Event) -> None:
+        """Write one source record to the table (a null value deletes the key)."""
+        table = self.table
+        if event.value is None:
+            if event.key in table:
+                del table[event.key]
+        else:
+            table[event.key] = event.value
+        for listener in self.listeners:
+            await listener(event.key)
+
+    async def run(self, stream: Stream) -> None:
+        source = self.source.name
+        readers = self.readers
+        async for event in stream:
+            if event.topic == source:
+                await self.apply(event)
+            for _, handler in readers.get(event.topic, ()):
+                await handler(event)
