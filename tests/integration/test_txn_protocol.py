@@ -72,15 +72,22 @@ class Member:
             self.group_node = await find_group_coordinator(client, self.group)
 
     async def add_offsets(self) -> int:
+        """AddOffsetsToTxn, retried while the previous transaction still writes its markers
+        (CONCURRENT_TRANSACTIONS, as the runtime does: seen in CI right after a commit)."""
         manager = self.producer._txn_manager
-        return await add_offsets_to_txn(
-            self.producer.client,
-            self.txn_node,
-            transactional_id=self.transactional_id,
-            producer_id=manager.producer_id,
-            producer_epoch=manager.producer_epoch,
-            group_id=self.group,
-        )
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            code = await add_offsets_to_txn(
+                self.producer.client,
+                self.txn_node,
+                transactional_id=self.transactional_id,
+                producer_id=manager.producer_id,
+                producer_epoch=manager.producer_epoch,
+                group_id=self.group,
+            )
+            if code != ErrorCode.CONCURRENT_TRANSACTIONS or time.monotonic() > deadline:
+                return code
+            await asyncio.sleep(0.02)
 
     async def commit_offsets(
         self,
