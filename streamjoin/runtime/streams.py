@@ -128,7 +128,7 @@ class AgentRunner:
             try:
                 event = self.agent.decode(raw)
             except DecodeError as exc:
-                await self.runtime.handle_failure(self, inflight, exc, "decode")
+                await self._handle_failure(inflight, exc, "decode")
                 continue
             self.current = inflight
             current_event.set(inflight)
@@ -142,6 +142,16 @@ class AgentRunner:
             self.processed += 1
             self._latency.observe(time.perf_counter() - self._started)
             self.runtime.complete(current)
+
+    async def _handle_failure(self, inflight: _InFlight, exc: BaseException, kind: str) -> None:
+        """The error policy, with the actor still inside the event: a transaction's snapshot
+        (or a revocation) waits until its dead letter is sent, so it belongs to the same
+        transaction as the event's offset."""
+        self.current = inflight
+        try:
+            await self.runtime.handle_failure(self, inflight, exc, kind)
+        finally:
+            self.current = None
 
     async def run(self) -> None:
         while True:
@@ -162,7 +172,7 @@ class AgentRunner:
                     raise AgentFailed(
                         f"agent {self.name} raised outside of event processing: {exc!r}"
                     ) from exc
-                await self.runtime.handle_failure(self, current, exc, "processing")
+                await self._handle_failure(current, exc, "processing")
                 continue  # skip / dead_letter: restart the function on the same stream
             if self.runtime.stopping:
                 self._finish_current()

@@ -385,3 +385,43 @@ async def test_the_record_time_is_timestamp_ms_everywhere() -> None:
         with pytest.raises(ConfigurationError, match=r"timestamp_ms must be >= 0, got -1"):
             await driver.put("t", key="k", value=1, timestamp_ms=-1)
         assert len(driver.raw_records("t")) == 1  # nothing refused was written
+
+
+@pytest.mark.parametrize("failure", ["processing", "decode"])
+async def test_an_actor_sending_a_dead_letter_counts_as_inside_its_event(failure: str) -> None:
+    """A transaction's snapshot waits for every actor to be between two events. Seen in CI
+    (exactly-once, an injected abort): the dead letter of a failed event was sent while the
+    actor already counted as outside it, so the abort ran meanwhile and the dead letter was
+    sent outside any transaction ("Can't send messages while not in transaction"), which
+    stopped the worker. The actor stays inside the event until its dead letter is sent."""
+    app = make_app()
+    topic = app.topic("t", partitions=1, value_serializer="json")
+
+    @app.agent(topic, on_error="dead_letter", name="checker")
+    async def checker(stream: Stream) -> None:
+        async for event in stream:
+            if event.value < 0:
+                raise ValueError(f"negative amount {event.value}")
+
+    dlq = app.agents["checker"].dead_letter
+    assert dlq is not None
+    async with TestDriver(app) as driver:
+        runtime = driver.processing.runtime if driver.processing is not None else None
+        assert runtime is not None
+        seen: list[list[str]] = []
+        send = driver.send
+
+        async def watching_send(topic: str, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            if topic == dlq.name:
+                seen.append(runtime.inside_events())
+            return await send(topic, *args, **kwargs)
+
+        driver.send = watching_send  # type: ignore[method-assign]
+        if failure == "processing":
+            await driver.put("t", value=-5)
+        else:
+            await driver.put_raw("t", key=None, value=b"{not json")
+        await driver.drain()
+        assert len(driver.raw_records(dlq.name)) == 1
+        assert seen == [["checker#0"]]
+        assert runtime.inside_events() == []
