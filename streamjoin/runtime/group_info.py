@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocol
@@ -32,21 +33,29 @@ class GroupInfo:
     members: tuple[MemberInfo, ...]
 
 
-async def describe_group(
+async def describe_group_raw(
     bootstrap_servers: str, group_id: str, **client_kwargs: object
-) -> GroupInfo:
-    """What the group coordinator knows about ``group_id``, with our userdata decoded."""
+) -> dict[str, Any]:
+    """DescribeGroups of ``group_id`` as the broker answers it (state, members, metadata)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
     await admin.start()
     try:
         responses = await admin.describe_consumer_groups([group_id])
     finally:
         await admin.close()
-    group = responses[0].to_object()["groups"][0]
+    group: dict[str, Any] = responses[0].to_object()["groups"][0]
     if group["error_code"] != 0:
         raise ConsumerGroupError(
             f"describing group {group_id!r}: {for_code(group['error_code']).__name__}"
         )
+    return group
+
+
+async def describe_group(
+    bootstrap_servers: str, group_id: str, **client_kwargs: object
+) -> GroupInfo:
+    """What the group coordinator knows about ``group_id``, with our userdata decoded."""
+    group = await describe_group_raw(bootstrap_servers, group_id, **client_kwargs)
     members = []
     for m in group["members"]:
         instance_id = None

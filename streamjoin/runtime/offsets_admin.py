@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import for_code
 
 from streamjoin.errors import (
     ConfigurationError,
@@ -37,6 +36,7 @@ from streamjoin.errors import (
     OffsetMoveRefused,
 )
 from streamjoin.runtime.admin import describe_partition_counts
+from streamjoin.runtime.group_info import describe_group_raw
 
 __all__ = [
     "OffsetMove",
@@ -200,17 +200,7 @@ async def active_members(
     bootstrap_servers: str, group_id: str, **client_kwargs: object
 ) -> tuple[str, int]:
     """The group's state (as Kafka names it) and how many members it has."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
-    await admin.start()
-    try:
-        responses = await admin.describe_consumer_groups([group_id])
-    finally:
-        await admin.close()
-    group = responses[0].to_object()["groups"][0]
-    if group["error_code"] != 0:
-        raise ConsumerGroupError(
-            f"describing group {group_id!r}: {for_code(group['error_code']).__name__}"
-        )
+    group = await describe_group_raw(bootstrap_servers, group_id, **client_kwargs)
     return group["state"], len(group["members"])
 
 
