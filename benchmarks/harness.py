@@ -212,17 +212,18 @@ async def last_offsets(
     return {(tp.topic, tp.partition): end - 1 for tp, end in ends.items() if end > 0}
 
 
-async def read_topic(
+async def read_records(
     bootstrap: str, topic: str, partitions: int, timeout: float = 120
-) -> list[tuple[bytes | None, bytes | None]]:
-    """Every record of ``topic`` as (key, value), read_committed."""
+) -> list[Any]:
+    """Every record of ``topic`` (aiokafka's ConsumerRecords), read_committed: what an
+    exactly-once reader sees (the same as read_uncommitted for the others)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         isolation_level="read_committed",
     )
     await consumer.start()
-    out: list[tuple[bytes | None, bytes | None]] = []
+    out: list[Any] = []
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
@@ -233,7 +234,9 @@ async def read_topic(
         while remaining and time.monotonic() < deadline:
             batch = await consumer.getmany(*remaining, timeout_ms=1000)
             for records in batch.values():
-                out.extend((r.key, r.value) for r in records)
+                out.extend(records)
+            # (the position, not the last record: a transaction's commit marker, last in a
+            # partition written exactly-once, is never handed out)
             for tp in list(remaining):
                 if await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
@@ -242,6 +245,14 @@ async def read_topic(
     finally:
         await consumer.stop()
     return out
+
+
+async def read_topic(
+    bootstrap: str, topic: str, partitions: int, timeout: float = 120
+) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record of ``topic`` as (key, value), read_committed."""
+    records = await read_records(bootstrap, topic, partitions, timeout)
+    return [(r.key, r.value) for r in records]
 
 
 # --------------------------------------------------------------------------- running apps

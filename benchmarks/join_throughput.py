@@ -69,6 +69,7 @@ from benchmarks.harness import (
     log_tail,
     peak_rss_mb,
     py_spy_prefix,
+    read_records,
     sayer,
     stop_process,
     streamjoin_version,
@@ -162,36 +163,9 @@ async def committed_all(bootstrap: str, group: str, inputs: list[str], timeout: 
 
 
 async def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict[str, Any]]]:
-    """Every output record as (broker append time ms, value)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        # what an exactly-once reader sees (the same as read_uncommitted for the others)
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    out: list[tuple[int, dict[str, Any]]] = []
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        remaining = {tp for tp in tps if ends[tp] > 0}
-        deadline = time.monotonic() + 120
-        while remaining and time.monotonic() < deadline:
-            batch = await consumer.getmany(*remaining, timeout_ms=1000)
-            for records in batch.values():
-                out.extend((r.timestamp, json.loads(r.value)) for r in records)
-            # (the position, not the last record: a transaction's commit marker, last in a
-            # partition written exactly-once, is never handed out)
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        if remaining:
-            raise TimeoutError(f"could not read {topic} to its end")
-    finally:
-        await consumer.stop()
-    return out
+    """Every output record as (broker append time ms, value), read_committed."""
+    records = await read_records(bootstrap, topic, PARTITIONS)
+    return [(r.timestamp, json.loads(r.value)) for r in records]
 
 
 # --------------------------------------------------------------------------- one system
