@@ -92,6 +92,20 @@ def streamjoin_version() -> str:
     return getattr(streamjoin, "__version__", "?")
 
 
+def tree_commit(tree: str) -> str:
+    """The short commit a source tree is at (the baseline's version column)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return out.stdout.strip()
+
+
 def load_average() -> str:
     with contextlib.suppress(OSError):
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -390,7 +404,27 @@ async def run_to_completion(
 
 
 #: systems of the workload benchmarks; "streamjoin-2w" is two streamjoin worker processes
-WORKLOAD_SYSTEMS = ("streamjoin", "streamjoin-2w", "quix", "faust")
+WORKLOAD_SYSTEMS = ("streamjoin", "streamjoin-2w", "streamjoin-base", "quix", "faust")
+
+#: environment variable naming the source tree ``streamjoin-base`` runs (set by --baseline-tree)
+BASELINE_TREE = "STREAMJOIN_BENCH_BASELINE_TREE"
+
+
+def baseline_worker(env: dict[str, str]) -> list[str]:
+    """The interpreter prefix of a ``streamjoin-base`` worker: Python run with ``-P`` (no
+    current directory on ``sys.path``) and ``PYTHONPATH`` at the baseline tree, so its
+    ``streamjoin`` and ``benchmarks`` packages are imported instead of this checkout's (the
+    tree needs this checkout's ``benchmarks/`` copied in: the apps and marks must match)."""
+    tree = os.environ.get(BASELINE_TREE)
+    if not tree or not (Path(tree) / "streamjoin" / "__init__.py").exists():
+        raise SystemExit(
+            "streamjoin-base needs --baseline-tree (a source tree of an older commit, "
+            "e.g. a git worktree, with this checkout's benchmarks/ copied in)"
+        )
+    env["PYTHONPATH"] = tree
+    return [sys.executable, "-P"]
+
+
 VENV_OF = {"faust": "faust", "quix": "quix"}
 
 
@@ -443,11 +477,12 @@ def workload_commands(
             STREAMJOIN_BROKER=f"kafka://{bootstrap}",
         )
         workers = 2 if system == "streamjoin-2w" else 1
+        python_cmd = baseline_worker(env) if system == "streamjoin-base" else [sys.executable]
         return [
             (
                 [
                     *py_spy_prefix(f"{name}-{i}"),
-                    sys.executable,
+                    *python_cmd,
                     "-m",
                     "streamjoin.cli",
                     "worker",
@@ -588,6 +623,11 @@ def workload_arguments(parser: Any, *, events: int, keys: int) -> None:
         help="2: also run two streamjoin worker processes (streamjoin-2w) and report scaling",
     )
     parser.add_argument("--bootstrap", help="reuse a running loopback broker (HOST:PORT)")
+    parser.add_argument(
+        "--baseline-tree",
+        help="source tree of an older commit that the streamjoin-base system runs "
+        "(the before side of an A/B in one run; copy benchmarks/ into it)",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per system")
     parser.add_argument("--venv-root", default=str(VENV_ROOT))
     parser.add_argument("--no-install", action="store_true", help="never create venvs")
@@ -596,6 +636,8 @@ def workload_arguments(parser: Any, *, events: int, keys: int) -> None:
 
 
 def chosen_systems(args: Any) -> list[str]:
+    if getattr(args, "baseline_tree", None):
+        os.environ[BASELINE_TREE] = str(Path(args.baseline_tree).resolve())
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for s in systems:
         if s not in WORKLOAD_SYSTEMS:
@@ -670,6 +712,8 @@ async def run_workload(
                 progress(f"{s}: skipped: {why}")
                 continue
             result.version = dist_version(python, DIST_OF[venv])
+        elif s == "streamjoin-base":
+            result.version = tree_commit(os.environ.get(BASELINE_TREE, ""))
         else:
             result.version = streamjoin_version()
         name = f"{s}-{r}"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from streamjoin.codecs import DecodeError
 from streamjoin.errors import ConfigurationError
@@ -43,6 +43,10 @@ class Agent:
     #: topics whose records go before the others' of the same timestamp (a table's source
     #: before the streams it enriches: each stream record sees the row of its timestamp)
     ties_first: frozenset[str] = frozenset()
+    #: key and value decoders by topic name (filled by :meth:`decode`)
+    _loads: dict[str, tuple[Callable[[bytes], Any], Callable[[bytes], Any]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     @property
     def topics(self) -> tuple[Topic, ...]:
@@ -63,15 +67,25 @@ class Agent:
 
     def decode(self, raw: RawRecord) -> Event:
         """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes."""
-        topic = self.topic
-        if raw.topic != topic.name:
-            topic = next((t for t in self.more_topics if t.name == raw.topic), topic)
+        loads = self._loads.get(raw.topic)
+        if loads is None:
+            loads = self._loads_of(raw.topic)
+        key, value = raw.key, raw.value
         try:
-            key = topic.key_codec.loads(raw.key) if raw.key is not None else None
-            value = topic.value_codec.loads(raw.value) if raw.value is not None else None
+            if key is not None:
+                key = loads[0](key)
+            if value is not None:
+                value = loads[1](value)
         except DecodeError as exc:
             raise DecodeError(f"{raw.topic}[{raw.partition}]@{raw.offset}: {exc}") from exc
         return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
+
+    def _loads_of(self, name: str) -> tuple[Callable[[bytes], Any], Callable[[bytes], Any]]:
+        """The key and value decoders of topic ``name`` (the agent's first topic for a name it
+        does not read), remembered: decoding looks them up once per event."""
+        topic = next((t for t in self.topics if t.name == name), self.topic)
+        loads = self._loads[name] = (topic.key_codec.loads, topic.value_codec.loads)
+        return loads
 
     def actor_for(self, partition: int) -> int:
         return partition % self.concurrency

@@ -286,15 +286,16 @@ class KafkaConsumerService(Service):
                     continue
                 self._delivered_to[tp] = records[-1].offset + 1
                 records_in[tp] = records_in.get(tp, 0) + len(records)
+                topic, partition = tp.topic, tp.partition
                 raws = [
                     RawRecord(
-                        r.topic,
-                        r.partition,
+                        topic,
+                        partition,
                         r.offset,
                         r.timestamp,
                         r.key,
                         r.value,
-                        tuple(r.headers or ()),
+                        r.headers or (),  # aiokafka gives a tuple
                     )
                     for r in records
                 ]

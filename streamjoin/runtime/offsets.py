@@ -12,6 +12,7 @@ out of order.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from streamjoin.errors import OffsetTrackingError as OffsetTrackingError
@@ -54,6 +55,30 @@ class OffsetTracker:
             ledger.index[offset] = entry
         ledger.pending.append(entry)
         self._advance(ledger)
+
+    def register_many(self, tp: TopicPartition, offsets: Sequence[int], consumers: int) -> None:
+        """:meth:`register` of each of ``offsets`` (increasing, as fetched) with the same
+        number of consumers, in one call: the fetch loop registers a batch at a time."""
+        if not offsets:
+            return
+        ledger = self._ledgers.get(tp)
+        if ledger is None:
+            ledger = self._ledgers[tp] = _PartitionLedger()
+        last = ledger.pending[-1][0] if ledger.pending else ledger.position
+        if last is not None and offsets[0] < last:
+            raise OffsetTrackingError(
+                f"{tp[0]}[{tp[1]}]: offset {offsets[0]} registered after {last}; "
+                "offsets of a partition must be registered in order"
+            )
+        if consumers <= 0:
+            if not ledger.pending:
+                ledger.position = offsets[-1] + 1  # nobody processes them: done at once
+                return
+            ledger.pending.extend([offset, 0] for offset in offsets)
+            return
+        entries = [[offset, consumers] for offset in offsets]
+        ledger.pending.extend(entries)
+        ledger.index.update(zip(offsets, entries, strict=True))
 
     def ack(self, tp: TopicPartition, offset: int) -> None:
         """One agent finished ``offset`` of ``tp`` (processing and its sends)."""

@@ -1,73 +1,84 @@
 """The queue between the fetch loop and one agent actor (asyncio, no Kafka).
 
-``asyncio.Queue`` costs a coroutine round trip per record on both ends. This one
-is filled a fetched batch at a time and read without suspending while records
-are buffered; it still bounds what is buffered (backpressure on fetching), in
-records, allowing one batch to overshoot the bound so a batch is never split.
+``asyncio.Queue`` costs a coroutine round trip per record on both ends, and even a
+deque entry per record costs an append and a pop. This queue holds *chunks*: the
+records of one fetched batch meant for one actor, queued as one item and counted
+as as many records. The reader walks a chunk without touching the queue again.
+The bound (backpressure on fetching) is in records; one chunk may overshoot it, so
+a chunk is never split.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 from streamjoin.errors import ConfigurationError
 
+T = TypeVar("T")
 
-class RecordQueue:
-    """FIFO of queue items for one actor; ``maxsize`` 0 means unbounded."""
 
-    __slots__ = ("_items", "_maxsize", "_not_empty", "_not_full")
+class RecordQueue(Generic[T]):
+    """FIFO of chunks for one actor; ``maxsize`` (records) 0 means unbounded."""
+
+    __slots__ = ("_chunks", "_maxsize", "_not_empty", "_not_full", "_records")
 
     def __init__(self, maxsize: int = 0) -> None:
         if maxsize < 0:
             raise ConfigurationError(f"maxsize must be >= 0, got {maxsize}")
-        self._items: deque[object] = deque()
+        self._chunks: deque[tuple[T, int]] = deque()
+        self._records = 0
         self._maxsize = maxsize
         self._not_empty = asyncio.Event()
         self._not_full = asyncio.Event()
         self._not_full.set()
 
     def __len__(self) -> int:
-        return len(self._items)
+        """Records buffered (not chunks)."""
+        return self._records
 
     def empty(self) -> bool:
-        return not self._items
+        return not self._chunks
 
     def full(self) -> bool:
-        return bool(self._maxsize) and len(self._items) >= self._maxsize
+        return bool(self._maxsize) and self._records >= self._maxsize
 
-    async def put_many(self, items: Iterable[object]) -> None:
-        """Append ``items`` once the queue has room (waits while it is full)."""
+    async def put(self, chunk: T, records: int) -> None:
+        """Append ``chunk`` (holding ``records`` records) once the queue has room."""
         while self.full():
             self._not_full.clear()
             await self._not_full.wait()
-        self._items.extend(items)
-        if self._items:
-            self._not_empty.set()
+        self.put_nowait(chunk, records)
 
-    def put_nowait(self, item: object) -> None:
-        """Append one item now, ignoring the bound (the stop sentinel)."""
-        self._items.append(item)
+    def put_nowait(self, chunk: T, records: int = 0) -> None:
+        """Append ``chunk`` now, ignoring the bound (the stop sentinel)."""
+        self._chunks.append((chunk, records))
+        self._records += records
         self._not_empty.set()
 
-    def get_nowait(self) -> tuple[bool, object]:
-        """``(True, item)``, or ``(False, None)`` when the queue is empty."""
-        if not self._items:
+    def get_nowait(self) -> tuple[bool, T | None]:
+        """``(True, chunk)``, or ``(False, None)`` when the queue is empty."""
+        if not self._chunks:
             return False, None
-        item = self._items.popleft()
+        chunk, records = self._chunks.popleft()
+        self._records -= records
         if not self._not_full.is_set() and not self.full():
             self._not_full.set()
-        return True, item
+        return True, chunk
 
-    async def get(self) -> object:
-        """The next item, waiting for one if needed."""
-        while not self._items:
+    async def get(self) -> T:
+        """The next chunk, waiting for one if needed."""
+        while not self._chunks:
             self._not_empty.clear()
             await self._not_empty.wait()
-        return self.get_nowait()[1]
+        chunk, records = self._chunks.popleft()
+        self._records -= records
+        if not self._not_full.is_set() and not self.full():
+            self._not_full.set()
+        return chunk
 
     def clear(self) -> None:
-        self._items.clear()
+        self._chunks.clear()
+        self._records = 0
         self._not_full.set()

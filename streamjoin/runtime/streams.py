@@ -15,13 +15,13 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
 from streamjoin.context import Sender, current_event, current_record
-from streamjoin.errors import AgentFailed, InternalError, RecordRejected, StoreCorrupted
+from streamjoin.errors import AgentFailed, RecordRejected, StoreCorrupted
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.record_queue import RecordQueue
@@ -33,7 +33,8 @@ __all__ = ["AgentFailed", "AgentRunner", "AgentRuntime", "Stream", "current_reco
 
 log = logging.getLogger("streamjoin.agents")
 
-_STOP = object()
+#: what an actor's queue holds: a task and records of it in order (None: stop)
+_Chunk = tuple[Task, list[RawRecord]] | None
 
 #: an actor gives the event loop a turn after this many events in a row: records it has
 #: buffered are taken without suspending, so without it a long backlog would starve the
@@ -76,20 +77,28 @@ class _InFlight:
 
 
 class AgentRunner:
-    """One actor of one agent: its queue, its stream and the task running the function."""
+    """One actor of one agent: its queue, its stream and the task running the function.
+
+    The queue holds chunks (one fetched batch's records for this actor, with their task);
+    the actor walks the chunk it took without touching the queue again.
+    """
 
     def __init__(self, agent: Agent, index: int, runtime: AgentRuntime, queue_size: int) -> None:
         self.agent = agent
         self.index = index
         self.runtime = runtime
-        self.queue = RecordQueue(maxsize=queue_size)
+        self.queue: RecordQueue[_Chunk] = RecordQueue(maxsize=queue_size)
         self.stream = Stream(self)
         self.current: _InFlight | None = None
-        self.idle = asyncio.Event()
-        self.idle.set()
         self.task: asyncio.Task[None] | None = None
         self.processed = 0
         self._since_yield = 0
+        #: the chunk being walked: its task, its records and the next one's index
+        self._chunk_task: Task | None = None
+        self._chunk: list[RawRecord] = []
+        self._pos = 0
+        self._barrier = runtime.barrier
+        self._decode = agent.decode
         #: this agent's processing-time histogram, and when the current event was handed out
         self._latency = runtime.counters.latency_of(agent.name)
         self._started = 0.0
@@ -101,32 +110,50 @@ class AgentRunner:
     def clear(self) -> None:
         """Drop buffered records (before stopping)."""
         self.queue.clear()
+        self._pos = len(self._chunk)
 
-    async def next_event(self) -> Event:
-        self._finish_current()
+    def busy(self) -> bool:
+        """Inside an event, or holding records not yet handed to the function."""
+        return self.current is not None or self._pos < len(self._chunk) or not self.queue.empty()
+
+    def next_event(self) -> Awaitable[Event]:
+        """The next event (marks the previous one processed); what ``async for`` awaits."""
+        if self.current is not None:
+            self._finish_current()
+        return self._next()
+
+    async def _next(self) -> Event:
         self._since_yield += 1
         if self._since_yield >= YIELD_EVERY:
             self._since_yield = 0
             await asyncio.sleep(0)
-        queue = self.queue
+        barrier = self._barrier
         while True:
-            self.idle.set()
-            ready, item = queue.get_nowait()  # no suspension while records are buffered
-            if not ready:
-                self._since_yield = 0
-                item = await queue.get()
-            if item is _STOP:
-                raise StopAsyncIteration
-            barrier = self.runtime.barrier
+            chunk = self._chunk
+            pos = self._pos
+            if pos >= len(chunk):
+                ready, item = self.queue.get_nowait()  # no suspension while records are buffered
+                if not ready:
+                    self._since_yield = 0
+                    item = await self.queue.get()
+                if item is None:
+                    raise StopAsyncIteration
+                self._chunk_task, self._chunk = item
+                self._pos = 0
+                continue
             if not barrier.is_set():
                 await barrier.wait()  # a transaction is taking its snapshot
-            task, raw = _unpack(item)
-            if not task.running:
+                continue
+            # From here to handing the event out nothing awaits: a snapshot or a revocation
+            # sees this record either still buffered or being processed.
+            raw = chunk[pos]
+            self._pos = pos + 1
+            task = self._chunk_task
+            if task is None or not task.running:
                 continue  # revocation began: its next owner reads it again
-            self.idle.clear()
             inflight = _InFlight(raw, task, self.runtime, self)
             try:
-                event = self.agent.decode(raw)
+                event = self._decode(raw)
             except DecodeError as exc:
                 await self._handle_failure(inflight, exc, "decode")
                 continue
@@ -243,7 +270,7 @@ class AgentRuntime:
         self.stopping = True
         for runner in self.runners:
             runner.clear()
-            runner.queue.put_nowait(_STOP)
+            runner.queue.put_nowait(None)  # the end of its stream
         tasks = [r.task for r in self.runners if r.task is not None]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout)
@@ -257,28 +284,39 @@ class AgentRuntime:
 
     # -- records in
 
-    async def dispatch_many(self, raws: Iterable[RawRecord], task: Task) -> None:
+    async def dispatch_many(self, raws: Sequence[RawRecord], task: Task) -> None:
         """Hand fetched records of one task, in order, to every agent reading their topics:
-        registered with the task's offset ledger first, then queued a batch per actor (may
-        wait while an actor's queue is full). Nothing is handed over once the task stopped
-        running (the records are read again by its next owner)."""
-        if not task.running:
+        registered with the task's offset ledger first (a run of one partition's records
+        at a time), then queued as one chunk per actor (may wait while an actor's queue is
+        full). Nothing is handed over once the task stopped running (the records are read
+        again by its next owner)."""
+        if not task.running or not raws:
             return
         routes = self._routes
-        register = task.tracker.register
-        batches: dict[AgentRunner, list[tuple[Task, RawRecord]]] = {}
-        for raw in raws:
-            targets = [actors[raw.partition % len(actors)] for actors in routes.get(raw.topic, ())]
-            register((raw.topic, raw.partition), raw.offset, len(targets))
+        register = task.tracker.register_many
+        chunks: dict[AgentRunner, list[RawRecord]] = {}
+        start = 0
+        end = len(raws)
+        while start < end:
+            first = raws[start]
+            topic, partition = first.topic, first.partition
+            stop = start + 1
+            while stop < end and raws[stop].partition == partition and raws[stop].topic == topic:
+                stop += 1
+            run = raws[start:stop] if start or stop < end else raws
+            targets = [actors[partition % len(actors)] for actors in routes.get(topic, ())]
+            register((topic, partition), [raw.offset for raw in run], len(targets))
             for runner in targets:
-                batch = batches.get(runner)
-                if batch is None:
-                    batch = batches[runner] = []
-                batch.append((task, raw))
-        for runner, batch in batches.items():
+                chunk = chunks.get(runner)
+                if chunk is None:
+                    chunks[runner] = list(run)
+                else:
+                    chunk.extend(run)
+            start = stop
+        for runner, chunk in chunks.items():
             if _stopped(task):
                 return  # revocation began while waiting for room: the rest is read again
-            await runner.queue.put_many(batch)
+            await runner.queue.put((task, chunk), len(chunk))
 
     def busy_with(self, tasks: Iterable[Task]) -> list[str]:
         """Actors processing an event of one of ``tasks`` right now."""
@@ -485,10 +523,3 @@ def _stopped(task: Task) -> bool:
 
 def _failed(future: asyncio.Future[Any]) -> bool:
     return future.cancelled() or future.exception() is not None
-
-
-def _unpack(item: object) -> tuple[Task, RawRecord]:
-    """Queue items are ``(task, record)`` pairs (or the stop sentinel, handled by the caller)."""
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], RawRecord):
-        return item[0], item[1]
-    raise InternalError(f"unexpected item in an agent queue: {item!r}")

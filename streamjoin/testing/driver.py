@@ -187,7 +187,7 @@ class TestDriver:
             if self.failure is not None:
                 raise self.failure
             await self._release()
-            busy = any(not r.queue.empty() or not r.idle.is_set() for r in runtime.runners)
+            busy = any(r.busy() for r in runtime.runners)
             held = self.processing is not None and self.processing.aligner.holding() > 0
             busy = busy or held
             if not busy:

@@ -95,3 +95,43 @@ def test_position_never_passes_an_unacked_record(consumers: list[int], rnd: obje
         remaining[offset] -= 1
         first_open = next((o for o in sorted(remaining) if remaining[o] > 0), len(consumers))
         assert tracker.committable().get(TP, 0) == first_open
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batches=st.lists(
+        st.tuples(st.lists(st.integers(1, 3), min_size=0, max_size=6), st.integers(0, 2)),
+        max_size=6,
+    ),
+    data=st.data(),
+)
+def test_registering_a_batch_at_once_is_registering_each_record(
+    batches: list[tuple[list[int], int]], data: st.DataObject
+) -> None:
+    """The fetch loop registers a fetched batch in one call: same ledger as one by one,
+    whatever order the acknowledgements come in."""
+    one_by_one, at_once = OffsetTracker(), OffsetTracker()
+    offset = 0
+    acks: list[int] = []
+    for gaps, consumers in batches:
+        offsets = []
+        for gap in gaps:  # offsets increase with gaps (compaction, transaction markers)
+            offset += gap
+            offsets.append(offset)
+        for o in offsets:
+            one_by_one.register(TP, o, consumers)
+        at_once.register_many(TP, offsets, consumers)
+        acks.extend(o for o in offsets for _ in range(consumers))
+        assert at_once.committable() == one_by_one.committable()
+    for o in data.draw(st.permutations(acks)):
+        one_by_one.ack(TP, o)
+        at_once.ack(TP, o)
+        assert at_once.committable() == one_by_one.committable()
+        assert at_once.in_flight(TP) == one_by_one.in_flight(TP)
+
+
+def test_a_batch_registered_behind_later_offsets_is_refused() -> None:
+    tracker = OffsetTracker()
+    tracker.register_many(TP, [5, 6], 1)
+    with pytest.raises(OffsetTrackingError, match="registered after 6"):
+        tracker.register_many(TP, [4, 7], 1)
