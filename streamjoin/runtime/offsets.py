@@ -89,7 +89,12 @@ class OffsetTracker:
         entry[1] -= 1
         if entry[1] == 0:
             del ledger.index[offset]
-            self._advance(ledger)
+            pending = ledger.pending
+            if pending[0] is entry:  # in order (the usual case): it and what follows is done
+                pending.popleft()
+                ledger.position = offset + 1
+                while pending and pending[0][1] == 0:
+                    ledger.position = pending.popleft()[0] + 1
 
     @staticmethod
     def _advance(ledger: _PartitionLedger) -> None:

@@ -25,13 +25,15 @@ from streamjoin.errors import AgentFailed, RecordRejected, StoreCorrupted
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.record_queue import RecordQueue
-from streamjoin.runtime.tasks import Task
+from streamjoin.runtime.tasks import Task, TaskState
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.stream import Stream
 
 __all__ = ["AgentFailed", "AgentRunner", "AgentRuntime", "Stream", "current_record"]
 
 log = logging.getLogger("streamjoin.agents")
+
+_RUNNING = TaskState.RUNNING
 
 #: what an actor's queue holds: a task and records of it in order (None: stop)
 _Chunk = tuple[Task, list[RawRecord]] | None
@@ -97,7 +99,6 @@ class AgentRunner:
         self._chunk_task: Task | None = None
         self._chunk: list[RawRecord] = []
         self._pos = 0
-        self._barrier = runtime.barrier
         self._decode = agent.decode
         #: this agent's processing-time histogram, and when the current event was handed out
         self._latency = runtime.counters.latency_of(agent.name)
@@ -127,7 +128,7 @@ class AgentRunner:
         if self._since_yield >= YIELD_EVERY:
             self._since_yield = 0
             await asyncio.sleep(0)
-        barrier = self._barrier
+        runtime = self.runtime
         while True:
             chunk = self._chunk
             pos = self._pos
@@ -135,21 +136,23 @@ class AgentRunner:
                 ready, item = self.queue.get_nowait()  # no suspension while records are buffered
                 if not ready:
                     self._since_yield = 0
+                    current_event.set(None)  # (an event's context is set when it is handed out)
                     item = await self.queue.get()
                 if item is None:
+                    current_event.set(None)
                     raise StopAsyncIteration
                 self._chunk_task, self._chunk = item
                 self._pos = 0
                 continue
-            if not barrier.is_set():
-                await barrier.wait()  # a transaction is taking its snapshot
+            if runtime.holding:
+                await runtime.barrier.wait()  # a transaction is taking its snapshot
                 continue
             # From here to handing the event out nothing awaits: a snapshot or a revocation
             # sees this record either still buffered or being processed.
             raw = chunk[pos]
             self._pos = pos + 1
             task = self._chunk_task
-            if task is None or not task.running:
+            if task is None or task.state is not _RUNNING:
                 continue  # revocation began: its next owner reads it again
             inflight = _InFlight(raw, task, self.runtime, self)
             try:
@@ -165,7 +168,6 @@ class AgentRunner:
     def _finish_current(self) -> None:
         current, self.current = self.current, None
         if current is not None:
-            current_event.set(None)
             self.processed += 1
             self._latency.observe(time.perf_counter() - self._started)
             self.runtime.complete(current)
@@ -233,6 +235,8 @@ class AgentRuntime:
         #: cleared while a commit takes its snapshot: no actor starts a new event
         self.barrier = asyncio.Event()
         self.barrier.set()
+        #: the barrier is closed (a plain flag: actors check it before every event)
+        self.holding = False
         self._on_crash = on_crash
         self._on_store_corrupted = on_store_corrupted
         #: values agents keep for the worker's lifetime (join counters), by key
@@ -344,6 +348,7 @@ class AgentRuntime:
         """Hold every actor between two events (the snapshot of a transaction: every event
         is either wholly before it or wholly after it); False if some actor was still inside
         an event after ``timeout`` seconds (the barrier stays closed: call :meth:`resume`)."""
+        self.holding = True
         self.barrier.clear()
         deadline = asyncio.get_running_loop().time() + timeout
         while self.inside_events():
@@ -354,6 +359,7 @@ class AgentRuntime:
 
     def resume(self) -> None:
         """Let the actors take new events again."""
+        self.holding = False
         self.barrier.set()
 
     # -- acknowledgements
