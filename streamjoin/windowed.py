@@ -61,8 +61,9 @@ class WindowedTable(Table):
     _context: tuple[Any, TablePartition, list[tuple[int, int]]] | None = field(
         default=None, init=False, repr=False
     )
-    #: (partition, data key, the window existed) of the last read of the current window
-    _last_read: tuple[TablePartition, bytes, bool] | None = field(
+    #: (partition, windows, key, its data key, the window existed) of the last read of the
+    #: current window: ``table[key] = ...`` right after (``+=``) in the same event reuses them
+    _last_read: tuple[TablePartition, list[tuple[int, int]], Any, bytes, bool] | None = field(
         default=None, init=False, repr=False
     )
 
@@ -102,7 +103,7 @@ class WindowedTable(Table):
         view, windows = self._event_context()
         data_key = _keys_of(self._encode_key(key), windows[-1][0])[0]
         raw = view.get(data_key)
-        self._last_read = (view, data_key, raw is not None)
+        self._last_read = (view, windows, key, data_key, raw is not None)
         return raw
 
     def __getitem__(self, key: Any) -> Any:
@@ -144,20 +145,27 @@ class WindowedTable(Table):
                 "windows, so use table.update(key, fn) to change each of them"
             )
         last_read, self._last_read = self._last_read, None
-        key_bytes = self._encode_key(key)
-        data_key, index_key = _keys_of(key_bytes, windows[0][0])
+        if (
+            last_read is not None
+            and last_read[0] is view
+            and last_read[1] is windows  # the same event (its windows are computed once)
+            and type(last_read[2]) is type(key)
+            and last_read[2] == key
+        ):
+            # ``+=``: the key was just read in this window (type too: 1 == True == 1.0)
+            data_key, index_key, existed = last_read[3], b"", last_read[4]
+        else:
+            data_key, index_key = _keys_of(self._encode_key(key), windows[0][0])
+            existed = False
         encoded = self.value_codec.dumps(value)
         if encoded is None:
             view.delete(data_key)
             return
         view.put(data_key, encoded)
-        if (
-            last_read is None
-            or last_read[0] is not view
-            or last_read[1] != data_key
-            or not (last_read[2])
-        ):
+        if not existed:
             # a new window (or not known to exist): index it for expiry
+            if not index_key:
+                index_key = _keys_of(self._encode_key(key), windows[0][0])[1]
             view.put(index_key, b"")
 
     def update(self, key: Any, fn: Callable[[Any], Any]) -> None:

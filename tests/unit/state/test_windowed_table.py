@@ -378,3 +378,35 @@ def test_window_keys_are_the_layouts(key: bytes, start: int) -> None:
         layout.data_key(key, start),
         layout.index_key(start, length_prefixed(key)),
     )
+
+
+async def test_a_read_then_a_write_of_a_key_in_the_next_event_writes_that_events_window() -> None:
+    """``+=`` reuses the key its read encoded; a read in one event (odd offsets) and a write
+    in the next (even ones), in another window, must still write the new window and index
+    it for expiry."""
+    app = streamjoin.App("win-unit")
+    clicks = app.topic("clicks", key_serializer="str", partitions=1)
+    last = app.table(
+        "last",
+        key_serializer="str",
+        window=TumblingWindows(size_ms=60_000, retention_ms=60_000),
+        copartitioned_with=clicks,
+    )
+
+    @app.agent(clicks)
+    async def note(stream: Stream) -> None:
+        async for event in stream:
+            if event.value == "read":
+                assert last.get(event.key) is None or event.timestamp < 60_000
+            else:
+                last[event.key] = event.timestamp
+
+    async with TestDriver(app) as driver:
+        await driver.put("clicks", key="k", value="read", timestamp_ms=1_000)
+        await driver.put("clicks", key="k", value="write", timestamp_ms=70_000)
+        await driver.drain()
+        assert last.windows_of("k", 0, 200_000) == [(60_000, 70_000)]  # type: ignore[attr-defined]
+        # the new window was indexed: it expires once stream time passes 60s + 60s + 60s
+        await driver.put("clicks", key="other", value="write", timestamp_ms=200_000)
+        await driver.drain()
+        assert last.windows_of("k", 0, 200_000) == []  # type: ignore[attr-defined]
