@@ -32,7 +32,7 @@ from streamjoin.errors import (
     TableAccessError,
 )
 from streamjoin.events import Event
-from streamjoin.joins.core import JoinInput, JoinOutput, JoinSpec, StreamStreamJoin
+from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamStreamJoin
 from streamjoin.log_summary import Summary
 from streamjoin.stream import Stream
 from streamjoin.tables import Table
@@ -135,9 +135,8 @@ class StreamStreamJoinDecl:
             counters = context.worker_values[self._key] = JoinStats()
         stats = core.stats
         late, beyond_grace = stats.late, stats.beyond_grace
-        outputs = core.process(
-            JoinInput(side, record.key, record.value or b"", timestamp, event.offset)
-        )
+        value = record.value or b""
+        outputs = core.process_record(side, record.key, value, timestamp, event.offset)
         if stats.late != late or stats.beyond_grace != beyond_grace:
             dropped = stats.late != late
             counters.late += stats.late - late
@@ -172,6 +171,7 @@ class StreamStreamJoinDecl:
                 f"join {self.name!r}: its buffer is not in the task of "
                 f"{context.record.topic}[{context.record.partition}]"
             )
+        view.group_keys_by(BUFFER_GROUP_OF)  # partner scans read one key's buffered writes
         return StreamStreamJoin(self.spec, view)
 
     async def _emit(self, out: JoinOutput) -> None:
