@@ -12,7 +12,8 @@ integers 8-byte big-endian, so byte order is numeric order; ``side`` is ``b"L"``
 or ``b"R"``):
 
 - ``META_KEY`` (``JOIN_STATE_KEY``: ``META + b"join-state"``) -> format version,
-  stream time, buffered count, expiry hint;
+  stream time, buffered count, expiry hint and, per side, the seq from which no event
+  can be buffered yet (format 2; format 1, without them, is still read);
 - ``BUFFER_PREFIX + side + window_key(key, ts) + seq`` (``DATA``, sub-space
   ``side``, suffix ``seq``) -> the event's value: a key's buffered events on one
   side, in (timestamp, seq) order, so finding the matches of an event is one
@@ -76,7 +77,11 @@ _EXPIRY_END = namespace_range(INDEX)[1]  # the expiry index is all of [EXPIRY_PR
 #: finding an event's partners is a scan inside one group (see TablePartition.group_keys_by)
 BUFFER_GROUP_OF = data_group(space_length=1)
 
-_META_VERSION = 1
+_META_VERSION = 2
+_META_VERSION_1 = 1
+#: a side's "fresh from" seq when it is not known (state written in format 1): every
+#: event's buffer key is looked up
+_UNKNOWN_SEQ = MAX_UINT64
 _NO_EXPIRY = MAX_UINT64
 _SIDE_BYTE: dict[Side, bytes] = {"left": b"L", "right": b"R"}
 _SIDE_OF_BYTE: dict[int, Side] = {ord("L"): "left", ord("R"): "right"}
@@ -89,7 +94,8 @@ _U64 = 8
 #: validated once, in JoinInput, and the bytes are the same (the tests pin the layout)
 _PACK_U64 = struct.Struct(">Q").pack
 _UNPACK_U64 = struct.Struct(">Q").unpack
-_META_LAYOUT = struct.Struct(">BQQQ")
+_META_LAYOUT = struct.Struct(">BQQQQQ")
+_META_LAYOUT_1 = struct.Struct(">BQQQ")
 #: ``u64(ts) + u64(seq)``: the tail of a buffer key
 _PACK_TS_SEQ = struct.Struct(">QQ").pack
 #: ``EXPIRY_PREFIX + u64(ts) + side + u64(seq)``: the head of an expiry index key
@@ -202,22 +208,41 @@ class _Meta(NamedTuple):
     buffered: int
     #: no buffered event has a timestamp below this (a lower bound, or _NO_EXPIRY)
     expiry_hint_ms: int
+    #: per side, no buffered event has a seq at or above this (or _UNKNOWN_SEQ): an event
+    #: past it cannot be a replay, so its buffer key needs no lookup
+    fresh_left: int = 0
+    fresh_right: int = 0
 
     def encode(self) -> bytes:
         stream_time = -1 if self.stream_time_ms is None else self.stream_time_ms
-        return _META_LAYOUT.pack(_META_VERSION, stream_time + 1, self.buffered, self.expiry_hint_ms)
+        return _META_LAYOUT.pack(
+            _META_VERSION,
+            stream_time + 1,
+            self.buffered,
+            self.expiry_hint_ms,
+            self.fresh_left,
+            self.fresh_right,
+        )
 
     @classmethod
     def decode(cls, data: bytes | None) -> _Meta:
         if data is None:
             return cls(None, 0, _NO_EXPIRY)
-        if len(data) != _META_LAYOUT.size or data[0] != _META_VERSION:
+        if len(data) == _META_LAYOUT.size and data[0] == _META_VERSION:
+            _, stream_time, buffered, hint, fresh_left, fresh_right = _META_LAYOUT.unpack(data)
+        elif len(data) == _META_LAYOUT_1.size and data[0] == _META_VERSION_1:
+            _, stream_time, buffered, hint = _META_LAYOUT_1.unpack(data)
+            # which seqs are buffered is not known, unless nothing is (no expiry hint)
+            fresh_left = fresh_right = 0 if hint == _NO_EXPIRY else _UNKNOWN_SEQ
+        else:
             raise CorruptJoinState(
-                f"join metadata has format {data[:1]!r} and {len(data)} bytes; "
-                f"expected format {_META_VERSION} and {_META_LAYOUT.size} bytes"
+                f"join metadata has format {data[:1]!r} and {len(data)} bytes; expected "
+                f"format {_META_VERSION} and {_META_LAYOUT.size} bytes (or format "
+                f"{_META_VERSION_1} and {_META_LAYOUT_1.size})"
             )
-        _, stream_time, buffered, hint = _META_LAYOUT.unpack(data)
-        return cls(None if stream_time == 0 else stream_time - 1, buffered, hint)
+        return cls(
+            None if stream_time == 0 else stream_time - 1, buffered, hint, fresh_left, fresh_right
+        )
 
 
 def _buffer_key(side: bytes, prefixed_key: bytes, timestamp_ms: int, seq: int) -> bytes:
@@ -353,7 +378,17 @@ class StreamStreamJoin:
         buffer_key = _buffer_key(side_byte, prefixed, timestamp_ms, seq)
         index_key = _expiry_key(side_byte, prefixed, timestamp_ms, seq)
         buffered = meta.buffered
-        if view.get(buffer_key) is not None:
+        fresh_left, fresh_right = meta.fresh_left, meta.fresh_right
+        fresh = fresh_left if is_left else fresh_right
+        if fresh != _UNKNOWN_SEQ and seq >= fresh:
+            # no event of this side at or past ``fresh`` was buffered: not a replay
+            matched = bool(partners)
+            buffered += 1
+            if is_left:
+                fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+            else:
+                fresh_right = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+        elif view.get(buffer_key) is not None:
             # an at-least-once replay of an event already buffered: joined again
             # above (duplicates are allowed), stored and counted once
             matched = bool(partners) or view.get(index_key) == _MATCHED
@@ -363,7 +398,15 @@ class StreamStreamJoin:
         view.put(buffer_key, value)
         view.put(index_key, _MATCHED if matched else _UNMATCHED)
         hint = meta.expiry_hint_ms
-        self._save(_Meta(now, buffered, timestamp_ms if timestamp_ms < hint else hint))
+        self._save(
+            _Meta(
+                now,
+                buffered,
+                timestamp_ms if timestamp_ms < hint else hint,
+                fresh_left,
+                fresh_right,
+            )
+        )
         return outputs
 
     def advance(self, stream_time_ms: int) -> list[JoinOutput]:
@@ -400,7 +443,7 @@ class StreamStreamJoin:
         cutoff = self.spec.closes_before(stream_time_ms)
         if cutoff <= meta.expiry_hint_ms + self.spec.expiry_slack_ms:
             # nothing buffered is old enough to close (or not enough of it): skip the scan
-            return [], _Meta(stream_time_ms, meta.buffered, meta.expiry_hint_ms)
+            return [], meta._replace(stream_time_ms=stream_time_ms)
         view = self.view
         emits_unmatched = self._emits_unmatched
         outputs: list[JoinOutput] = []
@@ -441,7 +484,9 @@ class StreamStreamJoin:
         hint = _NO_EXPIRY if following is None else _split_expiry_key(following)[0]
         self.stats.expired += removed
         self.stats.unmatched_emitted += len(outputs)
-        return outputs, _Meta(stream_time_ms, max(0, meta.buffered - removed), hint)
+        # an empty index (the scan saw its end) is an empty buffer: any seq is fresh
+        fresh = (0, 0) if hint == _NO_EXPIRY else (meta.fresh_left, meta.fresh_right)
+        return outputs, _Meta(stream_time_ms, max(0, meta.buffered - removed), hint, *fresh)
 
 
 # ------------------------------------------------------------------ table-table
