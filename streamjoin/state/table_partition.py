@@ -106,13 +106,13 @@ class TablePartition:
 
     def put(self, key: bytes, value: bytes | None) -> None:
         pending = self.pending
-        if key not in pending and key not in self.flushing:
+        if key not in pending and (not self.flushing or key not in self.flushing):
             self._index(key)
         pending[key] = value
 
     def delete(self, key: bytes) -> None:
         pending = self.pending
-        if key not in pending and key not in self.flushing:
+        if key not in pending and (not self.flushing or key not in self.flushing):
             self._index(key)
         pending[key] = None
 
@@ -192,8 +192,9 @@ class TablePartition:
     def _scan_keys(
         self, keys: Iterable[bytes], start: bytes, end: bytes
     ) -> Iterator[tuple[bytes, bytes]]:
-        """A scan where the buffered keys that may be in range are ``keys`` (unsorted, few)."""
-        stored = self.store.items(start, end)
+        """A scan inside one group, whose buffered keys are ``keys`` (unsorted, few). The
+        store's part is read at once: a group is one key's entries (a join's partners)."""
+        stored = iter(self.store.range_items(start, end))
         hits = [key for key in keys if start <= key < end]
         if not hits:
             return stored
