@@ -32,7 +32,7 @@ from streamjoin.errors import (
     TableAccessError,
 )
 from streamjoin.events import Event
-from streamjoin.joins.core import JoinInput, JoinOutput, JoinSpec, StreamStreamJoin
+from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamStreamJoin
 from streamjoin.log_summary import Summary
 from streamjoin.stream import Stream
 from streamjoin.tables import Table
@@ -135,9 +135,8 @@ class StreamStreamJoinDecl:
             counters = context.worker_values[self._key] = JoinStats()
         stats = core.stats
         late, beyond_grace = stats.late, stats.beyond_grace
-        outputs = core.process(
-            JoinInput(side, record.key, record.value or b"", timestamp, event.offset)
-        )
+        value = record.value or b""
+        outputs = core.process_record(side, record.key, value, timestamp, event.offset)
         if stats.late != late or stats.beyond_grace != beyond_grace:
             dropped = stats.late != late
             counters.late += stats.late - late
@@ -156,13 +155,14 @@ class StreamStreamJoinDecl:
                     f"{seconds:.0f} s on topic {event.topic}"
                 ),
             )
-        for out in outputs:
-            await self._emit(out)
-            counters.emitted += 1
+        if outputs:
+            await self._emit(outputs, counters)
 
     def __post_init__(self) -> None:
         #: where the task keeps this join's core, and the worker its counters
         self._key = f"join:{self.name}"
+        #: a coroutine function's result is awaited without asking (most join functions)
+        self._is_async = inspect.iscoroutinefunction(self.fun)
 
     def _new_core(self, context: EventContext) -> StreamStreamJoin:
         """The task's join core over its buffer partition (made once per task)."""
@@ -172,15 +172,25 @@ class StreamStreamJoinDecl:
                 f"join {self.name!r}: its buffer is not in the task of "
                 f"{context.record.topic}[{context.record.partition}]"
             )
+        view.group_keys_by(BUFFER_GROUP_OF)  # partner scans read one key's buffered writes
         return StreamStreamJoin(self.spec, view)
 
-    async def _emit(self, out: JoinOutput) -> None:
-        key = self.left.key_codec.loads(out.key)
-        left = self.left.value_codec.loads(out.left) if out.left is not None else None
-        right = self.right.value_codec.loads(out.right) if out.right is not None else None
-        result = await _call(self.fun, key, left, right)
-        if result is not None and self.output is not None:
-            await self.output.send(key=key, value=result, timestamp_ms=out.timestamp_ms)
+    async def _emit(self, outputs: list[JoinOutput], counters: JoinStats) -> None:
+        """Call the join function on each result (in order) and send what it returns."""
+        key_loads = self.left.key_codec.loads
+        left_loads, right_loads = self.left.value_codec.loads, self.right.value_codec.loads
+        fun, output, is_async = self.fun, self.output, self._is_async
+        key_bytes: bytes | None = None
+        key: Any = None
+        for out in outputs:
+            if out.key != key_bytes:  # an event's matches share its key: decoded once
+                key_bytes, key = out.key, key_loads(out.key)
+            left = left_loads(out.left) if out.left is not None else None
+            right = right_loads(out.right) if out.right is not None else None
+            result = await fun(key, left, right) if is_async else await _call(fun, key, left, right)
+            if result is not None and output is not None:
+                await output.send(key=key, value=result, timestamp_ms=out.timestamp_ms)
+            counters.emitted += 1
 
 
 def declare_join(

@@ -12,7 +12,8 @@ integers 8-byte big-endian, so byte order is numeric order; ``side`` is ``b"L"``
 or ``b"R"``):
 
 - ``META_KEY`` (``JOIN_STATE_KEY``: ``META + b"join-state"``) -> format version,
-  stream time, buffered count, expiry hint;
+  stream time, buffered count, expiry hint and, per side, the seq from which no event
+  can be buffered yet (format 2; format 1, without them, is still read);
 - ``BUFFER_PREFIX + side + window_key(key, ts) + seq`` (``DATA``, sub-space
   ``side``, suffix ``seq``) -> the event's value: a key's buffered events on one
   side, in (timestamp, seq) order, so finding the matches of an event is one
@@ -37,10 +38,11 @@ from typing import Literal, NamedTuple
 
 from streamjoin.errors import CorruptJoinState, InvalidJoinInput, InvalidJoinSpec, JoinError
 from streamjoin.joins.state import KeyValueView
-from streamjoin.state.keys import KEY_LENGTH_BYTES, MAX_UINT64, length_prefixed
-from streamjoin.state.window_layout import DATA, INDEX, JOIN_STATE_KEY, namespace_range
+from streamjoin.state.keys import KEY_LENGTH_BYTES, MAX_UINT64
+from streamjoin.state.window_layout import DATA, INDEX, JOIN_STATE_KEY, data_group, namespace_range
 
 __all__ = [
+    "BUFFER_GROUP_OF",
     "BUFFER_PREFIX",
     "EXPIRY_PREFIX",
     "MAX_TIMESTAMP_MS",
@@ -71,8 +73,15 @@ META_KEY = JOIN_STATE_KEY
 EXPIRY_PREFIX = INDEX
 BUFFER_PREFIX = DATA
 _EXPIRY_END = namespace_range(INDEX)[1]  # the expiry index is all of [EXPIRY_PREFIX, _EXPIRY_END)
+#: the buffer's events grouped by side and key (``BUFFER_PREFIX + side + length_prefixed(key)``):
+#: finding an event's partners is a scan inside one group (see TablePartition.group_keys_by)
+BUFFER_GROUP_OF = data_group(space_length=1)
 
-_META_VERSION = 1
+_META_VERSION = 2
+_META_VERSION_1 = 1
+#: a side's "fresh from" seq when it is not known (state written in format 1): every
+#: event's buffer key is looked up
+_UNKNOWN_SEQ = MAX_UINT64
 _NO_EXPIRY = MAX_UINT64
 _SIDE_BYTE: dict[Side, bytes] = {"left": b"L", "right": b"R"}
 _SIDE_OF_BYTE: dict[int, Side] = {ord("L"): "left", ord("R"): "right"}
@@ -85,7 +94,15 @@ _U64 = 8
 #: validated once, in JoinInput, and the bytes are the same (the tests pin the layout)
 _PACK_U64 = struct.Struct(">Q").pack
 _UNPACK_U64 = struct.Struct(">Q").unpack
-_META_LAYOUT = struct.Struct(">BQQQ")
+_META_LAYOUT = struct.Struct(">BQQQQQ")
+_META_LAYOUT_1 = struct.Struct(">BQQQ")
+#: ``u64(ts) + u64(seq)``: the tail of a buffer key
+_PACK_TS_SEQ = struct.Struct(">QQ").pack
+#: ``EXPIRY_PREFIX + u64(ts) + side + u64(seq)``: the head of an expiry index key
+_EXPIRY_HEAD = struct.Struct(">cQcQ")
+_PACK_EXPIRY_HEAD = _EXPIRY_HEAD.pack
+_UNPACK_EXPIRY_HEAD = _EXPIRY_HEAD.unpack_from
+_PACK_KEY_LENGTH = struct.Struct(">I").pack
 
 
 def _check_int(name: str, value: int, low: int, high: int, error: type[JoinError]) -> None:
@@ -157,10 +174,11 @@ class JoinInput:
         _check_int("seq", self.seq, 0, MAX_UINT64, InvalidJoinInput)
 
 
-@dataclass(frozen=True)
-class JoinOutput:
+class JoinOutput(NamedTuple):
     """A join result: a matched pair (both sides set, timestamp the later of the two)
-    or, for left/outer joins, an unmatched event (other side None, its own timestamp)."""
+    or, for left/outer joins, an unmatched event (other side None, its own timestamp).
+
+    A named tuple: one is built per result, and a frozen dataclass costs several times more."""
 
     key: bytes
     left: bytes | None
@@ -190,54 +208,64 @@ class _Meta(NamedTuple):
     buffered: int
     #: no buffered event has a timestamp below this (a lower bound, or _NO_EXPIRY)
     expiry_hint_ms: int
+    #: per side, no buffered event has a seq at or above this (or _UNKNOWN_SEQ): an event
+    #: past it cannot be a replay, so its buffer key needs no lookup
+    fresh_left: int = 0
+    fresh_right: int = 0
 
     def encode(self) -> bytes:
         stream_time = -1 if self.stream_time_ms is None else self.stream_time_ms
-        return _META_LAYOUT.pack(_META_VERSION, stream_time + 1, self.buffered, self.expiry_hint_ms)
+        return _META_LAYOUT.pack(
+            _META_VERSION,
+            stream_time + 1,
+            self.buffered,
+            self.expiry_hint_ms,
+            self.fresh_left,
+            self.fresh_right,
+        )
 
     @classmethod
     def decode(cls, data: bytes | None) -> _Meta:
         if data is None:
             return cls(None, 0, _NO_EXPIRY)
-        if len(data) != _META_LAYOUT.size or data[0] != _META_VERSION:
+        if len(data) == _META_LAYOUT.size and data[0] == _META_VERSION:
+            _, stream_time, buffered, hint, fresh_left, fresh_right = _META_LAYOUT.unpack(data)
+        elif len(data) == _META_LAYOUT_1.size and data[0] == _META_VERSION_1:
+            _, stream_time, buffered, hint = _META_LAYOUT_1.unpack(data)
+            # which seqs are buffered is not known, unless nothing is (no expiry hint)
+            fresh_left = fresh_right = 0 if hint == _NO_EXPIRY else _UNKNOWN_SEQ
+        else:
             raise CorruptJoinState(
-                f"join metadata has format {data[:1]!r} and {len(data)} bytes; "
-                f"expected format {_META_VERSION} and {_META_LAYOUT.size} bytes"
+                f"join metadata has format {data[:1]!r} and {len(data)} bytes; expected "
+                f"format {_META_VERSION} and {_META_LAYOUT.size} bytes (or format "
+                f"{_META_VERSION_1} and {_META_LAYOUT_1.size})"
             )
-        _, stream_time, buffered, hint = _META_LAYOUT.unpack(data)
-        return cls(None if stream_time == 0 else stream_time - 1, buffered, hint)
+        return cls(
+            None if stream_time == 0 else stream_time - 1, buffered, hint, fresh_left, fresh_right
+        )
 
 
-def _buffer_key(side: Side, prefixed_key: bytes, timestamp_ms: int, seq: int) -> bytes:
-    """``BUFFER_PREFIX + side + window_key(key, ts) + seq``; takes ``length_prefixed(key)``."""
-    return (
-        BUFFER_PREFIX + _SIDE_BYTE[side] + prefixed_key + _PACK_U64(timestamp_ms) + _PACK_U64(seq)
-    )
+def _buffer_key(side: bytes, prefixed_key: bytes, timestamp_ms: int, seq: int) -> bytes:
+    """``BUFFER_PREFIX + side + window_key(key, ts) + seq``; takes ``length_prefixed(key)``
+    and the side's byte."""
+    return BUFFER_PREFIX + side + prefixed_key + _PACK_TS_SEQ(timestamp_ms, seq)
 
 
-def _expiry_key(side: Side, prefixed_key: bytes, timestamp_ms: int, seq: int) -> bytes:
+def _expiry_key(side: bytes, prefixed_key: bytes, timestamp_ms: int, seq: int) -> bytes:
     """``EXPIRY_PREFIX + ts + side + seq + length_prefixed(key)``."""
-    return (
-        EXPIRY_PREFIX + _PACK_U64(timestamp_ms) + _SIDE_BYTE[side] + _PACK_U64(seq) + prefixed_key
-    )
+    return _PACK_EXPIRY_HEAD(EXPIRY_PREFIX, timestamp_ms, side, seq) + prefixed_key
 
 
-def _split_expiry_key(entry: bytes) -> tuple[int, Side, int, bytes]:
-    """``(timestamp, side, seq, length_prefixed(key))`` of an expiry index key."""
-    head = len(EXPIRY_PREFIX)
-    fixed = head + _U64 + 1 + _U64
-    side = _SIDE_OF_BYTE.get(entry[head + _U64]) if len(entry) > head + _U64 else None
-    if side is None or len(entry) < fixed + KEY_LENGTH_BYTES:
+def _split_expiry_key(entry: bytes) -> tuple[int, bytes, int, bytes]:
+    """``(timestamp, side byte, seq, length_prefixed(key))`` of an expiry index key."""
+    fixed = _EXPIRY_HEAD.size
+    if len(entry) < fixed + KEY_LENGTH_BYTES or entry[fixed - _U64 - 1] not in _SIDE_OF_BYTE:
         raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
     key_length = int.from_bytes(entry[fixed : fixed + KEY_LENGTH_BYTES], "big")
     if len(entry) != fixed + KEY_LENGTH_BYTES + key_length:
         raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
-    return (
-        _UNPACK_U64(entry[head : head + _U64])[0],
-        side,
-        _UNPACK_U64(entry[head + _U64 + 1 : fixed])[0],
-        entry[fixed:],
-    )
+    _, timestamp_ms, side, seq = _UNPACK_EXPIRY_HEAD(entry)
+    return timestamp_ms, side, seq, entry[fixed:]
 
 
 class StreamStreamJoin:
@@ -252,6 +280,12 @@ class StreamStreamJoin:
     def __init__(self, spec: JoinSpec, view: KeyValueView) -> None:
         self.spec = spec
         self.view = view
+        #: an event this much older than stream time has a closed window (it is late)
+        self._open_ms = spec.window_ms + spec.grace_ms
+        self._emits_unmatched = {
+            b"L": spec.emits_unmatched("left"),
+            b"R": spec.emits_unmatched("right"),
+        }
         self._saved_meta: tuple[bytes | None, _Meta] = (None, _Meta.decode(None))
         self.stats = JoinStats(buffered=self._meta().buffered)
 
@@ -267,62 +301,112 @@ class StreamStreamJoin:
         An event whose own window has already closed (``ts + window + grace <
         stream time``) is late: it is dropped and counted, for every ``how``.
         """
+        return self._process(event.side, event.key, event.value, event.timestamp_ms, event.seq)
+
+    def process_record(
+        self, side: Side, key: bytes, value: bytes, timestamp_ms: int, seq: int
+    ) -> list[JoinOutput]:
+        """:meth:`process` without building a :class:`JoinInput` (the worker's per-event
+        path): the same checks, the same errors."""
+        if not (
+            type(key) is bytes
+            and type(value) is bytes
+            and type(timestamp_ms) is int
+            and 0 <= timestamp_ms <= MAX_TIMESTAMP_MS
+            and type(seq) is int
+            and 0 <= seq <= MAX_UINT64
+            and side in _SIDE_BYTE
+        ):
+            JoinInput(side, key, value, timestamp_ms, seq)  # raises InvalidJoinInput if invalid
+        return self._process(side, key, value, timestamp_ms, seq)
+
+    def _process(
+        self, side: Side, key: bytes, value: bytes, timestamp_ms: int, seq: int
+    ) -> list[JoinOutput]:
         spec = self.spec
-        self.stats.processed += 1
+        stats = self.stats
+        view = self.view
+        stats.processed += 1
         meta = self._meta()
-        if meta.stream_time_ms is not None:
-            lateness = meta.stream_time_ms - event.timestamp_ms
-            if lateness > spec.window_ms + spec.grace_ms:
-                self.stats.late += 1
+        now = meta.stream_time_ms
+        if now is not None:
+            lateness = now - timestamp_ms
+            if lateness > self._open_ms:
+                stats.late += 1
                 return []
             if lateness > spec.grace_ms:
-                self.stats.beyond_grace += 1
-        outputs, meta = self._advance(meta, event.timestamp_ms)
+                stats.beyond_grace += 1
+        if now is None or timestamp_ms > now:
+            outputs, meta = self._advance(meta, timestamp_ms)
+            now = timestamp_ms
+        else:
+            outputs = []
 
-        other: Side = "right" if event.side == "left" else "left"
-        prefixed = length_prefixed(event.key)
+        window_ms = spec.window_ms
+        is_left = side == "left"
+        side_byte, other_byte = (b"L", b"R") if is_left else (b"R", b"L")
+        prefixed = _PACK_KEY_LENGTH(len(key)) + key
         # partners closed at the current stream time never match, even while they are still
         # stored (see JoinSpec.expiry_slack_ms)
-        now = meta.stream_time_ms  # set by _advance
-        closed_below = 0 if now is None else spec.closes_before(now)
-        lowest = max(0, event.timestamp_ms - spec.window_ms, closed_below)
+        lowest = max(0, timestamp_ms - window_ms, now - self._open_ms)
+        partner_prefix = BUFFER_PREFIX + other_byte + prefixed
         partners = list(
-            self.view.scan(
-                _buffer_key(other, prefixed, lowest, 0),
-                _buffer_key(other, prefixed, event.timestamp_ms + spec.window_ms + 1, 0),
+            view.scan(
+                partner_prefix + _PACK_TS_SEQ(lowest, 0),
+                partner_prefix + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
             )
         )
-        track_other = spec.emits_unmatched(other)
-        for partner_key, value in partners:
-            partner_ms = _UNPACK_U64(partner_key[-2 * _U64 : -_U64])[0]
-            left, right = (event.value, value) if event.side == "left" else (value, event.value)
-            outputs.append(JoinOutput(event.key, left, right, max(event.timestamp_ms, partner_ms)))
-            if track_other:
-                partner_seq = _UNPACK_U64(partner_key[-_U64:])[0]
-                partner_index = _expiry_key(other, prefixed, partner_ms, partner_seq)
-                if self.view.get(partner_index) != _MATCHED:
-                    self.view.put(partner_index, _MATCHED)
-        self.stats.matched += len(partners)
+        if partners:
+            track_other = self._emits_unmatched[other_byte]
+            for partner_key, partner_value in partners:
+                partner_ms = _UNPACK_U64(partner_key[-2 * _U64 : -_U64])[0]
+                outputs.append(
+                    JoinOutput(
+                        key,
+                        value if is_left else partner_value,
+                        partner_value if is_left else value,
+                        timestamp_ms if timestamp_ms > partner_ms else partner_ms,
+                    )
+                )
+                if track_other:
+                    partner_seq = _UNPACK_U64(partner_key[-_U64:])[0]
+                    partner_index = _expiry_key(other_byte, prefixed, partner_ms, partner_seq)
+                    if view.get(partner_index) != _MATCHED:
+                        view.put(partner_index, _MATCHED)
+            stats.matched += len(partners)
 
-        buffer_key = _buffer_key(event.side, prefixed, event.timestamp_ms, event.seq)
-        index_key = _expiry_key(event.side, prefixed, event.timestamp_ms, event.seq)
+        buffer_key = _buffer_key(side_byte, prefixed, timestamp_ms, seq)
+        index_key = _expiry_key(side_byte, prefixed, timestamp_ms, seq)
         buffered = meta.buffered
-        replay = self.view.get(buffer_key) is not None
-        if replay:
+        fresh_left, fresh_right = meta.fresh_left, meta.fresh_right
+        fresh = fresh_left if is_left else fresh_right
+        if fresh != _UNKNOWN_SEQ and seq >= fresh:
+            # no event of this side at or past ``fresh`` was buffered: not a replay
+            matched = bool(partners)
+            buffered += 1
+            if is_left:
+                fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+            else:
+                fresh_right = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+        elif view.get(buffer_key) is not None:
             # an at-least-once replay of an event already buffered: joined again
             # above (duplicates are allowed), stored and counted once
-            matched = bool(partners) or self.view.get(index_key) == _MATCHED
+            matched = bool(partners) or view.get(index_key) == _MATCHED
         else:
             matched = bool(partners)
             buffered += 1
-        self.view.put(buffer_key, event.value)
-        self.view.put(index_key, _MATCHED if matched else _UNMATCHED)
-        meta = _Meta(
-            meta.stream_time_ms,
-            buffered,
-            min(meta.expiry_hint_ms, event.timestamp_ms),
+        view.put(buffer_key, value)
+        view.put(index_key, _MATCHED if matched else _UNMATCHED)
+        hint = meta.expiry_hint_ms
+        self._save(
+            _Meta(
+                now,
+                buffered,
+                timestamp_ms if timestamp_ms < hint else hint,
+                fresh_left,
+                fresh_right,
+            )
         )
-        self._save(meta)
         return outputs
 
     def advance(self, stream_time_ms: int) -> list[JoinOutput]:
@@ -359,7 +443,9 @@ class StreamStreamJoin:
         cutoff = self.spec.closes_before(stream_time_ms)
         if cutoff <= meta.expiry_hint_ms + self.spec.expiry_slack_ms:
             # nothing buffered is old enough to close (or not enough of it): skip the scan
-            return [], _Meta(stream_time_ms, meta.buffered, meta.expiry_hint_ms)
+            return [], meta._replace(stream_time_ms=stream_time_ms)
+        view = self.view
+        emits_unmatched = self._emits_unmatched
         outputs: list[JoinOutput] = []
         removed = 0
         index_end = EXPIRY_PREFIX + _PACK_U64(cutoff)
@@ -370,7 +456,7 @@ class StreamStreamJoin:
         following: bytes | None = None
         while following is None:
             closed: list[tuple[bytes, bytes]] = []
-            for index_key, flag in self.view.scan(index_start, _EXPIRY_END):
+            for index_key, flag in view.scan(index_start, _EXPIRY_END):
                 if index_key >= index_end:
                     following = index_key
                     break
@@ -381,16 +467,16 @@ class StreamStreamJoin:
             for index_key, flag in closed:
                 timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
                 buffer_key = _buffer_key(side, prefixed, timestamp_ms, seq)
-                if flag != _MATCHED and self.spec.emits_unmatched(side):
-                    value = self.view.get(buffer_key)
+                if flag != _MATCHED and emits_unmatched[side]:
+                    value = view.get(buffer_key)
                     if value is None:
                         raise CorruptJoinState(f"join expiry entry {index_key!r} has no event")
-                    left, right = (value, None) if side == "left" else (None, value)
+                    left, right = (value, None) if side == b"L" else (None, value)
                     outputs.append(
                         JoinOutput(prefixed[KEY_LENGTH_BYTES:], left, right, timestamp_ms)
                     )
-                self.view.delete(buffer_key)
-                self.view.delete(index_key)
+                view.delete(buffer_key)
+                view.delete(index_key)
             removed += len(closed)
             if len(closed) < _EXPIRY_BATCH:
                 break  # the index ends here (or ``following`` was found)
@@ -398,7 +484,9 @@ class StreamStreamJoin:
         hint = _NO_EXPIRY if following is None else _split_expiry_key(following)[0]
         self.stats.expired += removed
         self.stats.unmatched_emitted += len(outputs)
-        return outputs, _Meta(stream_time_ms, max(0, meta.buffered - removed), hint)
+        # an empty index (the scan saw its end) is an empty buffer: any seq is fresh
+        fresh = (0, 0) if hint == _NO_EXPIRY else (meta.fresh_left, meta.fresh_right)
+        return outputs, _Meta(stream_time_ms, max(0, meta.buffered - removed), hint, *fresh)
 
 
 # ------------------------------------------------------------------ table-table

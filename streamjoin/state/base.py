@@ -55,6 +55,11 @@ class StorePartition(Protocol):
         """
         ...
 
+    def range_items(self, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """The pairs of ``[start, end)`` in key order, read at once: for small ranges read
+        per event (a join's partners), where an open iterator only costs."""
+        ...
+
     def write(self, writes: Mapping[bytes, bytes | None], changelog_offset: int | None) -> None:
         """Apply puts (and deletes, value None) and the offset atomically: all or nothing.
 

@@ -50,6 +50,9 @@ class MemoryStorePartition:
         # A copy of the key slice: writes during iteration must not shift positions.
         return self._iter_keys(self._sorted[lo:hi])
 
+    def range_items(self, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        return list(self.items(start, end))
+
     def _iter_keys(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         for key in keys:
             self._check_open()

@@ -1,32 +1,40 @@
 """One table partition at run time: its store plus the writes not yet in it (pure, no I/O).
 
 Writes made while processing events are buffered here and reach the changelog and
-the store only when the worker flushes. A buffer is a plain dict until a range scan
-needs it in order; from then on it is a :class:`SortedDict`, so scans merge it with
-the store lazily. Writing a new key into a plain dict costs a fraction of keeping
-keys sorted, and most tables scan rarely (windowed tables once per flush) while join
-buffers scan once per event (their buffer turns sorted at its first scan). The worker
-flushes: :meth:`take_pending` hands them out, :meth:`finish_flush` applies
-them with the changelog offset they reached, :meth:`abandon` forgets them when the
-partition is lost (its next owner replays the events that made them). Reads always
-see the newest layer first: pending, then flushing, then the store. This is the
-partition's transaction: nothing written through it is durable before a flush.
+the store only when the worker flushes. Buffered writes are plain dicts (a write is
+one dict assignment); range scans merge them over the store lazily, through an index
+of the buffered keys:
+
+- keys of a *group* (see :meth:`TablePartition.group_keys_by`: a join buffer groups
+  its events by side and key) are indexed per group, unsorted. A scan inside one
+  group (every partner of an event: one per event) sorts that group's few buffered
+  keys in range and never touches the others;
+- every other key goes into one sorted list, built at the first scan that needs it
+  (an expiry scan, say) and kept from then on.
+
+The worker flushes: :meth:`take_pending` hands them out, :meth:`finish_flush`
+applies them with the changelog offset they reached, :meth:`abandon` forgets them
+when the partition is lost (its next owner replays the events that made them). Reads
+always see the newest layer first: pending, then flushing, then the store. This is
+the partition's transaction: nothing written through it is durable before a flush.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedList
 
 from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
+from streamjoin.state.keys import prefix_range
 
-__all__ = ["Buffer", "TablePartition"]
+__all__ = ["Buffer", "GroupOf", "TablePartition"]
 
-#: buffered writes, key -> value (None = delete): a dict, sorted once a scan needs it
-Buffer = dict[bytes, bytes | None] | SortedDict[bytes, bytes | None]
+#: buffered writes, key -> value (None = delete)
+Buffer = dict[bytes, bytes | None]
+#: a key's group: a prefix of the key that every key beginning with it maps to (None: none)
+GroupOf = Callable[[bytes], bytes | None]
 
 _MISSING = object()
 
@@ -34,14 +42,26 @@ _MISSING = object()
 class TablePartition:
     """The store and the buffered writes of partition ``partition`` of table ``table``."""
 
-    __slots__ = ("abandoned", "corrupted", "flushing", "partition", "pending", "store", "table")
+    __slots__ = (
+        "_group_high",
+        "_group_low",
+        "_group_of",
+        "_groups",
+        "_sorted",
+        "abandoned",
+        "corrupted",
+        "flushing",
+        "partition",
+        "pending",
+        "store",
+        "table",
+    )
 
     def __init__(self, table: str, partition: int, store: StorePartition) -> None:
         self.table = table
         self.partition = partition
         self.store = store
-        #: key -> value bytes (None = delete), written since the last flush began; a
-        #: SortedDict once a scan needed it in order (see the module docstring)
+        #: key -> value bytes (None = delete), written since the last flush began
         self.pending: Buffer = {}
         #: writes of the flush under way (read through while it runs)
         self.flushing: Buffer = {}
@@ -49,9 +69,27 @@ class TablePartition:
         self.abandoned = False
         #: a flush's read found the store corrupted (the commit reports it for a rebuild)
         self.corrupted: StoreCorrupted | None = None
+        # The index of buffered keys (pending and flushing alike; see the module docstring).
+        self._group_of: GroupOf | None = None
+        #: group -> its buffered keys
+        self._groups: dict[bytes, set[bytes]] = {}
+        #: the smallest and largest group indexed (a scan outside them needs no group)
+        self._group_low: bytes | None = None
+        self._group_high: bytes | None = None
+        #: the buffered keys of no group, sorted; None until a scan needs them
+        self._sorted: SortedList[bytes] | None = None
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"
+
+    def group_keys_by(self, group_of: GroupOf) -> None:
+        """Index buffered keys by ``group_of(key)``, which must return a prefix of the key
+        that every key beginning with it maps to as well (or None: no group). Scans whose
+        start and end share a group then read only that group's buffered writes."""
+        if group_of is self._group_of:
+            return
+        self._group_of = group_of
+        self._reindex()
 
     # ------------------------------------------------------------ the KeyValueView contract
 
@@ -67,28 +105,108 @@ class TablePartition:
         return self.lookup(key)
 
     def put(self, key: bytes, value: bytes | None) -> None:
-        self.pending[key] = value
+        pending = self.pending
+        if key not in pending and (not self.flushing or key not in self.flushing):
+            self._index(key)
+        pending[key] = value
 
     def delete(self, key: bytes) -> None:
-        self.pending[key] = None
+        pending = self.pending
+        if key not in pending and (not self.flushing or key not in self.flushing):
+            self._index(key)
+        pending[key] = None
 
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Sorted items in [start, end), buffered writes merged over the store.
 
         Lazy: taking the first few items costs a few seeks however many writes are
-        buffered in the range (the join core asks "what comes next?" once per event).
+        buffered in the range.
         """
-        layers: list[Iterator[tuple[bytes, bytes | None]]] = []
-        if self.pending:
-            self.pending = pending = _sorted(self.pending)
-            layers.append(_buffered_range(pending, start, end))
-        if self.flushing:
-            self.flushing = flushing = _sorted(self.flushing)
-            layers.append(_buffered_range(flushing, start, end))
-        stored = self.store.items(start, end)
-        if not layers:
+        group_of = self._group_of
+        if group_of is not None and end is not None:
+            group = group_of(start)
+            if group is not None and end.startswith(group):
+                # every key in [start, end) begins with ``group``: only its keys can be in range
+                return self._scan_keys(self._groups.get(group, ()), start, end)
+        if not self.pending and not self.flushing:
+            return self.store.items(start, end)
+        ordered = self._sorted
+        if ordered is None:
+            ordered = self._sorted = SortedList(self._ungrouped())
+        keys: Iterable[bytes] = ordered.irange(start, end, inclusive=(True, False))
+        if self._groups and self._may_hold_groups(start, end):
+            keys = sorted([*keys, *self._grouped_in(start, end)])
+        return _merge(self._newest(keys), self.store.items(start, end))
+
+    # ------------------------------------------------------------ the index of buffered keys
+
+    def _index(self, key: bytes) -> None:
+        """Index a key newly buffered (in neither layer yet)."""
+        group_of = self._group_of
+        group = None if group_of is None else group_of(key)
+        if group is None:
+            if self._sorted is not None:
+                self._sorted.add(key)
+            return
+        keys = self._groups.get(group)
+        if keys is not None:
+            keys.add(key)
+            return
+        self._groups[group] = {key}
+        if self._group_low is None or group < self._group_low:
+            self._group_low = group
+        if self._group_high is None or group > self._group_high:
+            self._group_high = group
+
+    def _reindex(self) -> None:
+        self._groups = {}
+        self._group_low = self._group_high = None
+        self._sorted = None
+        if self._group_of is not None:
+            for key in {**self.flushing, **self.pending}:
+                self._index(key)
+
+    def _ungrouped(self) -> Iterator[bytes]:
+        group_of = self._group_of
+        for key in {**self.flushing, **self.pending}:
+            if group_of is None or group_of(key) is None:
+                yield key
+
+    def _may_hold_groups(self, start: bytes, end: bytes | None) -> bool:
+        """Whether [start, end) can hold a grouped key: it overlaps [lowest group, just
+        past the highest group's keys)."""
+        low, high = self._group_low, self._group_high
+        if low is None or high is None or (end is not None and end <= low):
+            return False
+        past_high = prefix_range(high)[1]
+        return past_high is None or start < past_high
+
+    def _grouped_in(self, start: bytes, end: bytes | None) -> list[bytes]:
+        return [
+            key
+            for keys in self._groups.values()
+            for key in keys
+            if start <= key and (end is None or key < end)
+        ]
+
+    def _scan_keys(
+        self, keys: Iterable[bytes], start: bytes, end: bytes
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """A scan inside one group, whose buffered keys are ``keys`` (unsorted, few). The
+        store's part is read at once: a group is one key's entries (a join's partners)."""
+        stored = iter(self.store.range_items(start, end))
+        hits = [key for key in keys if start <= key < end]
+        if not hits:
             return stored
-        return _merge_newest_first([*layers, stored])
+        hits.sort()
+        return _merge(self._newest(hits), stored)
+
+    def _newest(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
+        """Each buffered key with its newest value (None: deleted)."""
+        pending, flushing = self.pending, self.flushing
+        for key in keys:
+            value = pending.get(key, _MISSING)
+            yield key, flushing[key] if value is _MISSING else value  # type: ignore[misc]
 
     # ------------------------------------------------------------ flushing
 
@@ -116,6 +234,7 @@ class TablePartition:
         if self.flushing:
             self.store.write(self.flushing, changelog_offset)
         self.flushing = {}
+        self._reindex()  # the index holds only what is still buffered
 
     def abandon(self) -> int:
         """Forget unflushed writes (the partition was lost); returns how many were dropped."""
@@ -123,42 +242,24 @@ class TablePartition:
         self.abandoned = True
         self.pending = {}
         self.flushing = {}
+        self._reindex()
         return dropped
 
 
-def _sorted(layer: Buffer) -> SortedDict[bytes, bytes | None]:
-    return layer if isinstance(layer, SortedDict) else SortedDict(layer)
-
-
-def _buffered_range(
-    layer: SortedDict[bytes, bytes | None], start: bytes, end: bytes | None
-) -> Iterator[tuple[bytes, bytes | None]]:
-    for key in layer.irange(start, end, inclusive=(True, False)):
-        yield key, layer[key]
-
-
-def _merge_newest_first(
-    sources: Sequence[Iterator[tuple[bytes, bytes | None]]],
+def _merge(
+    buffered: Iterator[tuple[bytes, bytes | None]], stored: Iterator[tuple[bytes, bytes]]
 ) -> Iterator[tuple[bytes, bytes]]:
-    """Merge key-sorted sources lazily; on equal keys the earliest source wins, and a None
+    """Merge two key-sorted sources lazily; on equal keys the buffered one wins, and a None
     value (a buffered delete) hides the key."""
-    heap: list[tuple[bytes, int, bytes | None]] = []
-    iters = list(sources)
-    for rank, it in enumerate(iters):
-        first = next(it, None)
-        if first is not None:
-            heap.append((first[0], rank, first[1]))
-    heapq.heapify(heap)
-    last: bytes | None = None
-    while heap:
-        key, rank, value = heap[0]
-        following = next(iters[rank], None)
-        if following is None:
-            heapq.heappop(heap)
-        else:
-            heapq.heapreplace(heap, (following[0], rank, following[1]))
-        if key == last:
-            continue  # an older layer's version of a key already decided
-        last = key
+    following = next(stored, None)
+    for key, value in buffered:
+        while following is not None and following[0] < key:
+            yield following
+            following = next(stored, None)
+        if following is not None and following[0] == key:
+            following = next(stored, None)
         if value is not None:
             yield key, value
+    if following is not None:
+        yield following
+        yield from stored

@@ -31,6 +31,7 @@ names and the encodings used here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from streamjoin.errors import IncompatibleWindowState, WindowLayoutError
@@ -56,6 +57,7 @@ __all__ = [
     "DataEntry",
     "IncompatibleWindowState",
     "WindowLayoutError",
+    "data_group",
     "data_key",
     "data_key_prefix",
     "data_range",
@@ -227,3 +229,25 @@ def strip_length_prefix(encoded: bytes) -> bytes:
     if len(encoded) != KEY_LENGTH_BYTES + length:
         raise WindowLayoutError(f"length-prefixed key {encoded!r} does not match its length")
     return encoded[KEY_LENGTH_BYTES:]
+
+
+def data_group(space_length: int = 0) -> Callable[[bytes], bytes | None]:
+    """The grouping of data entries by key: ``DATA + space + length_prefixed(key)`` of an
+    entry (None for anything else), for :meth:`TablePartition.group_keys_by
+    <streamjoin.state.table_partition.TablePartition.group_keys_by>`.
+
+    Every key that begins with a group gets that group back (the length prefix decides
+    where the group ends), which is what lets a table partition answer a range scan inside
+    one group from that group's buffered writes alone.
+    """
+    head = len(DATA) + space_length
+    length_end = head + KEY_LENGTH_BYTES
+    data_byte = DATA[0]
+
+    def group_of(entry: bytes) -> bytes | None:
+        if len(entry) < length_end or entry[0] != data_byte:
+            return None
+        end = length_end + int.from_bytes(entry[head:length_end], "big")
+        return entry[:end] if len(entry) >= end else None
+
+    return group_of

@@ -21,7 +21,7 @@ from streamjoin.joins.core import (
     StreamStreamJoin,
 )
 from streamjoin.joins.state import MemoryKeyValueView
-from streamjoin.state.keys import encode_uint64, length_prefixed, window_key
+from streamjoin.state.keys import MAX_UINT64, encode_uint64, length_prefixed, window_key
 
 W = 100  # window
 G = 10  # grace
@@ -386,6 +386,49 @@ def test_unknown_metadata_format_is_refused() -> None:
         StreamStreamJoin(JoinSpec(1, 1), view)
 
 
+def _format_1(state: bytes) -> bytes:
+    """Join metadata as format 1 wrote it (without the fresh seqs)."""
+    return bytes([1]) + state[1:25]
+
+
+def test_format_1_state_is_read_and_replays_are_still_found() -> None:
+    """State written before format 2 does not say which seqs are buffered: every event's
+    buffer key is looked up, so a replay is still joined again and buffered once."""
+    h = Harness(how="left")
+    h.left(1000, "l")  # seq 1
+    h.right(1001, "r")  # seq 1
+    h.view.put(META_KEY, _format_1(h.view.get(META_KEY) or b""))
+    again = StreamStreamJoin(JoinSpec(W, G, "left"), h.view)
+    assert again.stats.buffered == 2
+    # the left event again (same seq): a replay, matched again but buffered once
+    assert again.process(JoinInput("left", b"k", b"l", 1000, 1)) == [pair("l", "r", 1001)]
+    assert again.stats.buffered == 2
+    assert again.process(JoinInput("left", b"k", b"l2", 1002, 2)) == [pair("l2", "r", 1002)]
+    assert again.stats.buffered == 3
+    # everything closes: the index is empty, and so every seq is fresh again
+    assert again.advance(10_000) == []
+    assert h.view.snapshot() == {
+        META_KEY: bytes([2])
+        + encode_uint64(10_001)
+        + bytes(8)
+        + encode_uint64(MAX_UINT64)
+        + bytes(16)
+    }
+
+
+def test_a_replay_below_the_fresh_seq_is_found_after_a_restart() -> None:
+    """Events with seqs below the highest buffered one are looked up (replays after a
+    restart resume from an older offset), events past it are not."""
+    h = Harness(how="left")
+    for seq in (3, 5, 9):
+        assert h.join.process(JoinInput("left", b"k", f"l{seq}".encode(), 1000 + seq, seq)) == []
+    again = StreamStreamJoin(JoinSpec(W, G, "left"), h.view)
+    assert again.process(JoinInput("left", b"k", b"l5", 1005, 5)) == []  # a replay
+    assert again.process(JoinInput("left", b"k", b"l4", 1004, 4)) == []  # new, below 9
+    assert again.stats.buffered == 4
+    assert again.advance(10_000) == [only_left(f"l{seq}", 1000 + seq) for seq in (3, 4, 5, 9)]
+
+
 def test_malformed_expiry_entries_are_refused() -> None:
     h = Harness()
     h.left(1000, "l")
@@ -403,10 +446,12 @@ def test_state_layout_is_pinned() -> None:
     h.left(1000, "v", key=b"key")
     h.right(1005, "w", key=b"key")
     assert h.view.snapshot() == {
-        META_KEY: bytes([1])
+        META_KEY: bytes([2])
         + encode_uint64(1005 + 1)  # stream time, + 1 so that 0 means "none yet"
         + encode_uint64(2)  # buffered
-        + encode_uint64(1000),  # no buffered event is older
+        + encode_uint64(1000)  # no buffered event is older
+        + encode_uint64(2)  # no left event with a seq >= 2 is buffered
+        + encode_uint64(2),  # nor a right one
         EXPIRY_PREFIX + encode_uint64(1000) + b"L" + encode_uint64(1) + length_prefixed(b"key"): (
             b"\x01"  # matched
         ),

@@ -108,6 +108,8 @@ def test_items_bounds_start_inclusive_end_exclusive(
         k for k in sorted(TRICKY_KEYS) if (start is None or k >= start) and (end is None or k < end)
     ]
     assert [k for k, _ in store.items(start, end)] == expected
+    if start is not None and end is not None:
+        assert [k for k, _ in store.range_items(start, end)] == expected
 
 
 @PROPERTY_SETTINGS
@@ -141,6 +143,8 @@ def test_items_match_a_dict_model(
         if (start is None or k >= start) and (end is None or k < end)
     )
     assert list(store.items(start, end)) == expected
+    if start is not None and end is not None:
+        assert store.range_items(start, end) == expected
     assert all(store.get(k) == v for k, v in model.items())
     store.close()
 
@@ -211,6 +215,7 @@ def test_closed_store_refuses_everything_and_close_is_idempotent(store: StorePar
         lambda: store.get(b"a"),
         lambda: store.contains(b"a"),
         lambda: store.items(),
+        lambda: store.range_items(b"", b"z"),
         lambda: store.write({b"b": b"2"}, 2),
         lambda: store.changelog_offset(),
         lambda: store.count(),

@@ -62,14 +62,13 @@ def test_the_join_cores_fast_keys_equal_the_layouts(
     side: bytes, key: bytes, ts: int, seq: int
 ) -> None:
     """The core packs its keys itself (per-event path); they must be the layout's."""
-    name: core.Side = "left" if side == b"L" else "right"
     prefixed = length_prefixed(key)
-    buffer_key = core._buffer_key(name, prefixed, ts, seq)
+    buffer_key = core._buffer_key(side, prefixed, ts, seq)
     assert buffer_key == layout.data_key(key, ts, space=side, suffix=encode_uint64(seq))
     assert layout.split_data_key(buffer_key, 1, 8) == DataEntry(side, key, ts, encode_uint64(seq))
-    expiry_key = core._expiry_key(name, prefixed, ts, seq)
+    expiry_key = core._expiry_key(side, prefixed, ts, seq)
     assert expiry_key == layout.index_key(ts, side + encode_uint64(seq) + prefixed)
-    assert core._split_expiry_key(expiry_key) == (ts, name, seq, prefixed)
+    assert core._split_expiry_key(expiry_key) == (ts, side, seq, prefixed)
 
 
 # ------------------------------------------------------------------ round trips
