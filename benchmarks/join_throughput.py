@@ -62,9 +62,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from benchmarks.broker import broker
 from benchmarks.harness import (
+    BASELINE_TREE,
     DIST_OF,
     ROOT,
     VENV_ROOT,
+    baseline_worker,
     dist_version,
     log_tail,
     peak_rss_mb,
@@ -73,6 +75,7 @@ from benchmarks.harness import (
     sayer,
     stop_process,
     streamjoin_version,
+    tree_commit,
     venv_python,
     wait_leaders,
 )
@@ -80,7 +83,7 @@ from examples.ad_traffic import Traffic, generate
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
 
 PARTITIONS = 10
-SYSTEMS = ("streamjoin", "streamjoin-eos", "faust", "faust-lookup", "quix")
+SYSTEMS = ("streamjoin", "streamjoin-eos", "streamjoin-base", "faust", "faust-lookup", "quix")
 VENV_OF = {"faust": "faust", "faust-lookup": "faust", "quix": "quix"}
 say = sayer("join-bench")
 
@@ -198,7 +201,7 @@ class Run:
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if self.system in ("streamjoin", "streamjoin-eos"):
+        if self.system in ("streamjoin", "streamjoin-eos", "streamjoin-base"):
             guarantee = "exactly_once" if self.system == "streamjoin-eos" else "at_least_once"
             env.update(
                 JOINBENCH_GUARANTEE=guarantee,
@@ -210,9 +213,12 @@ class Run:
                 JOINBENCH_INPUTS=str(self.records),
                 JOINBENCH_MARKS=str(self.marks_path),
             )
+            python_cmd = (
+                baseline_worker(env) if self.system == "streamjoin-base" else [sys.executable]
+            )
             cmd = [
                 *py_spy_prefix(self.name),
-                sys.executable,
+                *python_cmd,
                 "-m",
                 "streamjoin.cli",
                 "worker",
@@ -389,10 +395,13 @@ async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict
                 say(f"{s}: skipped: {why}")
                 continue
             result.version = dist_version(python, DIST_OF[venv])
+        elif s == "streamjoin-base":
+            result.version = tree_commit(os.environ.get(BASELINE_TREE, ""))
         else:
             result.version = streamjoin_version()
         result.store = {
             "streamjoin": "rocksdb (rocksdict) + changelog",
+            "streamjoin-base": "rocksdb (rocksdict) + changelog (older commit)",
             "streamjoin-eos": "rocksdb (rocksdict) + changelog, transactions",
             "faust": f"{args.faust_store} + changelog",
             "faust-lookup": f"{args.faust_store} + changelog",
@@ -573,6 +582,11 @@ def main(argv: list[str] | None = None) -> int:
         "after streamjoin in each round) and report its overhead against at-least-once",
     )
     parser.add_argument("--bootstrap", help="reuse a running loopback broker (HOST:PORT)")
+    parser.add_argument(
+        "--baseline-tree",
+        help="source tree of an older commit that the streamjoin-base system runs "
+        "(the before side of an A/B in one run; copy benchmarks/ into it)",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds per system")
     parser.add_argument("--faust-store", default="rocksdb://", help="rocksdb:// or memory://")
     parser.add_argument("--venv-root", default=str(VENV_ROOT))
@@ -580,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, state)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
+    if args.baseline_tree:
+        os.environ[BASELINE_TREE] = str(Path(args.baseline_tree).resolve())
     if args.guarantee == "exactly_once":
         systems = [x for x in args.systems.split(",") if x]
         if "streamjoin-eos" not in systems:
