@@ -134,6 +134,7 @@ class TimestampAligner:
                 heads = [b for b in buffers if b]
                 if not heads:
                     break
+                passed_over = False  # the empty ones are caught up and not waited for
                 if len(heads) < len(buffers):
                     missing = [t for t, b in zip(topics, buffers, strict=True) if not b]
                     since = self._blocked_since.setdefault(key, now_ms)
@@ -144,11 +145,22 @@ class TimestampAligner:
                         self.forced.append((missing[0], partition))
                     elif waited < self.idle_ms:
                         break  # caught up, but its producer may be a little behind
+                    else:
+                        # each further record would start a fresh wait (since now) and ask again
+                        passed_over = self.idle_ms == 0 and all(
+                            caught_up(t, partition, now_ms) for t in missing
+                        )
                 self._blocked_since.pop(key, None)
                 self._waited.pop(key, None)
                 if len(heads) == 2 == len(buffers):
                     _merge_two(heads[0], heads[1], out)  # until one runs dry
                     continue
+                if passed_over and len(heads) == 1:
+                    # the others are empty and caught up (nothing changes while this runs):
+                    # all of it goes, in order, as one record at a time would
+                    out.extend(heads[0])
+                    heads[0].clear()
+                    break
                 rank = self._rank
                 first = min(heads, key=lambda b: (b[0].timestamp, rank[b[0].topic], b[0].offset))
                 out.append(first.popleft())

@@ -274,3 +274,32 @@ def test_three_topics_release_in_timestamp_order_with_the_first_topic_ahead_on_t
 def test_a_topic_in_two_aligned_groups_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="'users' is in two aligned groups"):
         TimestampAligner([("a", "users"), ("b", "users")])
+
+
+def test_a_side_known_caught_up_now_lets_the_other_go_in_one_step() -> None:
+    """The empty side is caught up by information newer than now: every buffered record of
+    the other side goes (what releasing them one at a time, each asking again, gives)."""
+    aligner = TimestampAligner([("users", "events")])
+    aligner.add([rec("events", o, 100 + o) for o in range(5)])
+    asked: list[float] = []
+
+    def up_to_date(topic: str, partition: int, since: float) -> bool:
+        asked.append(since)
+        return True
+
+    assert [r.offset for r in aligner.release(up_to_date, 50)] == [0, 1, 2, 3, 4]
+    assert aligner.holding() == 0
+
+
+def test_a_side_caught_up_only_since_the_wait_began_lets_one_record_go() -> None:
+    """Caught up by information older than now (the last poll): the first record goes, the
+    next starts a fresh wait (since now) that this information does not settle."""
+    aligner = TimestampAligner([("users", "events")])
+    aligner.add([rec("events", o, 100 + o) for o in range(3)])
+    assert aligner.release(never, 10) == []  # the wait begins at 10
+
+    def polled_at_20(topic: str, partition: int, since: float) -> bool:
+        return since <= 20
+
+    assert [r.offset for r in aligner.release(polled_at_20, 30)] == [0]
+    assert aligner.holding() == 2
