@@ -3,8 +3,9 @@
 Records are appended straight into one open record batch per partition (see
 :mod:`~streamjoin.runtime.out_batches`): a send costs no future, task or callback of its
 own. A partition's batches are handed to aiokafka (``send_batch``) by a short-lived task
-at the end of the event-loop turn that filled them, or as soon as one is full; while the
-previous batch is still waiting for the broker, records keep filling the next one.
+at the end of the event-loop turn that filled them, or as soon as one is full; aiokafka
+sends each after ``linger_ms``. While it holds a partition's previous batch, records keep
+filling the next one.
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ class KafkaSender(Service):
             while self._replacing is not None:
                 await self._replacing
             producer = self._require()
-            batch.builder.close()
+            # (left open: aiokafka lingers on it for linger_ms, like the records it batches)
             delivered = await producer.send_batch(batch.builder, topic, partition=batch.partition)
         except asyncio.CancelledError:
             batch.future.cancel()
