@@ -15,9 +15,8 @@ runtime never imports the app:
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Sequence
-from contextvars import ContextVar
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from contextvars import Context, ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streamjoin.errors import TransportNotReady
@@ -27,6 +26,27 @@ if TYPE_CHECKING:
     from streamjoin.state.table_partition import TablePartition
 
 Headers = Sequence[tuple[str, bytes]]
+
+
+class Delivery(Protocol):
+    """What a send returns: the record's acknowledgement, read like an asyncio future
+    (``await`` it for the record's metadata). The Kafka producer's also has
+    ``acknowledged``, one future for all the records the broker acknowledges together
+    (its record batch): the agent runtime waits on that instead of on each record."""
+
+    def __await__(self) -> Generator[Any, None, Any]: ...
+
+    def done(self) -> bool: ...
+
+    def cancelled(self) -> bool: ...
+
+    def result(self) -> Any: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def add_done_callback(
+        self, fn: Callable[[Any], object], /, *, context: Context | None = None
+    ) -> None: ...
 
 
 class Sender(Protocol):
@@ -41,8 +61,8 @@ class Sender(Protocol):
         partition: int | None,
         headers: Headers,
         timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
-        """Enqueue a record; the returned future resolves once the broker acknowledged it."""
+    ) -> Delivery:
+        """Enqueue a record; what it returns resolves once the broker acknowledged it."""
 
     async def send_many(
         self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -61,8 +81,8 @@ class EventContext(Protocol):
     @property
     def record(self) -> RawRecord: ...
 
-    def track_send(self, future: asyncio.Future[Any]) -> None:
-        """Delay this event's acknowledgement until ``future`` completes."""
+    def track_send(self, sent: Delivery) -> None:
+        """Delay this event's acknowledgement until ``sent`` completes."""
 
     def table_partition(self, table: str) -> TablePartition | None:
         """This event's task's partition of ``table`` (None: not co-partitioned)."""

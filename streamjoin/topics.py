@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamjoin.codecs import Codec
-from streamjoin.context import Headers, RuntimeLink, Sender, current_event
+from streamjoin.context import Delivery, Headers, RuntimeLink, Sender, current_event
 from streamjoin.errors import ArgumentTypeError, ConfigurationError, TransportNotReady
 from streamjoin.partitioner import partition_for_key
 
-__all__ = ["Headers", "Sender", "Topic", "TransportNotReady", "check_timestamp_ms"]
+__all__ = ["Delivery", "Headers", "Sender", "Topic", "TransportNotReady", "check_timestamp_ms"]
 
 
 def check_timestamp_ms(timestamp_ms: object, timestamp: object, where: str) -> int | None:
@@ -60,8 +59,10 @@ class Topic:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         timestamp: None = None,
-    ) -> asyncio.Future[Any]:
-        """Send one record; returns the delivery future (await it for the record metadata).
+    ) -> Delivery:
+        """Send one record; returns its delivery, a light future-like handle (await it for
+        the record metadata; ``done()``, ``result()``, ``exception()`` and
+        ``add_done_callback()`` work as on an asyncio future).
 
         Keyed records go to ``murmur2(key) % partitions`` exactly like Kafka's Java
         client. ``timestamp_ms`` is the record time in milliseconds since the epoch
@@ -76,15 +77,15 @@ class Topic:
         if partition is None and key_bytes is not None:
             count = self.partitions or await sender.partition_count(self.name)
             partition = partition_for_key(key_bytes, count)
-        future = await sender.send(
+        sent = await sender.send(
             self.name,
             key_bytes,
             value_bytes,
             partition=partition,
-            headers=tuple(headers),
+            headers=list(headers) if headers else (),
             timestamp_ms=timestamp_ms,
         )
         event = current_event.get()
         if event is not None:
-            event.track_send(future)
-        return future
+            event.track_send(sent)
+        return sent

@@ -1,10 +1,21 @@
-"""The Kafka producer as a mode service implementing :class:`streamjoin.topics.Sender`."""
+"""The Kafka producer as a mode service implementing :class:`streamjoin.topics.Sender`.
+
+Records are appended straight into one open record batch per partition (see
+:mod:`~streamjoin.runtime.out_batches`): a send costs no future, task or callback of its
+own. A partition's batches are handed to aiokafka (``send_batch``) by a short-lived task
+at the end of the event-loop turn that filled them, or as soon as one is full; aiokafka
+sends each after ``linger_ms``. While it holds a partition's previous batch, records keep
+filling the next one.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import random
+import time
 import weakref
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
@@ -12,14 +23,22 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
-    MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
     UnknownProducerId,
 )
 from mode import Service
 
-from streamjoin.errors import InternalError, LifecycleError, RecordRejected, RecordTooLargeError
+from streamjoin.context import Delivery
+from streamjoin.errors import (
+    ConfigurationError,
+    InternalError,
+    LifecycleError,
+    RecordRejected,
+    RecordTooLargeError,
+)
+from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.metrics import WorkerCounters
+from streamjoin.runtime.out_batches import OutBatch, Outbox, Sent
 from streamjoin.runtime.record_limits import (
     RecordLimits,
     describe_rejection,
@@ -33,10 +52,16 @@ log = logging.getLogger("streamjoin.producer")
 #: the producer's batch size unless the app sets ``max_batch_size`` (bigger record batches:
 #: fewer produce round trips for changelog flushes)
 DEFAULT_MAX_BATCH_SIZE = 256 * 1024
+#: full batches of one partition waiting for their turn before senders wait (backpressure:
+#: with the one aiokafka holds and the one on the wire, at most this + 3 batches in memory)
+MAX_WAITING_BATCHES = 2
+#: the headers of a record without any (the batch builder wants a list; it only reads it)
+_NO_HEADERS: list[tuple[str, bytes]] = []
 
 
 class KafkaSender(Service):
-    """Idempotent, ``acks=all`` producer: a send's future resolves once the record is durable."""
+    """Idempotent, ``acks=all`` producer: a send's :class:`Sent` resolves once the record
+    is durable."""
 
     def __init__(
         self,
@@ -82,6 +107,15 @@ class KafkaSender(Service):
         #: producers replaced after a refusal: what they fail afterwards is sent again
         self._retired: weakref.WeakSet[AIOKafkaProducer] = weakref.WeakSet()
         self._resends: set[asyncio.Future[None]] = set()
+        #: each partition's batches not yet handed to the producer
+        self._outboxes: dict[tuple[str, int], Outbox] = {}
+        #: where each topic's records without key or partition go for now
+        self._sticky: dict[str, Outbox] = {}
+        self._partition_counts: dict[str, int] = {}
+        self._max_request_size = int(self._options.get("max_request_size", 1048576))
+        #: a batch may be larger than a request: then every record is checked, not only
+        #: a batch's first one (the only one a batch takes whatever its size)
+        self._check_each_size = int(self._options["max_batch_size"]) > self._max_request_size
 
     async def on_start(self) -> None:
         self._producer = AIOKafkaProducer(**self._options)
@@ -89,6 +123,9 @@ class KafkaSender(Service):
 
     async def on_stop(self) -> None:
         if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._submit_all()
+            await self._drop_unsent()  # (anything appended since: nothing hands it over)
             await self._producer.stop()  # flushes what is buffered
             self._producer = None
 
@@ -106,62 +143,230 @@ class KafkaSender(Service):
         partition: int | None,
         headers: Headers,
         timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
+    ) -> Delivery:
+        """Append the record to its partition's open batch (waits only while the producer
+        is replaced, for the topic's metadata, or while too many full batches wait); the
+        :class:`Sent` fails with :class:`RecordRejected` (naming topic, size and limit) if
+        the broker refuses it."""
         self.limits.check(topic, key, value, headers)
-        future = await self._send_checked(
-            topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
-        )
+        sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
+        if sent is None:
+            sent = await self._append(topic, key, value, partition, headers, timestamp_ms)
         out = self.counters.records_out
         out[topic] = out.get(topic, 0) + 1
-        return future
+        return sent
 
-    async def _send_checked(
+    def _append_now(
         self,
         topic: str,
         key: bytes | None,
         value: bytes | None,
-        *,
         partition: int | None,
         headers: Headers,
         timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
-        """Enqueue a record that passed :meth:`RecordLimits.check`; the returned future fails
-        with :class:`RecordRejected` (naming topic, size and limit) if the broker refuses it."""
+    ) -> Sent | None:
+        """The common case without awaiting: a partition already sent to, whose open batch
+        has room (None: :meth:`_append` handles the rest)."""
         if self._replacing is not None:
-            await self._replacing
-        producer = self._require()
-        try:
-            sent: asyncio.Future[Any] = await producer.send(
-                topic,
-                value,
-                key=key,
-                partition=partition,
-                headers=list(headers) or None,
-                timestamp_ms=timestamp_ms,
-            )
-        except MessageSizeTooLargeError as exc:  # the producer's own max_request_size
-            limit = int(self._options.get("max_request_size", 1048576))
-            size = single_record_batch_size(key, value, headers)
+            return None
+        if partition is None:
+            if key is None:
+                outbox = self._sticky.get(topic)
+            else:
+                count = self._partition_counts.get(topic)
+                if count is None:
+                    return None
+                outbox = self._outboxes.get((topic, partition_for_key(key, count)))
+        else:
+            outbox = self._outboxes.get((topic, partition))
+        if outbox is None:
+            return None
+        batch = outbox.open
+        if batch is None or not batch.records or self._check_each_size:
+            return None  # a batch's first record (and the size check) take the long way
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        listed = headers if type(headers) is list else list(headers) if headers else _NO_HEADERS
+        if (
+            batch.builder.append(timestamp=timestamp_ms, key=key, value=value, headers=listed)
+            is None
+        ):
+            return None  # full
+        records = batch.records
+        records.append((key, value, headers, timestamp_ms))
+        return Sent(topic, batch, len(records) - 1)
+
+    async def _append(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None,
+        headers: Headers,
+        timestamp_ms: int | None,
+    ) -> Sent:
+        """Append a record that passed :meth:`RecordLimits.check` (the long way)."""
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        listed = list(headers) if headers else _NO_HEADERS
+        while True:
+            if self._replacing is not None:
+                await self._replacing
+                continue
+            producer = self._require()
+            if partition is None:
+                outbox = await self._unpartitioned(producer, topic, key)
+            else:
+                outbox = await self._outbox(producer, topic, partition)
+            if self._replacing is not None:  # (began while waiting for metadata)
+                continue  # type: ignore[unreachable]
+            if len(outbox.full) >= MAX_WAITING_BATCHES:
+                await self._room(outbox)
+                continue
+            batch = outbox.open
+            if batch is None or not batch.records:
+                self._check_size(topic, key, value, headers)
+            if batch is None:
+                batch = self._open_batch(producer, outbox)
+            if (
+                batch.builder.append(timestamp=timestamp_ms, key=key, value=value, headers=listed)
+                is None
+            ):
+                if not batch.records:
+                    raise InternalError(f"an empty record batch refused a record for {topic!r}")
+                # full: it waits for its turn, the record starts the next one
+                outbox.full.append(batch)
+                outbox.open = None
+                continue
+            if not batch.records:
+                self._first_record(outbox, batch)
+            batch.records.append((key, value, headers, timestamp_ms))
+            return Sent(topic, batch, len(batch.records) - 1)
+
+    def _check_size(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
+    ) -> None:
+        """The producer's own limit (``max_request_size``); a batch's first record may be
+        larger than a batch."""
+        size = single_record_batch_size(key, value, headers)
+        if size > self._max_request_size:
             raise RecordTooLargeError(
                 f"a record of {size} bytes for topic {topic!r} is larger than the producer's "
-                f"max_request_size ({limit})",
+                f"max_request_size ({self._max_request_size})",
                 topic=topic,
                 size=size,
-                limit=limit,
-            ) from exc
-        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                limit=self._max_request_size,
+            )
 
-        def done(future: asyncio.Future[Any]) -> None:
-            if outcome.done():
-                return
-            if future.cancelled():
-                outcome.cancel()
-                return
-            exc = future.exception()
-            if exc is None:
-                outcome.set_result(future.result())
-                return
-            if is_rejection(exc):
+    async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> int:
+        """How many partitions ``topic`` has (from the producer's metadata, fetched once)."""
+        count = self._partition_counts.get(topic)
+        if count is None:
+            count = len(await producer.partitions_for(topic))
+            self._partition_counts[topic] = count
+        return count
+
+    async def _unpartitioned(
+        self, producer: AIOKafkaProducer, topic: str, key: bytes | None
+    ) -> Outbox:
+        """Where a record without a partition goes: by its key like every client, or (no
+        key) to one partition until its batch is sent, then another (sticky, like Kafka's
+        Java producer: full batches rather than one record per partition)."""
+        count = await self._partitions(producer, topic)
+        if key is not None:
+            return await self._outbox(producer, topic, partition_for_key(key, count))
+        sticky = self._sticky.get(topic)
+        if sticky is None or sticky.open is None or not sticky.open.records:
+            sticky = await self._outbox(producer, topic, random.randrange(count))
+            self._sticky[topic] = sticky
+        return sticky
+
+    async def _outbox(self, producer: AIOKafkaProducer, topic: str, partition: int) -> Outbox:
+        outbox = self._outboxes.get((topic, partition))
+        if outbox is None:
+            count = await self._partitions(producer, topic)
+            if not 0 <= partition < count:
+                count = len(await producer.partitions_for(topic))  # maybe added since
+                self._partition_counts[topic] = count
+                if not 0 <= partition < count:
+                    raise ConfigurationError(
+                        f"{topic!r} has {count} partitions; partition {partition} is invalid"
+                    )
+            outbox = self._outboxes.setdefault((topic, partition), Outbox(topic, partition))
+        return outbox
+
+    async def _room(self, outbox: Outbox) -> None:
+        """Until the partition's pump took a full batch."""
+        if outbox.room is None:
+            outbox.room = asyncio.get_running_loop().create_future()
+        await asyncio.shield(outbox.room)
+
+    def _open_batch(self, producer: AIOKafkaProducer, outbox: Outbox) -> OutBatch:
+        loop = asyncio.get_running_loop()
+        batch = OutBatch(outbox.partition, producer.create_batch(), loop.create_future())
+        outbox.open = batch
+        return batch
+
+    def _first_record(self, outbox: Outbox, batch: OutBatch) -> None:
+        """A batch got its first record: it goes out at the end of this event-loop turn
+        (or once the batches before it went)."""
+        if outbox.pump is None:
+            outbox.pump = asyncio.get_running_loop().create_task(self._pump(outbox))
+
+    async def _pump(self, outbox: Outbox) -> None:
+        """Hand the partition's batches to the producer, in order, while there are any."""
+        try:
+            while True:
+                if outbox.full:
+                    batch = outbox.full.popleft()
+                    _wake(outbox)
+                elif outbox.open is not None and outbox.open.records:
+                    batch, outbox.open = outbox.open, None
+                else:
+                    return
+                outbox.submitting = batch
+                try:
+                    await self._submit(outbox.topic, batch)
+                finally:
+                    outbox.submitting = None
+                    batch.was_handed()
+        finally:
+            outbox.pump = None
+
+    async def _submit(self, topic: str, batch: OutBatch) -> None:
+        if batch.future.done():
+            return  # dropped (its transaction aborted)
+        try:
+            while self._replacing is not None:
+                await self._replacing
+            producer = self._require()
+            # (left open: aiokafka lingers on it for linger_ms, like the records it batches)
+            delivered = await producer.send_batch(batch.builder, topic, partition=batch.partition)
+        except asyncio.CancelledError:
+            batch.future.cancel()
+            raise
+        except Exception as exc:
+            _settle(batch.future, exc)
+            return
+        batch.producer = producer
+        delivered.add_done_callback(functools.partial(self._delivered, topic, batch))
+
+    def _delivered(self, topic: str, batch: OutBatch, delivered: asyncio.Future[Any]) -> None:
+        """The broker answered for a batch: settle its future (one per batch), refusals
+        mapped to each record's :class:`RecordRejected`."""
+        outcome = batch.future
+        if outcome.done():
+            return
+        if delivered.cancelled():
+            outcome.cancel()
+            return
+        exc = delivered.exception()
+        if exc is None:
+            outcome.set_result(delivered.result())
+            return
+        if is_rejection(exc):
+            refusals: list[BaseException] = []
+            for key, value, _, _ in batch.records:
                 self.limits.remember(topic, key, value, exc)
                 rejected = RecordRejected(
                     "the broker refused the record: "
@@ -169,27 +374,75 @@ class KafkaSender(Service):
                     topic=topic,
                 )
                 rejected.__cause__ = exc
-                outcome.set_exception(rejected)
-                self._refused(producer)
-                return
-            if isinstance(exc, _AFTER_A_REFUSAL) and producer in self._retired:
-                # sent behind the refused record by the producer it broke: send it again
-                resend = self._send_checked(
-                    topic,
-                    key,
-                    value,
-                    partition=partition,
-                    headers=headers,
-                    timestamp_ms=timestamp_ms,
-                )
-                forwarding = asyncio.ensure_future(_forward(resend, outcome))
-                self._resends.add(forwarding)
-                forwarding.add_done_callback(self._resends.discard)
-                return
-            outcome.set_exception(exc)
+                refusals.append(rejected)
+            batch.refusals = refusals
+            _settle(outcome, refusals[0])
+            self._refused(batch.producer)
+            return
+        if isinstance(exc, _AFTER_A_REFUSAL) and batch.producer in self._retired:
+            # sent behind the refused batch by the producer it broke: send it again
+            resend = asyncio.ensure_future(self._resend(topic, batch))
+            self._resends.add(resend)
+            resend.add_done_callback(self._resends.discard)
+            return
+        _settle(outcome, exc)
 
-        sent.add_done_callback(done)
-        return outcome
+    async def _resend(self, topic: str, batch: OutBatch) -> None:
+        """The batch's records appended again, in order, for the new producer; the batch
+        settles once they all did (each :class:`Sent` reads its record's new place)."""
+        try:
+            moved = [
+                await self._append(topic, key, value, batch.partition, headers, timestamp)
+                for key, value, headers, timestamp in batch.records
+            ]
+        except Exception as exc:
+            _settle(batch.future, exc)
+            return
+        batch.moved = moved
+        await asyncio.wait({sent.acknowledged for sent in moved})
+        for sent in moved:
+            if sent.cancelled():
+                batch.future.cancel()
+                return
+            failure = sent.exception()
+            if failure is not None:
+                _settle(batch.future, failure)
+                return
+        batch.future.set_result(None)
+
+    async def _submit_all(self) -> None:
+        """Until every batch appended so far was handed to the producer (a flush, a
+        commit, a stop)."""
+        waiting: list[asyncio.Future[None]] = []
+        loop = asyncio.get_running_loop()
+        for outbox in list(self._outboxes.values()):
+            last = outbox.last()
+            if last is None:
+                continue
+            if outbox.pump is None:
+                outbox.pump = loop.create_task(self._pump(outbox))
+            if last.handed is None:
+                last.handed = loop.create_future()
+            waiting.append(last.handed)
+        if waiting:
+            await asyncio.wait(waiting)
+
+    async def _drop_unsent(self) -> None:
+        """Forget the batches not yet handed over (their transaction aborted: their events
+        are processed again; or the producer stops)."""
+        pumps = [o.pump for o in self._outboxes.values() if o.pump is not None]
+        for pump in pumps:
+            pump.cancel()
+        if pumps:
+            await asyncio.wait(pumps)
+        for outbox in self._outboxes.values():
+            dropped = [*outbox.full, *([outbox.open] if outbox.open is not None else [])]
+            outbox.full.clear()
+            outbox.open = None
+            _wake(outbox)
+            for batch in dropped:
+                batch.future.cancel()
+                batch.was_handed()
 
     def _refused(self, producer: AIOKafkaProducer) -> None:
         """The broker refused a batch of ``producer``: an idempotent producer cannot go on
@@ -250,7 +503,9 @@ class KafkaSender(Service):
         return len(partitions)
 
     async def flush(self) -> None:
+        """Until every record sent so far is acknowledged (or failed)."""
         if self._producer is not None:
+            await self._submit_all()
             await self._producer.flush()
 
 
@@ -258,18 +513,19 @@ class KafkaSender(Service):
 _AFTER_A_REFUSAL = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
 
 
-async def _forward(source: Awaitable[asyncio.Future[Any]], target: asyncio.Future[Any]) -> None:
-    """Resolve ``target`` like the future ``source`` gives."""
-    try:
-        result = await (await source)
-    except asyncio.CancelledError:
-        target.cancel()
-    except BaseException as exc:
-        if not target.done():
-            target.set_exception(exc)
-    else:
-        if not target.done():
-            target.set_result(result)
+def _wake(outbox: Outbox) -> None:
+    """Senders waiting for room in ``outbox`` may go on."""
+    room, outbox.room = outbox.room, None
+    if room is not None and not room.done():
+        room.set_result(None)
+
+
+def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
+    """Fail ``future`` with ``exc`` (read at once: whoever needs it asks the future; an
+    unread failure is not worth a warning at garbage collection)."""
+    if not future.done():
+        future.set_exception(exc)
+        future.exception()
 
 
 async def _last_offset(batches: Sequence[tuple[asyncio.Future[Any], int]]) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from streamjoin.agents import Agent
 from streamjoin.codecs import DecodeError
-from streamjoin.context import Sender, current_event, current_record
+from streamjoin.context import Delivery, Sender, current_event, current_record
 from streamjoin.errors import AgentFailed, RecordRejected, StoreCorrupted
 from streamjoin.events import Event, RawRecord
 from streamjoin.runtime.metrics import WorkerCounters
@@ -48,7 +48,7 @@ YIELD_EVERY = 64
 class _InFlight:
     """The event an actor is processing: the runtime's side of :mod:`streamjoin.context`."""
 
-    __slots__ = ("raw", "runner", "runtime", "sends", "task")
+    __slots__ = ("pending", "raw", "runner", "runtime", "sends", "task")
 
     def __init__(
         self, raw: RawRecord, task: Task, runtime: AgentRuntime, runner: AgentRunner
@@ -57,14 +57,16 @@ class _InFlight:
         self.task = task
         self.runtime = runtime
         self.runner = runner
-        self.sends: list[asyncio.Future[Any]] = []
+        self.sends: list[Delivery] = []
+        #: acknowledgements (record batches) still awaited before the event counts
+        self.pending = 0
 
     @property
     def record(self) -> RawRecord:
         return self.raw
 
-    def track_send(self, future: asyncio.Future[Any]) -> None:
-        self.sends.append(future)
+    def track_send(self, sent: Delivery) -> None:
+        self.sends.append(sent)
 
     def table_partition(self, table: str) -> TablePartition | None:
         return self.task.tables.get(table)
@@ -241,6 +243,8 @@ class AgentRuntime:
         self._on_store_corrupted = on_store_corrupted
         #: values agents keep for the worker's lifetime (join counters), by key
         self.shared_values: dict[str, Any] = {}
+        #: events waiting for the acknowledgement of a record batch (or a lone send)
+        self._waiting: dict[Any, list[_InFlight]] = {}
         #: on_error policies being applied to events whose sends the broker refused
         self._policies: set[asyncio.Future[None]] = set()
         self.runners: list[AgentRunner] = []
@@ -366,38 +370,64 @@ class AgentRuntime:
 
     def complete(self, inflight: _InFlight) -> None:
         """Acknowledge an event once its sends are acknowledged (at once when
-        transactional: the commit checks every send of the transaction)."""
+        transactional: the commit checks every send of the transaction).
+
+        Sends are awaited by what the broker acknowledges together (a record batch, see
+        :class:`~streamjoin.context.Delivery`): the events waiting on one batch are listed
+        under it, and one callback per batch acknowledges them in order."""
         sends = inflight.sends
         if not sends or self.transactional:
             self._ack(inflight)
             return
-        pending = [f for f in sends if not f.done()]
-        failed = next((f for f in sends if f.done() and _failed(f)), None)
-        if failed is not None:
-            self._send_failed(inflight, failed)
-            return
+        if len(sends) == 1:
+            sent = sends[0]
+            awaited = [getattr(sent, "acknowledged", sent)]
+        else:
+            awaited = list({id(d): d for d in map(_acknowledged_by, sends)}.values())
+        pending = 0
+        for delivery in awaited:
+            if not delivery.done():
+                pending += 1
+            elif _failed(delivery):
+                failed = _failed_send(inflight, delivery)
+                if failed is not None:
+                    self._send_failed(inflight, failed)
+                    return
         if not pending:
             self._ack(inflight)
             return
-        task = inflight.task
-        task.awaiting_sends += 1
-        remaining = [len(pending)]
+        inflight.pending = pending
+        inflight.task.awaiting_sends += 1
+        waiting = self._waiting
+        for delivery in awaited:
+            if delivery.done():
+                continue
+            events = waiting.get(delivery)
+            if events is None:
+                waiting[delivery] = [inflight]
+                delivery.add_done_callback(self._delivered)
+            else:
+                events.append(inflight)
 
-        def one_done(future: asyncio.Future[Any]) -> None:
-            if remaining[0] <= 0:
-                return
-            if _failed(future):
-                remaining[0] = 0
-                task.awaiting_sends -= 1
-                self._send_failed(inflight, future)
-                return
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                task.awaiting_sends -= 1
+    def _delivered(self, delivery: Any) -> None:
+        """A batch (or a lone send) was acknowledged or failed: so are the events waiting
+        on it, in order."""
+        events = self._waiting.pop(delivery, ())
+        failed = _failed(delivery)
+        for inflight in events:
+            if inflight.pending <= 0:
+                continue  # one of its sends failed already
+            if failed:
+                sent = _failed_send(inflight, delivery)
+                if sent is not None:
+                    inflight.pending = 0
+                    inflight.task.awaiting_sends -= 1
+                    self._send_failed(inflight, sent)
+                    continue
+            inflight.pending -= 1
+            if inflight.pending == 0:
+                inflight.task.awaiting_sends -= 1
                 self._ack(inflight)
-
-        for future in pending:
-            future.add_done_callback(one_done)
 
     def _ack(self, inflight: _InFlight) -> None:
         task = inflight.task
@@ -405,10 +435,10 @@ class AgentRuntime:
             raw = inflight.raw
             task.tracker.ack((raw.topic, raw.partition), raw.offset)
 
-    def _send_failed(self, inflight: _InFlight, future: asyncio.Future[Any]) -> None:
+    def _send_failed(self, inflight: _InFlight, sent: Delivery) -> None:
         self.counters.error("send")
         raw = inflight.raw
-        exc = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        exc = sent.exception() if not sent.cancelled() else asyncio.CancelledError()
         if isinstance(exc, RecordRejected):
             # The broker refused the record for what it is: the agent's on_error policy
             # applies to the event that sent it, as if the send had raised there.
@@ -527,5 +557,20 @@ def _stopped(task: Task) -> bool:
     return not task.running
 
 
-def _failed(future: asyncio.Future[Any]) -> bool:
+def _failed(future: Delivery) -> bool:
     return future.cancelled() or future.exception() is not None
+
+
+def _acknowledged_by(sent: Delivery) -> Delivery:
+    """What acknowledges ``sent``: its record batch's future, or ``sent`` itself."""
+    acknowledged: Delivery = getattr(sent, "acknowledged", sent)
+    return acknowledged
+
+
+def _failed_send(inflight: _InFlight, delivery: Delivery) -> Delivery | None:
+    """The event's first send that ``delivery`` (failed) failed: a batch may fail some of
+    its records and not others (those sent again after a refusal)."""
+    for sent in inflight.sends:
+        if _acknowledged_by(sent) is delivery and _failed(sent):
+            return sent
+    return None

@@ -17,13 +17,15 @@ that a group was added (otherwise a transaction holding only offsets would never
 ended).
 
 aiokafka does not fail a transaction when one of its record batches fails; every
-send's outcome is watched here, and a transaction with a failed send never commits.
+batch's outcome is watched here (one callback per record batch, not per record), and a
+transaction with a failed send never commits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -39,7 +41,9 @@ from aiokafka.errors import (
     ProducerFenced,
 )
 
+from streamjoin.context import Delivery
 from streamjoin.errors import TransactionError, TransactionFailed
+from streamjoin.runtime.out_batches import OutBatch, Outbox, Sent
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.record_limits import RecordLimits, is_rejection
 from streamjoin.runtime.state import Sending, TakenWrites, send_writes
@@ -116,10 +120,10 @@ class _HeldSend:
     )
 
 
-def _chain(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
+def _chain(source: Sent, target: asyncio.Future[Any]) -> None:
     """Resolve ``target`` as ``source`` resolves."""
 
-    def copy(done: asyncio.Future[Any]) -> None:
+    def copy(done: Sent) -> None:
         if target.done():
             return
         if done.cancelled():
@@ -176,6 +180,11 @@ class TransactionalSender(KafkaSender):
         self._coordinator: int | None = None
         #: records sent while a commit ended the transaction, for the next one
         self._held: list[_HeldSend] = []
+        #: what this transaction sent (record batches, changelog flushes): its commit waits
+        #: until each one settled, so a failure is known before it commits
+        self._outcomes: list[asyncio.Future[Any]] = []
+        #: counts transactions: an outcome of an earlier one is not this one's failure
+        self._generation = 0
         self.commits = 0
         self.aborts = 0
 
@@ -186,6 +195,7 @@ class TransactionalSender(KafkaSender):
     async def on_stop(self) -> None:
         self._open.clear()
         self._drop_held()
+        await self._drop_unsent()  # (the transaction holding them is aborted below)
         producer = self._producer
         if producer is not None and self._sent:
             # Never leave records of ours in an open transaction: read_committed readers
@@ -205,10 +215,12 @@ class TransactionalSender(KafkaSender):
         partition: int | None,
         headers: Headers,
         timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
+    ) -> Delivery:
         # A record the broker would refuse never enters a transaction: the agent's on_error
         # policy applies to it here (a refusal would abort the whole transaction instead).
         self.limits.check(topic, key, value, headers)
+        out = self.counters.records_out
+        out[topic] = out.get(topic, 0) + 1
         if not self._open.is_set():
             # A commit is ending the transaction: the record joins the next one. Held here
             # (the agent goes on at once: its event counts as processed, and the next
@@ -218,11 +230,10 @@ class TransactionalSender(KafkaSender):
                 self._held.append(held)
                 return held.future
             await self._open.wait()
-        future = await self._send_checked(
-            topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
-        )
-        self._watch(future)
-        return future
+        sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
+        if sent is None:
+            sent = await self._append(topic, key, value, partition, headers, timestamp_ms)
+        return sent
 
     async def _send_held(self) -> None:
         """Send what was held while the last transaction ended, in order, into this one."""
@@ -230,21 +241,20 @@ class TransactionalSender(KafkaSender):
             batch, self._held = self._held, []
             for held in batch:
                 try:
-                    future = await self._send_checked(
+                    sent = await self._append(
                         held.topic,
                         held.key,
                         held.value,
-                        partition=held.partition,
-                        headers=held.headers,
-                        timestamp_ms=held.timestamp_ms,
+                        held.partition,
+                        held.headers,
+                        held.timestamp_ms,
                     )
                 except Exception as exc:
                     if self._failure is None:
                         self._failure = exc
                     held.future.cancel()
                     continue
-                self._watch(future)
-                _chain(future, held.future)
+                _chain(sent, held.future)
 
     def _drop_held(self) -> None:
         """The held records' events are processed again (an abort, a stop): forget them."""
@@ -261,17 +271,34 @@ class TransactionalSender(KafkaSender):
         self._watch(future)
         return future
 
+    def _first_record(self, outbox: Outbox, batch: OutBatch) -> None:
+        super()._first_record(outbox, batch)
+        self._watch(batch.future)
+
     def _watch(self, future: asyncio.Future[Any]) -> None:
         self._sent = True
-        future.add_done_callback(self._sent_done)
+        self._outcomes.append(future)
+        future.add_done_callback(functools.partial(self._sent_done, self._generation))
 
-    def _sent_done(self, future: asyncio.Future[Any]) -> None:
+    def _sent_done(self, generation: int, future: asyncio.Future[Any]) -> None:
+        if generation != self._generation:
+            return  # a batch of an aborted transaction, dropped
         if future.cancelled():
             exc: BaseException | None = asyncio.CancelledError()
         else:
             exc = future.exception()
         if exc is not None and self._failure is None:
             self._failure = exc
+
+    async def _flush_transaction(self) -> None:
+        """Every record of the transaction handed over and acknowledged (or failed), and
+        every outcome known."""
+        await self._submit_all()
+        await self._require().flush()
+        pending = [future for future in self._outcomes if not future.done()]
+        if pending:
+            await asyncio.wait(pending)
+        await asyncio.sleep(0)  # (their done-callbacks, which record a failure, run now)
 
     # ------------------------------------------------------------------ transactions
 
@@ -291,8 +318,10 @@ class TransactionalSender(KafkaSender):
         """Begin the next transaction and let sends in."""
         producer = self._require()
         await producer.begin_transaction()
+        self._generation += 1
         self._failure = None
         self._sent = False
+        self._outcomes = []
         await self._send_held()
         self._open.set()
 
@@ -304,10 +333,10 @@ class TransactionalSender(KafkaSender):
             if offsets:
                 ids = self.ids()
                 await asyncio.gather(
-                    producer.flush(), self._add_offsets(ids, offsets, commit_offsets)
+                    self._flush_transaction(), self._add_offsets(ids, offsets, commit_offsets)
                 )
             else:
-                await producer.flush()
+                await self._flush_transaction()
             if self._failure is not None:
                 raise TransactionFailed(
                     f"a record of this transaction was not written: {self._failure!r}",
@@ -377,6 +406,7 @@ class TransactionalSender(KafkaSender):
         begin the next one."""
         self._open.clear()
         self._drop_held()
+        await self._drop_unsent()
         self.aborts += 1
         producer = self._require()
         if is_rejection(self._failure) or isinstance(self._failure, OutOfOrderSequenceNumber):

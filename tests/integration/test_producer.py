@@ -1,12 +1,17 @@
-"""The producer's batch path (changelog flushes) on the real broker."""
+"""The producer's batch paths (sends, changelog flushes) on the real broker."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from streamjoin.errors import ConfigurationError, RecordTooLargeError
+from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.out_batches import Sent
 from streamjoin.runtime.producer import KafkaSender
 
 
@@ -56,3 +61,83 @@ async def test_send_many_spans_batches_in_order_and_reports_the_last_offset(
     assert got == [(i, k, v) for i, (k, v) in enumerate(first + tombstones)]
     got = await _read_partition(kafka_bootstrap, TopicPartition(topic, 0))
     assert got == [(i, k, v) for i, (k, v) in enumerate(big)]
+
+
+async def test_sends_of_one_turn_share_a_batch_and_each_reads_its_own_metadata(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    topic = unique_topic("out")
+    await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 3)])
+    sender = KafkaSender(
+        kafka_bootstrap,
+        client_options={},
+        producer_options={"max_batch_size": 4096},  # 2,000 records take many batches
+        client_id="send-test",
+    )
+    await sender.start()
+    try:
+        first = await sender.send(
+            topic, b"k", b"first", partition=1, headers=[("h", b"1")], timestamp_ms=1_000
+        )
+        assert isinstance(first, Sent) and not first.done()
+        assert (await first).offset == 0  # awaiting a record gives its metadata
+        sends = [
+            await sender.send(
+                topic,
+                f"k{i}".encode(),
+                f"v{i}".encode(),
+                partition=1,
+                headers=(),
+                timestamp_ms=2_000 + i,
+            )
+            for i in range(2000)
+        ]
+        batches = {id(sent.acknowledged) for sent in sends}
+        assert 1 < len(batches) < 100  # records share batches: one future per batch
+        seen: list[Sent] = []
+        sends[5].add_done_callback(seen.append)
+        metas = [await sent for sent in sends]
+        assert [m.offset for m in metas] == list(range(1, 2001))
+        assert {m.partition for m in metas} == {1}
+        assert [m.timestamp for m in metas] == [2_000 + i for i in range(2000)]
+        assert sends[7].done() and sends[7].exception() is None
+        assert sends[7].result().offset == 8
+        await asyncio.sleep(0)
+        assert seen == [sends[5]]
+        # keyed records without a partition go where every client puts them
+        keyed = await sender.send(
+            topic, b"user-1", b"x", partition=None, headers=(), timestamp_ms=None
+        )
+        keyed_meta = await keyed
+        assert keyed_meta.partition == partition_for_key(b"user-1", 3)
+        # records without key or partition stick to one partition for a batch
+        loose = [
+            await sender.send(topic, None, b"y", partition=None, headers=(), timestamp_ms=None)
+            for _ in range(20)
+        ]
+        loose_metas = [await sent for sent in loose]
+        assert len({meta.partition for meta in loose_metas}) == 1
+        before_last = 2001 + sum(m.partition == 1 for m in [keyed_meta, *loose_metas])
+        with pytest.raises(ConfigurationError, match="partition 7 is invalid"):
+            await sender.send(topic, b"k", b"v", partition=7, headers=(), timestamp_ms=None)
+        with pytest.raises(RecordTooLargeError, match="max_request_size"):
+            await sender.send(
+                topic, b"k", bytes(2_000_000), partition=0, headers=(), timestamp_ms=None
+            )
+        # a task awaiting a send can be cancelled without cancelling the record's batch
+        pending = await sender.send(topic, b"k", b"last", partition=1, headers=(), timestamp_ms=0)
+        waiter = asyncio.ensure_future(_await(pending))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        assert (await pending).offset == before_last
+        await sender.flush()
+    finally:
+        await sender.stop()
+    got = await _read_partition(kafka_bootstrap, TopicPartition(topic, 1))
+    assert got[0] == (0, b"k", b"first")
+    assert got[1:2001] == [(i + 1, f"k{i}".encode(), f"v{i}".encode()) for i in range(2000)]
+    assert got[-1] == (len(got) - 1, b"k", b"last")
+
+
+async def _await(sent: Sent) -> object:
+    return await sent

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamjoin import App
-from streamjoin.errors import ArgumentTypeError, ConfigurationError
+from streamjoin.errors import ArgumentTypeError, ConfigurationError, RecordRejected
 from streamjoin.events import RawRecord
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
@@ -289,6 +289,127 @@ async def test_offsets_wait_for_send_acknowledgements() -> None:
         await asyncio.sleep(0)
         assert crashes and "was not acknowledged" in str(crashes[0])
         assert task.tracker.committable() == {("in", 0): 2}
+    finally:
+        await runtime.stop(timeout=1)
+        app.runtime_link.disconnect()
+
+
+class _BatchedSend:
+    """A send acknowledged with its batch (like the Kafka producer's ``Sent``): the batch's
+    future says when; the record's own outcome may differ (a refusal names each record)."""
+
+    def __init__(self, batch: asyncio.Future[Any], error: BaseException | None = None) -> None:
+        self.acknowledged = batch
+        self.error = error
+
+    def done(self) -> bool:
+        return self.acknowledged.done()
+
+    def cancelled(self) -> bool:
+        return self.acknowledged.cancelled()
+
+    def exception(self) -> BaseException | None:
+        if self.acknowledged.exception() is None:
+            return None
+        return self.error
+
+    def result(self) -> Any:
+        return None
+
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        self.acknowledged.add_done_callback(lambda _: fn(self), context=context)
+
+    def __await__(self) -> Any:
+        yield from self.acknowledged.__await__()
+
+
+class _BatchingSender:
+    """Sends go into the current batch; the test starts a new one, and settles them."""
+
+    def __init__(self) -> None:
+        self.batches: list[asyncio.Future[Any]] = []
+        self.sends: list[_BatchedSend] = []
+        self.new_batch()
+
+    def new_batch(self) -> None:
+        self.batches.append(asyncio.get_running_loop().create_future())
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> _BatchedSend:
+        error = RecordRejected(f"refused {value!r}", topic=topic)
+        sent = _BatchedSend(self.batches[-1], error)
+        self.sends.append(sent)
+        return sent
+
+    async def partition_count(self, topic: str) -> int:
+        return 1
+
+
+async def test_events_are_acknowledged_by_record_batch_with_one_callback_per_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = make_app()
+    source = app.topic("in", partitions=1)
+    sink = app.topic("out", partitions=1)
+
+    @app.agent(source, on_error="skip")
+    async def forward(stream: Stream) -> None:
+        async for event in stream:
+            await sink.send(value=event.value)
+            if event.offset == 2:
+                await sink.send(value="2 again")
+
+    sender = _BatchingSender()
+    crashes: list[BaseException] = []
+    runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
+    manager, task = _one_task(app, "in")
+    app.runtime_link.connect(sender, WorkerTables(manager, None))
+    runtime.start()
+
+    async def settle() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    try:
+        records = [RawRecord("in", 0, offset, 0, None, str(offset).encode()) for offset in range(6)]
+        await runtime.dispatch_many(records[:2], task)  # 0 and 1: batch 0
+        await settle()
+        sender.new_batch()
+        await runtime.dispatch_many(records[2:4], task)  # 2 and 3: batch 1 (2 sends twice)
+        await settle()
+        sender.new_batch()
+        await runtime.dispatch_many(records[4:], task)  # 4 and 5: batch 2
+        await settle()
+        assert len(sender.sends) == 7
+        assert task.awaiting_sends == 6
+        # one callback per batch, whatever its number of records and events
+        assert [len(b._callbacks) for b in sender.batches] == [1, 1, 1]  # type: ignore[attr-defined]
+        sender.batches[1].set_result(None)  # out of order: still nothing committable
+        await settle()
+        assert task.tracker.committable() == {}
+        sender.batches[0].set_result(None)
+        await settle()
+        assert task.tracker.committable() == {("in", 0): 4}
+        assert task.awaiting_sends == 2
+        # the broker refuses batch 2: the policy (skip) applies to each of its events, and
+        # skipped events count as processed
+        sender.batches[2].set_exception(RecordRejected("refused", topic="out"))
+        await settle()
+        assert task.tracker.committable() == {("in", 0): 6}
+        assert task.awaiting_sends == 0
+        assert sum(runtime.counters.skipped.values()) == 2
+        # each event's log line names its own refused record
+        lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert len(lines) == 2 and "refused b'4'" in lines[0] and "refused b'5'" in lines[1]
+        assert not crashes
     finally:
         await runtime.stop(timeout=1)
         app.runtime_link.disconnect()
