@@ -118,7 +118,11 @@ class RecordLimits:
                     "compacted (cleanup.policy=compact), and compaction needs a key",
                     topic=topic,
                 )
-            if not self.compressed:
+            if not self.compressed and (
+                # far below the limit (a batch of one adds under 100 bytes of framing to
+                # the key and value, plus the headers): no exact size needed
+                headers or len(key or b"") + len(value or b"") + 1024 > known.max_message_bytes
+            ):
                 size = single_record_batch_size(key, value, headers)
                 if size > known.max_message_bytes:
                     raise RecordTooLargeError(
