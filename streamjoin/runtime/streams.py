@@ -99,6 +99,8 @@ class AgentRunner:
         self._since_yield = 0
         #: the chunk being walked: its task, its records and the next one's index
         self._chunk_task: Task | None = None
+        #: a finished event's context, reused for the next event
+        self._spare: _InFlight | None = None
         self._chunk: list[RawRecord] = []
         self._pos = 0
         self._decode = agent.decode
@@ -156,7 +158,13 @@ class AgentRunner:
             task = self._chunk_task
             if task is None or task.state is not _RUNNING:
                 continue  # revocation began: its next owner reads it again
-            inflight = _InFlight(raw, task, self.runtime, self)
+            inflight = self._spare
+            if inflight is None:
+                inflight = _InFlight(raw, task, runtime, self)
+            else:
+                self._spare = None
+                inflight.raw = raw
+                inflight.task = task
             try:
                 event = self._decode(raw)
             except DecodeError as exc:
@@ -173,6 +181,10 @@ class AgentRunner:
             self.processed += 1
             self._latency.observe(time.perf_counter() - self._started)
             self.runtime.complete(current)
+            if not current.sends:
+                # acknowledged already and referenced by nothing the runtime keeps: the
+                # next event's context (one object less per event)
+                self._spare = current
 
     async def _handle_failure(self, inflight: _InFlight, exc: BaseException, kind: str) -> None:
         """The error policy, with the actor still inside the event: a transaction's snapshot
