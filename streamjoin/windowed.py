@@ -262,6 +262,14 @@ def _stream_time(view: TablePartition) -> int | None:
 
 
 def _advance_stream_time(view: TablePartition, timestamp_ms: int) -> None:
+    # once per event: stored u64s compare as bytes as their values do, so the common case
+    # (a stored 8-byte time) needs no decoding
+    raw = view.get(STREAM_TIME)
+    if raw is not None and len(raw) == 8 and 0 <= timestamp_ms < 1 << 64:
+        encoded = _U64(timestamp_ms)
+        if raw < encoded:
+            view.put(STREAM_TIME, encoded)
+        return
     current = _stream_time(view)
     if current is None or current < timestamp_ms:
         view.put(STREAM_TIME, layout.encode_meta_int(timestamp_ms))

@@ -34,6 +34,7 @@ __all__ = ["AgentFailed", "AgentRunner", "AgentRuntime", "Stream", "current_reco
 log = logging.getLogger("streamjoin.agents")
 
 _RUNNING = TaskState.RUNNING
+_SUSPENDED = TaskState.SUSPENDED
 
 #: what an actor's queue holds: a task and records of it in order (None: stop)
 _Chunk = tuple[Task, list[RawRecord]] | None
@@ -180,11 +181,17 @@ class AgentRunner:
         if current is not None:
             self.processed += 1
             self._latency.observe(time.perf_counter() - self._started)
-            self.runtime.complete(current)
-            if not current.sends:
-                # acknowledged already and referenced by nothing the runtime keeps: the
-                # next event's context (one object less per event)
-                self._spare = current
+            if current.sends:
+                self.runtime.complete(current)
+                return
+            # nothing sent: acknowledged now (AgentRuntime._ack, inlined: once per event)
+            task = current.task
+            state = task.state
+            if state is _RUNNING or state is _SUSPENDED:
+                raw = current.raw
+                task.tracker.ack((raw.topic, raw.partition), raw.offset)
+            # referenced by nothing the runtime keeps: the next event's context
+            self._spare = current
 
     async def _handle_failure(self, inflight: _InFlight, exc: BaseException, kind: str) -> None:
         """The error policy, with the actor still inside the event: a transaction's snapshot

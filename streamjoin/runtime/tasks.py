@@ -93,7 +93,8 @@ class Task:
 
     @property
     def accepts_acks(self) -> bool:
-        """Acknowledgements still count (running, or suspended until its commit)."""
+        """Acknowledgements still count (running, or suspended until its commit; the agent
+        runtime checks the same inline for events that sent nothing)."""
         return self.state is TaskState.RUNNING or self.state is TaskState.SUSPENDED
 
 
