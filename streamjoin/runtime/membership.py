@@ -254,6 +254,10 @@ class GroupMembership:
         self._rejoin = asyncio.Event()
         self._rejoin.set()
         self._joining = False
+        #: inside a join (JoinGroup, SyncGroup and applying the assignment)
+        self._rebalancing = False
+        #: stopping: no more joins (see :meth:`stop_joining`)
+        self._leaving = False
         self._probe_at: float | None = None
         self._last_heartbeat_ok = clock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -282,13 +286,21 @@ class GroupMembership:
                 await task
         self._tasks = []
 
+    def stop_joining(self) -> None:
+        """The worker is stopping: join no more rebalances (a join already under way
+        completes, see :meth:`settle`). A rebalance another member started (one leaving in
+        the same full stop) waits for this member to rejoin or leave, and meanwhile the group
+        still accepts its commit at its generation; joining instead would hand it partitions
+        it is about to give up, and add one assignment per stopping worker."""
+        self._leaving = True
+
     async def settle(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` seconds) for a rebalance in progress to complete, so that
-        a stopping worker commits at the group's current generation: a commit sent at the
+        """Wait (at most ``timeout`` seconds) for a join under way to complete, so that a
+        stopping worker commits at the group's current generation: a commit sent at the
         previous one is refused, and its events would be processed again by the next owner."""
         deadline = self._clock() + timeout
-        # polled: "settled" spans two states kept by different tasks, and this runs once
-        while (self._joining or self.metrics.in_progress) and self._clock() < deadline:  # noqa: ASYNC110
+        # polled: the join runs in the coordination task, and this runs once
+        while (self._joining or self._rebalancing) and self._clock() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
 
     async def leave(self) -> None:
@@ -335,6 +347,8 @@ class GroupMembership:
                 if not self._rejoin.is_set():
                     await self._wait_for_rejoin()
                     continue
+                if self._leaving:
+                    return
                 await self._join_and_sync()
             except _CoordinatorLost as exc:
                 log.info("group coordinator unavailable (%s); looking it up again", exc)
@@ -430,6 +444,13 @@ class GroupMembership:
         self.request_rejoin(reason)
 
     async def _join_and_sync(self) -> None:
+        self._rebalancing = True
+        try:
+            await self._join_sync_and_apply()
+        finally:
+            self._rebalancing = False
+
+    async def _join_sync_and_apply(self) -> None:
         if self._abandon is not None:
             reason, self._abandon = self._abandon, None
             if self.owned:
