@@ -79,6 +79,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("streamjoin.membership")
 
+#: how often a wait for offsets held by an open transaction is reported past the first minute
+UNSTABLE_WARNING_EVERY = 60.0
+
 __all__ = [
     "COOPERATIVE_PROTOCOL",
     "EAGER_PROTOCOL",
@@ -879,13 +882,16 @@ class GroupMembership:
     async def _committed_stable(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Committed offsets once no open transaction holds offsets of ``tps`` (OffsetFetch
         with require_stable, KIP-447): a previous owner's transaction either commits them
-        (and we start after its events) or aborts (and we start before them). It is
-        waited for at most the transaction timeout the broker gives any transaction."""
+        (and we start after its events) or aborts (and we start before them). The broker
+        ends any transaction within its timeout; one it never ends is waited for with a
+        warning every minute (starting from offsets it may still commit would process
+        events twice)."""
         wanted = sorted(set(tps))
         if not wanted:
             return {}
         backoff = self.settings.retry_backoff_ms / 1000
         waited_since: float | None = None
+        warned_at = 0.0
         while True:
             await self._ensure_coordinator()
             node = self._require_coordinator()
@@ -910,10 +916,23 @@ class GroupMembership:
                 self._forget_coordinator()
             elif codes == {ErrorCode.UNSTABLE_OFFSET_COMMIT}:
                 if waited_since is None:
-                    waited_since = self._clock()
+                    waited_since = warned_at = self._clock()
                     log.info(
                         "committed offsets: a transaction of a previous owner is still open; "
                         "waiting for it to commit or abort"
+                    )
+                elif self._clock() - warned_at >= UNSTABLE_WARNING_EVERY:
+                    # Longer than any transaction timeout: the broker holds offsets of a
+                    # transaction it never completes (seen after a broker restart that lost
+                    # a transaction marker of the group's offsets partition).
+                    warned_at = self._clock()
+                    log.warning(
+                        "committed offsets of group %s still held by an open transaction "
+                        "after %.0f s; not processing %d partitions until the broker "
+                        "completes it",
+                        self.settings.group_id,
+                        warned_at - waited_since,
+                        len(wanted),
                     )
             else:
                 raise GroupMembershipError(

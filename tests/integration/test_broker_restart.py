@@ -16,6 +16,14 @@ The true counts are the input topic's own records, read back after the run: an i
 producer gave up on (its request timed out during the outage) may still have been written,
 and then it counts as an input like any other.
 
+Known failure (exactly-once, about 1 run in 5): a transaction the worker commits while
+the broker is in its controlled shutdown is recorded CompleteCommit in the transaction log,
+but its COMMIT marker never reaches the group's ``__consumer_offsets`` partition (the log
+ends after the transactional offset commit). After the restart the group's offsets stay
+"unstable" for ever and the worker waits (``committed offsets: a transaction of a previous
+owner is still open``, then a warning every minute): the test fails with "inputs never all
+committed". The broker's data directory shows it (see the report of this test's branch).
+
 The broker is this module's own (never the session's shared one), started once and
 restarted by every test.
 """
