@@ -222,9 +222,16 @@ class KafkaConsumerService(Service):
         )
         self.membership.start()
 
+    def stop_joining(self) -> None:
+        """The worker is stopping: join no more rebalances (called before anything else of
+        the stop, which may take a while before :meth:`shutdown` runs)."""
+        if self.membership is not None:
+            self.membership.stop_joining()
+
     async def shutdown(self) -> None:
         """Ordered stop: no more fetching or rebalancing, finish in-flight events, flush
         sends, commit, leave the group (static members stay), close the clients."""
+        self.stop_joining()
         await self._stop_futures()  # cancels the fetch and commit loops
         if self.membership is not None:
             await self.membership.settle(min(10.0, self.settings.rebalance_timeout_ms / 1000))

@@ -79,6 +79,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("streamjoin.membership")
 
+#: how often a wait for offsets held by an open transaction is reported past the first minute
+UNSTABLE_WARNING_EVERY = 60.0
+
 __all__ = [
     "COOPERATIVE_PROTOCOL",
     "EAGER_PROTOCOL",
@@ -254,6 +257,10 @@ class GroupMembership:
         self._rejoin = asyncio.Event()
         self._rejoin.set()
         self._joining = False
+        #: inside a join (JoinGroup, SyncGroup and applying the assignment)
+        self._rebalancing = False
+        #: stopping: no more joins (see :meth:`stop_joining`)
+        self._leaving = False
         self._probe_at: float | None = None
         self._last_heartbeat_ok = clock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -282,13 +289,21 @@ class GroupMembership:
                 await task
         self._tasks = []
 
+    def stop_joining(self) -> None:
+        """The worker is stopping: join no more rebalances (a join already under way
+        completes, see :meth:`settle`). A rebalance another member started (one leaving in
+        the same full stop) waits for this member to rejoin or leave, and meanwhile the group
+        still accepts its commit at its generation; joining instead would hand it partitions
+        it is about to give up, and add one assignment per stopping worker."""
+        self._leaving = True
+
     async def settle(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` seconds) for a rebalance in progress to complete, so that
-        a stopping worker commits at the group's current generation: a commit sent at the
+        """Wait (at most ``timeout`` seconds) for a join under way to complete, so that a
+        stopping worker commits at the group's current generation: a commit sent at the
         previous one is refused, and its events would be processed again by the next owner."""
         deadline = self._clock() + timeout
-        # polled: "settled" spans two states kept by different tasks, and this runs once
-        while (self._joining or self.metrics.in_progress) and self._clock() < deadline:  # noqa: ASYNC110
+        # polled: the join runs in the coordination task, and this runs once
+        while (self._joining or self._rebalancing) and self._clock() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
 
     async def leave(self) -> None:
@@ -335,6 +350,8 @@ class GroupMembership:
                 if not self._rejoin.is_set():
                     await self._wait_for_rejoin()
                     continue
+                if self._leaving:
+                    return
                 await self._join_and_sync()
             except _CoordinatorLost as exc:
                 log.info("group coordinator unavailable (%s); looking it up again", exc)
@@ -430,6 +447,13 @@ class GroupMembership:
         self.request_rejoin(reason)
 
     async def _join_and_sync(self) -> None:
+        self._rebalancing = True
+        try:
+            await self._join_sync_and_apply()
+        finally:
+            self._rebalancing = False
+
+    async def _join_sync_and_apply(self) -> None:
         if self._abandon is not None:
             reason, self._abandon = self._abandon, None
             if self.owned:
@@ -858,13 +882,16 @@ class GroupMembership:
     async def _committed_stable(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Committed offsets once no open transaction holds offsets of ``tps`` (OffsetFetch
         with require_stable, KIP-447): a previous owner's transaction either commits them
-        (and we start after its events) or aborts (and we start before them). It is
-        waited for at most the transaction timeout the broker gives any transaction."""
+        (and we start after its events) or aborts (and we start before them). The broker
+        ends any transaction within its timeout; one it never ends is waited for with a
+        warning every minute (starting from offsets it may still commit would process
+        events twice)."""
         wanted = sorted(set(tps))
         if not wanted:
             return {}
         backoff = self.settings.retry_backoff_ms / 1000
         waited_since: float | None = None
+        warned_at = 0.0
         while True:
             await self._ensure_coordinator()
             node = self._require_coordinator()
@@ -889,10 +916,23 @@ class GroupMembership:
                 self._forget_coordinator()
             elif codes == {ErrorCode.UNSTABLE_OFFSET_COMMIT}:
                 if waited_since is None:
-                    waited_since = self._clock()
+                    waited_since = warned_at = self._clock()
                     log.info(
                         "committed offsets: a transaction of a previous owner is still open; "
                         "waiting for it to commit or abort"
+                    )
+                elif self._clock() - warned_at >= UNSTABLE_WARNING_EVERY:
+                    # Longer than any transaction timeout: the broker holds offsets of a
+                    # transaction it never completes (seen after a broker restart that lost
+                    # a transaction marker of the group's offsets partition).
+                    warned_at = self._clock()
+                    log.warning(
+                        "committed offsets of group %s still held by an open transaction "
+                        "after %.0f s; not processing %d partitions until the broker "
+                        "completes it",
+                        self.settings.group_id,
+                        warned_at - waited_since,
+                        len(wanted),
                     )
             else:
                 raise GroupMembershipError(

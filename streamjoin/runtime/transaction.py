@@ -36,6 +36,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
+    KafkaConnectionError,
     KafkaError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
@@ -43,6 +44,7 @@ from aiokafka.errors import (
 
 from streamjoin.context import Delivery
 from streamjoin.errors import TransactionError, TransactionFailed
+from streamjoin.runtime.liveness import BACKOFF_MAX, BACKOFF_START
 from streamjoin.runtime.out_batches import OutBatch, Outbox, Sent
 from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.record_limits import RecordLimits, is_rejection
@@ -426,9 +428,23 @@ class TransactionalSender(KafkaSender):
         if old is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(old.stop(), timeout=5.0)
-        producer = AIOKafkaProducer(**self._options)
-        await producer.start()
-        self._producer = producer
+        # The old producer often failed because the broker went away (aiokafka's sender
+        # gives up on a lost connection): the new one waits for it, as the other clients
+        # do, instead of stopping the worker (the outage itself is logged by liveness).
+        backoff = BACKOFF_START
+        while True:
+            producer = AIOKafkaProducer(**self._options)
+            try:
+                await producer.start()
+            except KafkaConnectionError as exc:
+                log.debug("new producer: %r; retrying in %.1f s", exc, backoff)
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            self._producer = producer
+            return
 
     def _refused(self, producer: AIOKafkaProducer) -> None:
         """The transaction holding the refused record fails at its commit; :meth:`abort`

@@ -290,6 +290,10 @@ class Worker(Service):
             return
         self._stopping = True
         try:
+            if self.consumer is not None:
+                # First: workers stopped together must not join the rebalance the first
+                # one's leave starts (see GroupMembership.stop_joining).
+                self.consumer.stop_joining()
             if self.monitor is not None:
                 await self.monitor.stop()
             if self.consumer is not None:

@@ -184,12 +184,12 @@ async def restart_all_and_check(group: Group, one_by_one: bool) -> None:
     else:
         assert after == before, workers.logs()
         assert sum(replayed.values()) <= 10, replayed
-        generation = max(m.generation for m in info.members)
-        # One rebalance is the goal and the usual outcome; on a loaded CI machine a second
-        # one was seen in 2 of 5 runs (cause not found yet: the logs were cut by the
-        # assertion's repr; see the session notes). The placement and replay checks above
-        # are what the restart must guarantee; more than one follow-up is a failure.
-        assert generation <= epoch + 2, (generation, epoch, workers.log_of("w1")[-4000:])
+        # One assignment (the epoch the leader's assignment carries): the restart's. Workers
+        # stopping together used to join the rebalance the first one's leave started, each
+        # adding an assignment during the stop (seen on a loaded machine, where they stop
+        # at different speeds); a stopping worker now joins no rebalance.
+        epoch_after = max(m.generation for m in info.members)
+        assert epoch_after == epoch + 1, (epoch_after, epoch, workers.logs())
     await group.counts_are_exact()
 
 

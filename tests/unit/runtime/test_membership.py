@@ -940,3 +940,25 @@ async def test_a_heartbeat_answered_during_a_join_is_not_taken_for_a_removal(
     assert await m.membership.heartbeat() is False  # no commit now
     assert not [e for e in m.listener.events if e[0] == "lost"]
     assert m.membership.owned == {(TOPIC, 0), (TOPIC, 1)}
+
+
+async def test_a_stopping_member_joins_no_rebalance_and_commits_at_its_generation(
+    make_member: Callable[..., Member],
+) -> None:
+    """A full stop: the first worker to leave starts a rebalance. The others, stopping too,
+    must not join it (each join used to add an assignment, and hand a stopping worker the
+    partitions of those gone before it); the group accepts their commit at their generation
+    while it waits for them to leave."""
+    m = make_member()
+    m.client.script(JoinGroupRequest, join_ok(generation=1), join_ok(generation=2))
+    m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0, 1, 2, 3]))
+    await assigned(m, [0, 1])
+    m.membership.stop_joining()
+    m.client.script(HeartbeatRequest, heartbeat(REBALANCE_IN_PROGRESS))
+    await eventually(lambda: m.client.count(HeartbeatRequest) >= 3)
+    await m.membership.settle(1.0)  # nothing under way: returns at once
+    m.client.script(OffsetCommitRequest, commit_answer(0))
+    assert await m.membership.commit({(TOPIC, 0): 5, (TOPIC, 1): 7}) is True
+    assert len(m.joins()) == 1
+    assert m.membership.generation == 1 and m.membership.owned == tps(0, 1)
+    assert m.client.requests(OffsetCommitRequest)[-1].consumer_group_generation_id == 1
