@@ -290,7 +290,9 @@ def _stream_table(
         current = table.get(event.key)
         if current is None and how == "inner":
             return
-        result = await _call(fun, event.key, event.value, current)
+        result = fun(event.key, event.value, current)  # (_call inlined: once per event)
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+            result = await result
         if result is not None and output is not None:
             await output.send(key=event.key, value=result, timestamp_ms=event.timestamp)
 
