@@ -286,8 +286,18 @@ class StreamStreamJoin:
             b"L": spec.emits_unmatched("left"),
             b"R": spec.emits_unmatched("right"),
         }
-        self._saved_meta: tuple[bytes | None, _Meta] = (None, _Meta.decode(None))
-        self.stats = JoinStats(buffered=self._meta().buffered)
+        # The metadata, decoded, as plain attributes (see _Meta): read and written per event
+        # without building a tuple. ``_meta_bytes`` is what the view held when they were
+        # last read or saved: the view hands that very object back unless the state changed
+        # under us (a flush read back from the store, a restore), which reloads them.
+        self._meta_bytes: bytes | None = None
+        self._now: int | None = None
+        self._buffered = 0
+        self._hint = _NO_EXPIRY
+        self._fresh_left = 0
+        self._fresh_right = 0
+        self.stats = JoinStats()
+        self._load_meta(view.get(META_KEY))
 
     @property
     def stream_time_ms(self) -> int | None:
@@ -323,38 +333,40 @@ class StreamStreamJoin:
     def _process(
         self, side: Side, key: bytes, value: bytes, timestamp_ms: int, seq: int
     ) -> list[JoinOutput]:
-        spec = self.spec
-        stats = self.stats
         view = self.view
+        data = view.get(META_KEY)
+        if data is not self._meta_bytes:
+            self._load_meta(data)
+        stats = self.stats
         stats.processed += 1
-        meta = self._meta()
-        now = meta.stream_time_ms
-        if now is not None:
+        now = self._now
+        if now is None or timestamp_ms > now:
+            outputs = self._advance(timestamp_ms)
+            now = timestamp_ms
+        else:
             lateness = now - timestamp_ms
             if lateness > self._open_ms:
                 stats.late += 1
                 return []
-            if lateness > spec.grace_ms:
+            if lateness > self.spec.grace_ms:
                 stats.beyond_grace += 1
-        if now is None or timestamp_ms > now:
-            outputs, meta = self._advance(meta, timestamp_ms)
-            now = timestamp_ms
-        else:
             outputs = []
 
-        window_ms = spec.window_ms
+        window_ms = self.spec.window_ms
         is_left = side == "left"
         side_byte, other_byte = (b"L", b"R") if is_left else (b"R", b"L")
         prefixed = _PACK_KEY_LENGTH(len(key)) + key
         # partners closed at the current stream time never match, even while they are still
         # stored (see JoinSpec.expiry_slack_ms)
-        lowest = max(0, timestamp_ms - window_ms, now - self._open_ms)
-        partner_prefix = BUFFER_PREFIX + other_byte + prefixed
-        partners = list(
-            view.scan(
-                partner_prefix + _PACK_TS_SEQ(lowest, 0),
-                partner_prefix + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
-            )
+        lowest = timestamp_ms - window_ms
+        closed = now - self._open_ms
+        if closed > lowest:
+            lowest = closed
+        partner_group = BUFFER_PREFIX + other_byte + prefixed
+        partners = view.scan_group(
+            partner_group,
+            partner_group + _PACK_TS_SEQ(lowest if lowest > 0 else 0, 0),
+            partner_group + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
         )
         if partners:
             track_other = self._emits_unmatched[other_byte]
@@ -375,75 +387,90 @@ class StreamStreamJoin:
                         view.put(partner_index, _MATCHED)
             stats.matched += len(partners)
 
-        buffer_key = _buffer_key(side_byte, prefixed, timestamp_ms, seq)
-        index_key = _expiry_key(side_byte, prefixed, timestamp_ms, seq)
-        buffered = meta.buffered
-        fresh_left, fresh_right = meta.fresh_left, meta.fresh_right
-        fresh = fresh_left if is_left else fresh_right
+        group = BUFFER_PREFIX + side_byte + prefixed
+        buffer_key = group + _PACK_TS_SEQ(timestamp_ms, seq)
+        index_key = _PACK_EXPIRY_HEAD(EXPIRY_PREFIX, timestamp_ms, side_byte, seq) + prefixed
+        fresh = self._fresh_left if is_left else self._fresh_right
         if fresh != _UNKNOWN_SEQ and seq >= fresh:
             # no event of this side at or past ``fresh`` was buffered: not a replay
-            matched = bool(partners)
-            buffered += 1
+            view.insert(buffer_key, value, group)
+            view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
+            self._buffered += 1
             if is_left:
-                fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+                self._fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
             else:
-                fresh_right = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+                self._fresh_right = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
         elif view.get(buffer_key) is not None:
             # an at-least-once replay of an event already buffered: joined again
             # above (duplicates are allowed), stored and counted once
             matched = bool(partners) or view.get(index_key) == _MATCHED
+            view.put(buffer_key, value)
+            view.put(index_key, _MATCHED if matched else _UNMATCHED)
         else:
-            matched = bool(partners)
-            buffered += 1
-        view.put(buffer_key, value)
-        view.put(index_key, _MATCHED if matched else _UNMATCHED)
-        hint = meta.expiry_hint_ms
-        self._save(
-            _Meta(
-                now,
-                buffered,
-                timestamp_ms if timestamp_ms < hint else hint,
-                fresh_left,
-                fresh_right,
-            )
-        )
+            view.insert(buffer_key, value, group)
+            view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
+            self._buffered += 1
+        if timestamp_ms < self._hint:
+            self._hint = timestamp_ms
+        self._save_meta()
         return outputs
 
     def advance(self, stream_time_ms: int) -> list[JoinOutput]:
         """Move stream time forward (never back) and close every window that ends
         before it: unmatched events in (timestamp, side, seq) order, for left/outer."""
         _check_int("stream_time_ms", stream_time_ms, 0, MAX_TIMESTAMP_MS, InvalidJoinInput)
-        meta = self._meta()
-        outputs, new_meta = self._advance(meta, stream_time_ms)
-        if new_meta != meta:
-            self._save(new_meta)
+        data = self.view.get(META_KEY)
+        if data is not self._meta_bytes:
+            self._load_meta(data)
+        if self._now is not None and stream_time_ms <= self._now:
+            return []
+        outputs = self._advance(stream_time_ms)
+        self._save_meta()
         return outputs
 
     # ---------------------------------------------------------------- internals
 
     def _meta(self) -> _Meta:
+        """The metadata as the view holds it now."""
         data = self.view.get(META_KEY)
-        # the view hands back what _save put, unless the state changed under us (a restore)
-        if data is None or data != self._saved_meta[0]:
-            self._saved_meta = (data, _Meta.decode(data))
-        return self._saved_meta[1]
+        if data is not self._meta_bytes:
+            self._load_meta(data)
+        return _Meta(self._now, self._buffered, self._hint, self._fresh_left, self._fresh_right)
 
-    def _save(self, meta: _Meta) -> None:
-        data = meta.encode()
-        self.view.put(META_KEY, data)
-        self._saved_meta = (data, meta)
+    def _load_meta(self, data: bytes | None) -> None:
+        meta = _Meta.decode(data)
+        self._meta_bytes = data
+        self._now = meta.stream_time_ms
+        self._buffered = meta.buffered
+        self._hint = meta.expiry_hint_ms
+        self._fresh_left = meta.fresh_left
+        self._fresh_right = meta.fresh_right
         self.stats.buffered = meta.buffered
 
-    def _advance(self, meta: _Meta, stream_time_ms: int) -> tuple[list[JoinOutput], _Meta]:
-        """Stream time to ``max(current, stream_time_ms)``, closed windows expired; the
-        caller saves the returned metadata."""
-        current = meta.stream_time_ms
-        if current is not None and stream_time_ms <= current:
-            return [], meta
-        cutoff = self.spec.closes_before(stream_time_ms)
-        if cutoff <= meta.expiry_hint_ms + self.spec.expiry_slack_ms:
+    def _save_meta(self) -> None:
+        """Write the attributes back (``_Meta.encode``'s bytes)."""
+        now = self._now
+        data = _META_LAYOUT.pack(
+            _META_VERSION,
+            0 if now is None else now + 1,
+            self._buffered,
+            self._hint,
+            self._fresh_left,
+            self._fresh_right,
+        )
+        self.view.put(META_KEY, data)
+        self._meta_bytes = data
+        self.stats.buffered = self._buffered
+
+    def _advance(self, stream_time_ms: int) -> list[JoinOutput]:
+        """Stream time to ``stream_time_ms`` (past the current one), closed windows
+        expired; the attributes are updated, the caller saves them."""
+        cutoff = stream_time_ms - self._open_ms
+        hint = self._hint
+        if cutoff <= hint + self.spec.expiry_slack_ms:
             # nothing buffered is old enough to close (or not enough of it): skip the scan
-            return [], meta._replace(stream_time_ms=stream_time_ms)
+            self._now = stream_time_ms
+            return []
         view = self.view
         emits_unmatched = self._emits_unmatched
         outputs: list[JoinOutput] = []
@@ -451,7 +478,7 @@ class StreamStreamJoin:
         index_end = EXPIRY_PREFIX + _PACK_U64(cutoff)
         # nothing is buffered below the hint: start there, not at the index's first key (the
         # range before it may hold many deletes not yet compacted away)
-        index_start = EXPIRY_PREFIX + _PACK_U64(meta.expiry_hint_ms)
+        index_start = EXPIRY_PREFIX + _PACK_U64(hint)
         # One scan finds both what closed and the first entry still open (the next hint).
         following: bytes | None = None
         while following is None:
@@ -475,18 +502,24 @@ class StreamStreamJoin:
                     outputs.append(
                         JoinOutput(prefixed[KEY_LENGTH_BYTES:], left, right, timestamp_ms)
                     )
-                view.delete(buffer_key)
-                view.delete(index_key)
+                # both are present: the index entry was just read, and it has its event
+                view.remove(buffer_key)
+                view.remove(index_key)
             removed += len(closed)
             if len(closed) < _EXPIRY_BATCH:
                 break  # the index ends here (or ``following`` was found)
             index_start = closed[-1][0] + b"\x00"  # the next batch starts past this one
-        hint = _NO_EXPIRY if following is None else _split_expiry_key(following)[0]
         self.stats.expired += removed
         self.stats.unmatched_emitted += len(outputs)
-        # an empty index (the scan saw its end) is an empty buffer: any seq is fresh
-        fresh = (0, 0) if hint == _NO_EXPIRY else (meta.fresh_left, meta.fresh_right)
-        return outputs, _Meta(stream_time_ms, max(0, meta.buffered - removed), hint, *fresh)
+        self._now = stream_time_ms
+        self._buffered = max(0, self._buffered - removed)
+        if following is None:
+            # an empty index (the scan saw its end) is an empty buffer: any seq is fresh
+            self._hint = _NO_EXPIRY
+            self._fresh_left = self._fresh_right = 0
+        else:
+            self._hint = _split_expiry_key(following)[0]
+        return outputs
 
 
 # ------------------------------------------------------------------ table-table

@@ -36,6 +36,23 @@ class KeyValueView(Protocol):
         """Items with ``start <= key < end`` (``end`` None: unbounded), in key order."""
         ...
 
+    # What the join core knows about its keys, for views that can save work with it (a
+    # table partition: see TablePartition.insert); the answers are those of get/put/
+    # delete/scan.
+
+    def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
+        """``put`` of a key known to be absent; ``group`` is its join-key group
+        (:data:`~streamjoin.joins.core.BUFFER_GROUP_OF`) or None."""
+        ...
+
+    def remove(self, key: bytes) -> None:
+        """``delete`` of a key known to be present."""
+        ...
+
+    def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """``list(scan(start, end))`` where every key in range begins with ``group``."""
+        ...
+
 
 class MemoryKeyValueView:
     """A :class:`KeyValueView` in memory: for tests and Spark backfills.
@@ -67,6 +84,15 @@ class MemoryKeyValueView:
     def delete(self, key: bytes) -> None:
         if self._data.pop(key, None) is not None:
             self._version += 1
+
+    def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
+        self.put(key, value)
+
+    def remove(self, key: bytes) -> None:
+        self.delete(key)
+
+    def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        return list(self.scan(start, end))
 
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         version = self._version

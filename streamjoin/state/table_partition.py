@@ -10,7 +10,15 @@ of the buffered keys:
   group (every partner of an event: one per event) sorts that group's few buffered
   keys in range and never touches the others;
 - every other key goes into one sorted list, built at the first scan that needs it
-  (an expiry scan, say) and kept from then on.
+  (an expiry scan, say) and kept from then on: keys buffered after it wait in an
+  unsorted tail that the next such scan sorts in (join expiry keys arrive nearly in
+  time order, so that is a short sort and an append, not an insertion per write).
+
+Writers that know more about a key say so, and save work: :meth:`TablePartition.insert`
+(a key absent from the partition, with its group) needs no group computed and, deleted
+again before the next flush through :meth:`TablePartition.remove` (a key present),
+leaves no write at all; a key ``remove`` finds in the store is known to need a
+changelog tombstone (:meth:`TablePartition.stored_deletes`), without a store lookup.
 
 The worker flushes: :meth:`take_pending` hands them out, :meth:`finish_flush`
 applies them with the changelog offset they reached, :meth:`abandon` forgets them
@@ -21,9 +29,8 @@ the partition's transaction: nothing written through it is durable before a flus
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator
-
-from sortedcontainers import SortedList
 
 from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
@@ -43,11 +50,15 @@ class TablePartition:
     """The store and the buffered writes of partition ``partition`` of table ``table``."""
 
     __slots__ = (
+        "_flushing_stored",
+        "_fresh",
         "_group_high",
         "_group_low",
         "_group_of",
         "_groups",
         "_sorted",
+        "_stored_deletes",
+        "_tail",
         "abandoned",
         "corrupted",
         "flushing",
@@ -77,7 +88,15 @@ class TablePartition:
         self._group_low: bytes | None = None
         self._group_high: bytes | None = None
         #: the buffered keys of no group, sorted; None until a scan needs them
-        self._sorted: SortedList[bytes] | None = None
+        self._sorted: list[bytes] | None = None
+        #: keys of no group buffered since ``_sorted`` was last brought up to date
+        self._tail: list[bytes] = []
+        #: pending keys put by insert() (absent from flushing and the store)
+        self._fresh: set[bytes] = set()
+        #: pending deletes of keys remove() found in neither buffer: the store has them
+        self._stored_deletes: set[bytes] = set()
+        #: the same for the writes being flushed
+        self._flushing_stored: set[bytes] = set()
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"
@@ -116,6 +135,55 @@ class TablePartition:
             self._index(key)
         pending[key] = None
 
+    def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
+        """:meth:`put` of a key the caller knows is absent (``get`` would return None),
+        whose group (under :meth:`group_keys_by`'s grouping) is ``group``."""
+        pending = self.pending
+        if key in pending or (self.flushing and key in self.flushing):
+            pending[key] = value  # a buffered delete (or a flush's write) stays known
+            return
+        pending[key] = value
+        self._fresh.add(key)
+        if group is None or self._group_of is None:
+            if self._sorted is not None:
+                self._tail.append(key)
+            return
+        keys = self._groups.get(group)
+        if keys is not None:
+            keys.add(key)
+        else:
+            self._new_group(group, key)
+
+    def remove(self, key: bytes) -> None:
+        """:meth:`delete` of a key the caller knows is present (``get`` returns a value)."""
+        pending = self.pending
+        if key in self._fresh:
+            # inserted since the last flush began: it never reached the changelog or the
+            # store, so it simply goes
+            self._fresh.discard(key)
+            del pending[key]
+            self._unindex(key)
+            return
+        if key not in pending and (not self.flushing or key not in self.flushing):
+            self._stored_deletes.add(key)  # present, and in neither buffer: in the store
+            self._index(key)
+        pending[key] = None
+
+    def stored_deletes(self) -> set[bytes]:
+        """Keys the store is known to hold among the writes being flushed (a delete of one
+        needs a changelog tombstone; other deletes may be of keys the store never had)."""
+        return self._flushing_stored
+
+    def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """:meth:`scan` of a range inside one group (every key in [start, end) begins with
+        ``group``, a group under :meth:`group_keys_by`'s grouping), read at once."""
+        if self._group_of is None:
+            return list(self.scan(start, end))
+        keys = self._groups.get(group)
+        if not keys:
+            return self.store.range_items(start, end)
+        return list(self._scan_keys(keys, start, end))
+
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Sorted items in [start, end), buffered writes merged over the store.
 
@@ -130,10 +198,10 @@ class TablePartition:
                 return self._scan_keys(self._groups.get(group, ()), start, end)
         if not self.pending and not self.flushing:
             return self.store.items(start, end)
-        ordered = self._sorted
-        if ordered is None:
-            ordered = self._sorted = SortedList(self._ungrouped())
-        keys: Iterable[bytes] = ordered.irange(start, end, inclusive=(True, False))
+        ordered = self._ordered()
+        low = bisect_left(ordered, start)
+        high = len(ordered) if end is None else bisect_left(ordered, end, low)
+        keys: Iterable[bytes] = ordered[low:high]
         if self._groups and self._may_hold_groups(start, end):
             keys = sorted([*keys, *self._grouped_in(start, end)])
         return _merge(self._newest(keys), self.store.items(start, end))
@@ -146,22 +214,64 @@ class TablePartition:
         group = None if group_of is None else group_of(key)
         if group is None:
             if self._sorted is not None:
-                self._sorted.add(key)
+                self._tail.append(key)
             return
         keys = self._groups.get(group)
         if keys is not None:
             keys.add(key)
-            return
+        else:
+            self._new_group(group, key)
+
+    def _new_group(self, group: bytes, key: bytes) -> None:
         self._groups[group] = {key}
         if self._group_low is None or group < self._group_low:
             self._group_low = group
         if self._group_high is None or group > self._group_high:
             self._group_high = group
 
+    def _unindex(self, key: bytes) -> None:
+        """Drop a key that is in neither layer any more (see :meth:`remove`)."""
+        group_of = self._group_of
+        group = None if group_of is None else group_of(key)
+        if group is not None:
+            keys = self._groups.get(group)
+            if keys is not None:
+                keys.discard(key)  # an empty group stays: it is only a hint
+            return
+        if self._sorted is not None:
+            ordered = self._ordered()
+            at = bisect_left(ordered, key)
+            if at < len(ordered) and ordered[at] == key:
+                del ordered[at]
+
+    def _ordered(self) -> list[bytes]:
+        """The sorted keys of no group, brought up to date."""
+        ordered = self._sorted
+        if ordered is None:
+            ordered = self._sorted = sorted(self._ungrouped())
+            self._tail = []
+            return ordered
+        tail = self._tail
+        if tail:
+            self._tail = []
+            if len(tail) < 8:
+                for key in tail:
+                    insort(ordered, key)
+            else:
+                # nearly sorted runs (time-ordered keys): sorting is a few run merges
+                tail.sort()
+                if not ordered or tail[0] > ordered[-1]:
+                    ordered.extend(tail)
+                else:
+                    ordered.extend(tail)
+                    ordered.sort()
+        return ordered
+
     def _reindex(self) -> None:
         self._groups = {}
         self._group_low = self._group_high = None
         self._sorted = None
+        self._tail = []
         if self._group_of is not None:
             for key in {**self.flushing, **self.pending}:
                 self._index(key)
@@ -224,6 +334,11 @@ class TablePartition:
             else:
                 self.flushing = self.pending
             self.pending = {}
+        # from now on those keys are in ``flushing``: deleting one must be a write
+        self._fresh = set()
+        if self._stored_deletes:
+            self._flushing_stored |= self._stored_deletes
+            self._stored_deletes = set()
         return self.flushing
 
     def finish_flush(self, changelog_offset: int | None) -> None:
@@ -234,6 +349,7 @@ class TablePartition:
         if self.flushing:
             self.store.write(self.flushing, changelog_offset)
         self.flushing = {}
+        self._flushing_stored = set()
         self._reindex()  # the index holds only what is still buffered
 
     def abandon(self) -> int:
@@ -242,6 +358,9 @@ class TablePartition:
         self.abandoned = True
         self.pending = {}
         self.flushing = {}
+        self._fresh = set()
+        self._stored_deletes = set()
+        self._flushing_stored = set()
         self._reindex()
         return dropped
 
