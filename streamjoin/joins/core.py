@@ -311,7 +311,9 @@ class StreamStreamJoin:
         An event whose own window has already closed (``ts + window + grace <
         stream time``) is late: it is dropped and counted, for every ``how``.
         """
-        return self._process(event.side, event.key, event.value, event.timestamp_ms, event.seq)
+        return self.process_record(
+            event.side, event.key, event.value, event.timestamp_ms, event.seq
+        )
 
     def process_record(
         self, side: Side, key: bytes, value: bytes, timestamp_ms: int, seq: int
@@ -328,11 +330,6 @@ class StreamStreamJoin:
             and side in _SIDE_BYTE
         ):
             JoinInput(side, key, value, timestamp_ms, seq)  # raises InvalidJoinInput if invalid
-        return self._process(side, key, value, timestamp_ms, seq)
-
-    def _process(
-        self, side: Side, key: bytes, value: bytes, timestamp_ms: int, seq: int
-    ) -> list[JoinOutput]:
         view = self.view
         data = view.get(META_KEY)
         if data is not self._meta_bytes:

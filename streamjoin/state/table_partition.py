@@ -52,6 +52,7 @@ class TablePartition:
     __slots__ = (
         "_flushing_stored",
         "_fresh",
+        "_gone",
         "_group_high",
         "_group_low",
         "_group_of",
@@ -93,6 +94,9 @@ class TablePartition:
         self._tail: list[bytes] = []
         #: pending keys put by insert() (absent from flushing and the store)
         self._fresh: set[bytes] = set()
+        #: keys remove() dropped from both layers but left in the index (reading them finds
+        #: nothing, and the store cannot hold them before the next flush reindexes)
+        self._gone: set[bytes] = set()
         #: pending deletes of keys remove() found in neither buffer: the store has them
         self._stored_deletes: set[bytes] = set()
         #: the same for the writes being flushed
@@ -146,7 +150,10 @@ class TablePartition:
         self._fresh.add(key)
         if group is None or self._group_of is None:
             if self._sorted is not None:
-                self._tail.append(key)
+                if key in self._gone:
+                    self._gone.discard(key)  # still indexed
+                else:
+                    self._tail.append(key)
             return
         keys = self._groups.get(group)
         if keys is not None:
@@ -159,10 +166,10 @@ class TablePartition:
         pending = self.pending
         if key in self._fresh:
             # inserted since the last flush began: it never reached the changelog or the
-            # store, so it simply goes
+            # store, so it simply goes (its index entry stays: see _gone)
             self._fresh.discard(key)
             del pending[key]
-            self._unindex(key)
+            self._gone.add(key)
             return
         if key not in pending and (not self.flushing or key not in self.flushing):
             self._stored_deletes.add(key)  # present, and in neither buffer: in the store
@@ -214,7 +221,10 @@ class TablePartition:
         group = None if group_of is None else group_of(key)
         if group is None:
             if self._sorted is not None:
-                self._tail.append(key)
+                if key in self._gone:
+                    self._gone.discard(key)  # still indexed
+                else:
+                    self._tail.append(key)
             return
         keys = self._groups.get(group)
         if keys is not None:
@@ -229,27 +239,13 @@ class TablePartition:
         if self._group_high is None or group > self._group_high:
             self._group_high = group
 
-    def _unindex(self, key: bytes) -> None:
-        """Drop a key that is in neither layer any more (see :meth:`remove`)."""
-        group_of = self._group_of
-        group = None if group_of is None else group_of(key)
-        if group is not None:
-            keys = self._groups.get(group)
-            if keys is not None:
-                keys.discard(key)  # an empty group stays: it is only a hint
-            return
-        if self._sorted is not None:
-            ordered = self._ordered()
-            at = bisect_left(ordered, key)
-            if at < len(ordered) and ordered[at] == key:
-                del ordered[at]
-
     def _ordered(self) -> list[bytes]:
         """The sorted keys of no group, brought up to date."""
         ordered = self._sorted
         if ordered is None:
             ordered = self._sorted = sorted(self._ungrouped())
             self._tail = []
+            self._gone = set()  # (not in either layer: not in the list)
             return ordered
         tail = self._tail
         if tail:
@@ -272,6 +268,7 @@ class TablePartition:
         self._group_low = self._group_high = None
         self._sorted = None
         self._tail = []
+        self._gone = set()
         if self._group_of is not None:
             for key in {**self.flushing, **self.pending}:
                 self._index(key)
@@ -312,11 +309,11 @@ class TablePartition:
         return _merge(self._newest(hits), stored)
 
     def _newest(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
-        """Each buffered key with its newest value (None: deleted)."""
+        """Each buffered key with its newest value (None: deleted, or gone: see _gone)."""
         pending, flushing = self.pending, self.flushing
         for key in keys:
             value = pending.get(key, _MISSING)
-            yield key, flushing[key] if value is _MISSING else value  # type: ignore[misc]
+            yield key, flushing.get(key) if value is _MISSING else value  # type: ignore[misc]
 
     # ------------------------------------------------------------ flushing
 
