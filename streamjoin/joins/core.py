@@ -73,6 +73,10 @@ META_KEY = JOIN_STATE_KEY
 EXPIRY_PREFIX = INDEX
 BUFFER_PREFIX = DATA
 _EXPIRY_END = namespace_range(INDEX)[1]  # the expiry index is all of [EXPIRY_PREFIX, _EXPIRY_END)
+_BUFFER_END = namespace_range(DATA)[1]
+#: a join core counts the buffered events of each key (see StreamStreamJoin._counts) while
+#: at most this many keys have some; past it, every event reads its partners' range
+TRACKED_KEYS_MAX = 100_000
 #: the buffer's events grouped by side and key (``BUFFER_PREFIX + side + length_prefixed(key)``):
 #: finding an event's partners is a scan inside one group (see TablePartition.group_keys_by)
 BUFFER_GROUP_OF = data_group(space_length=1)
@@ -296,6 +300,12 @@ class StreamStreamJoin:
         self._hint = _NO_EXPIRY
         self._fresh_left = 0
         self._fresh_right = 0
+        #: buffered events per group (side and key: ``BUFFER_PREFIX + side + lp(key)``), or
+        #: None (not known): an event whose key has none on the other side has no partner,
+        #: and needs no read of the buffer (most events, in a join where most keys have one
+        #: event per side). Known from an empty buffer on (or a scan of a small one), kept
+        #: by this core's own inserts and expiries; dropped when the state changes under it.
+        self._counts: dict[bytes, int] | None = None
         self.stats = JoinStats()
         self._load_meta(view.get(META_KEY))
 
@@ -332,7 +342,7 @@ class StreamStreamJoin:
             JoinInput(side, key, value, timestamp_ms, seq)  # raises InvalidJoinInput if invalid
         view = self.view
         data = view.get(META_KEY)
-        if data is not self._meta_bytes:
+        if data != self._meta_bytes:
             self._load_meta(data)
         stats = self.stats
         stats.processed += 1
@@ -360,11 +370,15 @@ class StreamStreamJoin:
         if closed > lowest:
             lowest = closed
         partner_group = BUFFER_PREFIX + other_byte + prefixed
-        partners = view.scan_group(
-            partner_group,
-            partner_group + _PACK_TS_SEQ(lowest if lowest > 0 else 0, 0),
-            partner_group + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
-        )
+        counts = self._counts
+        if counts is not None and partner_group not in counts:
+            partners: list[tuple[bytes, bytes]] = []  # nothing of this key on the other side
+        else:
+            partners = view.scan_group(
+                partner_group,
+                partner_group + _PACK_TS_SEQ(lowest if lowest > 0 else 0, 0),
+                partner_group + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
+            )
         if partners:
             track_other = self._emits_unmatched[other_byte]
             for partner_key, partner_value in partners:
@@ -393,6 +407,8 @@ class StreamStreamJoin:
             view.insert(buffer_key, value, group)
             view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
             self._buffered += 1
+            if counts is not None:
+                self._count(counts, group)
             if is_left:
                 self._fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
             else:
@@ -407,6 +423,8 @@ class StreamStreamJoin:
             view.insert(buffer_key, value, group)
             view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
             self._buffered += 1
+            if counts is not None:
+                self._count(counts, group)
         if timestamp_ms < self._hint:
             self._hint = timestamp_ms
         self._save_meta()
@@ -417,7 +435,7 @@ class StreamStreamJoin:
         before it: unmatched events in (timestamp, side, seq) order, for left/outer."""
         _check_int("stream_time_ms", stream_time_ms, 0, MAX_TIMESTAMP_MS, InvalidJoinInput)
         data = self.view.get(META_KEY)
-        if data is not self._meta_bytes:
+        if data != self._meta_bytes:
             self._load_meta(data)
         if self._now is not None and stream_time_ms <= self._now:
             return []
@@ -430,7 +448,7 @@ class StreamStreamJoin:
     def _meta(self) -> _Meta:
         """The metadata as the view holds it now."""
         data = self.view.get(META_KEY)
-        if data is not self._meta_bytes:
+        if data != self._meta_bytes:
             self._load_meta(data)
         return _Meta(self._now, self._buffered, self._hint, self._fresh_left, self._fresh_right)
 
@@ -443,6 +461,26 @@ class StreamStreamJoin:
         self._fresh_left = meta.fresh_left
         self._fresh_right = meta.fresh_right
         self.stats.buffered = meta.buffered
+        self._counts = self._count_buffered(meta)
+
+    def _count_buffered(self, meta: _Meta) -> dict[bytes, int] | None:
+        """The buffered events per group, read from the view (None: too many to keep)."""
+        if meta.expiry_hint_ms == _NO_EXPIRY:
+            return {}  # nothing is buffered
+        if meta.buffered > TRACKED_KEYS_MAX:
+            return None
+        counts: dict[bytes, int] = {}
+        tail = 2 * _U64  # a buffer key is its group, u64(ts) and u64(seq)
+        for buffer_key, _ in self.view.scan(BUFFER_PREFIX, _BUFFER_END):
+            group = buffer_key[:-tail]
+            counts[group] = counts.get(group, 0) + 1
+        return counts if len(counts) <= TRACKED_KEYS_MAX else None
+
+    def _count(self, counts: dict[bytes, int], group: bytes) -> None:
+        """One more event buffered in ``group``."""
+        counts[group] = counts.get(group, 0) + 1
+        if len(counts) > TRACKED_KEYS_MAX:
+            self._counts = None  # too many keys to keep in memory: read the buffer instead
 
     def _save_meta(self) -> None:
         """Write the attributes back (``_Meta.encode``'s bytes)."""
@@ -488,9 +526,19 @@ class StreamStreamJoin:
                 if len(closed) == _EXPIRY_BATCH:
                     break
             # the scan is left behind before anything is written
+            counts = self._counts
             for index_key, flag in closed:
                 timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
-                buffer_key = _buffer_key(side, prefixed, timestamp_ms, seq)
+                group = BUFFER_PREFIX + side + prefixed
+                buffer_key = group + _PACK_TS_SEQ(timestamp_ms, seq)
+                if counts is not None:
+                    left_in_group = counts.get(group, 0) - 1
+                    if left_in_group > 0:
+                        counts[group] = left_in_group
+                    elif left_in_group == 0:
+                        del counts[group]
+                    else:  # an event this core did not count: stop trusting the counts
+                        counts = self._counts = None
                 if flag != _MATCHED and emits_unmatched[side]:
                     value = view.get(buffer_key)
                     if value is None:
@@ -511,9 +559,11 @@ class StreamStreamJoin:
         self._now = stream_time_ms
         self._buffered = max(0, self._buffered - removed)
         if following is None:
-            # an empty index (the scan saw its end) is an empty buffer: any seq is fresh
+            # an empty index (the scan saw its end) is an empty buffer: any seq is fresh,
+            # and no key has anything buffered
             self._hint = _NO_EXPIRY
             self._fresh_left = self._fresh_right = 0
+            self._counts = {}
         else:
             self._hint = _split_expiry_key(following)[0]
         return outputs
