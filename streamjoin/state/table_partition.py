@@ -29,7 +29,7 @@ the partition's transaction: nothing written through it is durable before a flus
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator
 
 from streamjoin.errors import StoreCorrupted
@@ -171,9 +171,15 @@ class TablePartition:
             del pending[key]
             self._gone.add(key)
             return
-        if key not in pending and (not self.flushing or key not in self.flushing):
-            self._stored_deletes.add(key)  # present, and in neither buffer: in the store
-            self._index(key)
+        if key not in pending:
+            flushing = self.flushing
+            if not flushing or key not in flushing:
+                self._stored_deletes.add(key)  # present, and in neither buffer: in the store
+                self._index(key)
+            elif flushing[key] is not None:
+                # the flush under way writes it: the store has it once that flush is done
+                # (the next flush filters tombstones only if it was)
+                self._stored_deletes.add(key)
         pending[key] = None
 
     def stored_deletes(self) -> set[bytes]:
@@ -250,17 +256,17 @@ class TablePartition:
         tail = self._tail
         if tail:
             self._tail = []
-            if len(tail) < 8:
-                for key in tail:
-                    insort(ordered, key)
+            tail.sort()
+            # keys past the last one are appended; a few others are inserted one by one (a
+            # move of the list's end in C each), many make one merge of two sorted runs
+            inside = bisect_right(tail, ordered[-1]) if ordered else 0
+            if inside > 8 and inside * 32 > len(ordered):
+                ordered.extend(tail)
+                ordered.sort()
             else:
-                # nearly sorted runs (time-ordered keys): sorting is a few run merges
-                tail.sort()
-                if not ordered or tail[0] > ordered[-1]:
-                    ordered.extend(tail)
-                else:
-                    ordered.extend(tail)
-                    ordered.sort()
+                for key in tail[:inside]:
+                    insort(ordered, key)
+                ordered.extend(tail[inside:])
         return ordered
 
     def _reindex(self) -> None:

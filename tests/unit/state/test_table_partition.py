@@ -329,6 +329,11 @@ def test_keys_of_no_group_stay_sorted_as_they_arrive() -> None:
             old = (step * 100 - 100 + 3).to_bytes(4, "big")
             view.delete(old)
             model.pop(old, None)
+        if step == 4:  # many keys below the last one at once
+            for i in range(40):
+                key = (step * 100 - 60 + i).to_bytes(4, "big") + b"x"
+                view.put(key, b"x")
+                model[key] = b"x"
         assert list(view.scan(b"", None)) == sorted(model.items())
         assert list(view.scan((step * 100).to_bytes(4, "big"), None)) == sorted(
             (k, v) for k, v in model.items() if k >= (step * 100).to_bytes(4, "big")
@@ -367,3 +372,30 @@ def test_removing_a_stored_key_sends_its_tombstone_without_a_lookup() -> None:
     asyncio.run(flush())
     assert log.compacted == {} == dict(store.items())
     assert log.sent == 4
+
+
+def test_removing_a_key_while_its_flush_runs_sends_its_tombstone_without_a_lookup() -> None:
+    """A key removed while the flush that writes it is under way is in the store once that
+    flush is done: the next flush sends its tombstone without asking the store."""
+    store = _NoLookups()
+    log = _Changelog()
+    tables: Any = {"t": log}
+    view = TablePartition("t", 0, store)
+    view.group_keys_by(data_group(space_length=1))
+    key = DATA + b"L" + length_prefixed(b"k") + b"1"
+    view.insert(key, b"v", DATA + b"L" + length_prefixed(b"k"))
+
+    async def flush_with_remove_during_send() -> None:
+        sending = await send_writes(take_writes([view], tables), tables, log)
+        view.remove(key)  # an event processed while the changelog send is under way
+        assert view.get(key) is None
+        apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
+
+    async def flush() -> None:
+        sending = await send_writes(take_writes([view], tables), tables, log)
+        apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
+
+    asyncio.run(flush_with_remove_during_send())
+    assert dict(store.items()) == {key: b"v"}
+    asyncio.run(flush())
+    assert log.compacted == {} == dict(store.items())
