@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from streamjoin.errors import CorruptJoinState, InvalidJoinInput, InvalidJoinSpec, JoinError
-from streamjoin.joins.state import KeyValueView
+from streamjoin.joins.state import FlushedKeyValueView, KeyValueView
 from streamjoin.state.keys import KEY_LENGTH_BYTES, MAX_UINT64
 from streamjoin.state.window_layout import DATA, INDEX, JOIN_STATE_KEY, data_group, namespace_range
 
@@ -88,7 +88,6 @@ _META_VERSION_1 = 1
 _UNKNOWN_SEQ = MAX_UINT64
 _NO_EXPIRY = MAX_UINT64
 _SIDE_BYTE: dict[Side, bytes] = {"left": b"L", "right": b"R"}
-_SIDE_OF_BYTE: dict[int, Side] = {ord("L"): "left", ord("R"): "right"}
 _MATCHED = b"\x01"
 _UNMATCHED = b"\x00"
 #: expiry index entries handled per scan; bounds memory when much closes at once
@@ -105,7 +104,10 @@ _PACK_TS_SEQ = struct.Struct(">QQ").pack
 #: ``EXPIRY_PREFIX + u64(ts) + side + u64(seq)``: the head of an expiry index key
 _EXPIRY_HEAD = struct.Struct(">cQcQ")
 _PACK_EXPIRY_HEAD = _EXPIRY_HEAD.pack
-_UNPACK_EXPIRY_HEAD = _EXPIRY_HEAD.unpack_from
+#: the same and the key's length prefix: every byte of an expiry key but the key
+_EXPIRY_FIXED = struct.Struct(">cQcQI")
+_EXPIRY_FIXED_SIZE = _EXPIRY_FIXED.size
+_UNPACK_EXPIRY_FIXED = _EXPIRY_FIXED.unpack_from
 _PACK_KEY_LENGTH = struct.Struct(">I").pack
 
 
@@ -262,14 +264,11 @@ def _expiry_key(side: bytes, prefixed_key: bytes, timestamp_ms: int, seq: int) -
 
 def _split_expiry_key(entry: bytes) -> tuple[int, bytes, int, bytes]:
     """``(timestamp, side byte, seq, length_prefixed(key))`` of an expiry index key."""
-    fixed = _EXPIRY_HEAD.size
-    if len(entry) < fixed + KEY_LENGTH_BYTES or entry[fixed - _U64 - 1] not in _SIDE_OF_BYTE:
-        raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
-    key_length = int.from_bytes(entry[fixed : fixed + KEY_LENGTH_BYTES], "big")
-    if len(entry) != fixed + KEY_LENGTH_BYTES + key_length:
-        raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
-    _, timestamp_ms, side, seq = _UNPACK_EXPIRY_HEAD(entry)
-    return timestamp_ms, side, seq, entry[fixed:]
+    if len(entry) >= _EXPIRY_FIXED_SIZE:
+        _, timestamp_ms, side, seq, key_length = _UNPACK_EXPIRY_FIXED(entry)
+        if len(entry) == _EXPIRY_FIXED_SIZE + key_length and (side == b"L" or side == b"R"):
+            return timestamp_ms, side, seq, entry[_EXPIRY_HEAD.size :]
+    raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
 
 
 class StreamStreamJoin:
@@ -308,6 +307,12 @@ class StreamStreamJoin:
         self._counts: dict[bytes, int] | None = None
         self.stats = JoinStats()
         self._load_meta(view.get(META_KEY))
+        #: over a view that announces its flushes, the metadata is written once per flush
+        #: (when it changed since the last one), not once per event
+        self._deferred = isinstance(view, FlushedKeyValueView)
+        self._dirty = False
+        if isinstance(view, FlushedKeyValueView):
+            view.before_take(self._write_meta)
 
     @property
     def stream_time_ms(self) -> int | None:
@@ -341,9 +346,10 @@ class StreamStreamJoin:
         ):
             JoinInput(side, key, value, timestamp_ms, seq)  # raises InvalidJoinInput if invalid
         view = self.view
-        data = view.get(META_KEY)
-        if data != self._meta_bytes:
-            self._load_meta(data)
+        if not self._deferred:
+            data = view.get(META_KEY)
+            if data != self._meta_bytes:
+                self._load_meta(data)
         stats = self.stats
         stats.processed += 1
         now = self._now
@@ -427,29 +433,39 @@ class StreamStreamJoin:
                 self._count(counts, group)
         if timestamp_ms < self._hint:
             self._hint = timestamp_ms
-        self._save_meta()
+        if self._deferred:
+            self._dirty = True
+            stats.buffered = self._buffered
+        else:
+            self._save_meta()
         return outputs
 
     def advance(self, stream_time_ms: int) -> list[JoinOutput]:
         """Move stream time forward (never back) and close every window that ends
         before it: unmatched events in (timestamp, side, seq) order, for left/outer."""
         _check_int("stream_time_ms", stream_time_ms, 0, MAX_TIMESTAMP_MS, InvalidJoinInput)
-        data = self.view.get(META_KEY)
-        if data != self._meta_bytes:
-            self._load_meta(data)
+        if not self._deferred:
+            data = self.view.get(META_KEY)
+            if data != self._meta_bytes:
+                self._load_meta(data)
         if self._now is not None and stream_time_ms <= self._now:
             return []
         outputs = self._advance(stream_time_ms)
-        self._save_meta()
+        if self._deferred:
+            self._dirty = True
+            self.stats.buffered = self._buffered
+        else:
+            self._save_meta()
         return outputs
 
     # ---------------------------------------------------------------- internals
 
     def _meta(self) -> _Meta:
-        """The metadata as the view holds it now."""
-        data = self.view.get(META_KEY)
-        if data != self._meta_bytes:
-            self._load_meta(data)
+        """The metadata as the view holds it now (or will at the next flush)."""
+        if not self._deferred:
+            data = self.view.get(META_KEY)
+            if data != self._meta_bytes:
+                self._load_meta(data)
         return _Meta(self._now, self._buffered, self._hint, self._fresh_left, self._fresh_right)
 
     def _load_meta(self, data: bytes | None) -> None:
@@ -481,6 +497,12 @@ class StreamStreamJoin:
         counts[group] = counts.get(group, 0) + 1
         if len(counts) > TRACKED_KEYS_MAX:
             self._counts = None  # too many keys to keep in memory: read the buffer instead
+
+    def _write_meta(self) -> None:
+        """Before a flush takes the writes: the metadata, if it changed since the last."""
+        if self._dirty:
+            self._dirty = False
+            self._save_meta()
 
     def _save_meta(self) -> None:
         """Write the attributes back (``_Meta.encode``'s bytes)."""

@@ -8,14 +8,14 @@ Spark backfill (a :class:`MemoryKeyValueView`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 from sortedcontainers import SortedDict
 
 from streamjoin.errors import ArgumentTypeError, ScanInvalidated
 
-__all__ = ["KeyValueView", "MemoryKeyValueView", "ScanInvalidated"]
+__all__ = ["FlushedKeyValueView", "KeyValueView", "MemoryKeyValueView", "ScanInvalidated"]
 
 
 class KeyValueView(Protocol):
@@ -51,6 +51,20 @@ class KeyValueView(Protocol):
 
     def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
         """``list(scan(start, end))`` where every key in range begins with ``group``."""
+        ...
+
+
+@runtime_checkable
+class FlushedKeyValueView(KeyValueView, Protocol):
+    """A view whose writes become durable only when a flush takes them (a table partition).
+
+    A writer may keep a value in memory and write it just before each flush, through a
+    hook (the join core's metadata, which changes with every event). Nothing but that
+    writer may read the value in between.
+    """
+
+    def before_take(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` right before every flush takes the buffered writes."""
         ...
 
 

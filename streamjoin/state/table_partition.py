@@ -60,6 +60,7 @@ class TablePartition:
         "_sorted",
         "_stored_deletes",
         "_tail",
+        "_take_hooks",
         "abandoned",
         "corrupted",
         "flushing",
@@ -101,6 +102,8 @@ class TablePartition:
         self._stored_deletes: set[bytes] = set()
         #: the same for the writes being flushed
         self._flushing_stored: set[bytes] = set()
+        #: called before every take_pending (see before_take)
+        self._take_hooks: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"
@@ -113,6 +116,11 @@ class TablePartition:
             return
         self._group_of = group_of
         self._reindex()
+
+    def before_take(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` at the start of every :meth:`take_pending`: a writer that keeps a
+        value in memory between flushes (the join core's metadata) writes it there."""
+        self._take_hooks.append(hook)
 
     # ------------------------------------------------------------ the KeyValueView contract
 
@@ -331,6 +339,8 @@ class TablePartition:
     def take_pending(self) -> Buffer:
         """Move pending writes to ``flushing`` and return everything being flushed (in no
         particular order)."""
+        for hook in self._take_hooks:
+            hook()
         if self.pending:
             if self.flushing:
                 self.flushing.update(self.pending)

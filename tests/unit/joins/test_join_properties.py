@@ -28,6 +28,8 @@ from streamjoin.joins.core import (
     StreamStreamJoin,
 )
 from streamjoin.joins.state import MemoryKeyValueView
+from streamjoin.state.memory import MemoryStorePartition
+from streamjoin.state.table_partition import TablePartition
 
 SETTINGS = settings(
     max_examples=300,
@@ -298,3 +300,73 @@ def test_a_key_with_nothing_on_the_other_side_is_not_read() -> None:
     assert again.process(JoinInput("right", b"c", b"r1", 106, 1)) == []
     assert len(again.process(JoinInput("right", b"b", b"r2", 107, 2))) == 1
     assert _CountingReads.reads == 2
+
+
+@SETTINGS
+@given(specs, events_strategy, st.randoms(use_true_random=False), st.data())
+def test_over_a_table_partition_flushes_and_crashes_change_no_result(
+    spec: JoinSpec, events: list[Ev], rng: random.Random, data: st.DataObject
+) -> None:
+    """Over a table partition the core writes its metadata once per flush, not per event.
+    With flushes, and crashes that lose what was not flushed (the events since the last
+    flush are processed again by a new core over the store), the results and the flushed
+    state are those of the same run over an in-memory view."""
+    arrival = list(events)
+    rng.shuffle(arrival)
+    feed = inputs(arrival)
+    steps = data.draw(
+        st.lists(st.tuples(st.integers(0, len(feed)), st.booleans()), max_size=6), label="steps"
+    )
+    points = dict(steps)  # event index -> crash (True) or flush (False) before it
+
+    def over_memory() -> tuple[list[JoinOutput], dict[bytes, bytes]]:
+        outputs: list[JoinOutput] = []
+        flushed: dict[bytes, bytes] = {}
+        view = MemoryKeyValueView()
+        join = StreamStreamJoin(spec, view)
+        at, last_flush, crashed = 0, 0, set()
+        while True:
+            if at in points and at not in crashed:
+                if points[at]:  # a crash: back to what was flushed, once
+                    crashed.add(at)
+                    view = MemoryKeyValueView(flushed)
+                    join = StreamStreamJoin(spec, view)
+                    at = last_flush
+                    continue
+                flushed, last_flush = view.snapshot(), at
+            if at == len(feed):
+                break
+            outputs.extend(join.process(feed[at]))
+            at += 1
+        outputs.extend(join.advance(FAR_FUTURE))
+        return outputs, view.snapshot()
+
+    def over_a_table_partition() -> tuple[list[JoinOutput], dict[bytes, bytes]]:
+        outputs: list[JoinOutput] = []
+        store = MemoryStorePartition()
+        view = TablePartition("buffer", 0, store)
+        join = StreamStreamJoin(spec, view)
+        at, last_flush, offset, crashed = 0, 0, 0, set()
+        while True:
+            if at in points and at not in crashed:
+                if points[at]:
+                    crashed.add(at)
+                    view.abandon()
+                    view = TablePartition("buffer", 0, store)
+                    join = StreamStreamJoin(spec, view)
+                    at = last_flush
+                    continue
+                view.take_pending()
+                offset += 1
+                view.finish_flush(offset)
+                last_flush = at
+            if at == len(feed):
+                break
+            outputs.extend(join.process(feed[at]))
+            at += 1
+        outputs.extend(join.advance(FAR_FUTURE))
+        view.take_pending()
+        view.finish_flush(offset + 1)
+        return outputs, dict(store.items())
+
+    assert over_a_table_partition() == over_memory()
