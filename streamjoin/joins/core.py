@@ -285,6 +285,7 @@ class StreamStreamJoin:
         self.view = view
         #: an event this much older than stream time has a closed window (it is late)
         self._open_ms = spec.window_ms + spec.grace_ms
+        self._slack_ms = spec.expiry_slack_ms
         self._emits_unmatched = {
             b"L": spec.emits_unmatched("left"),
             b"R": spec.emits_unmatched("right"),
@@ -354,7 +355,11 @@ class StreamStreamJoin:
         stats.processed += 1
         now = self._now
         if now is None or timestamp_ms > now:
-            outputs = self._advance(timestamp_ms)
+            if timestamp_ms - self._open_ms <= self._hint + self._slack_ms:
+                outputs = []  # nothing closes yet (the _advance shortcut, without the call)
+                self._now = timestamp_ms
+            else:
+                outputs = self._advance(timestamp_ms)
             now = timestamp_ms
         else:
             lateness = now - timestamp_ms
@@ -414,7 +419,9 @@ class StreamStreamJoin:
             view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
             self._buffered += 1
             if counts is not None:
-                self._count(counts, group)
+                counts[group] = counts.get(group, 0) + 1
+                if len(counts) > TRACKED_KEYS_MAX:
+                    self._counts = None  # too many keys to keep: read the buffer instead
             if is_left:
                 self._fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
             else:
@@ -430,7 +437,9 @@ class StreamStreamJoin:
             view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
             self._buffered += 1
             if counts is not None:
-                self._count(counts, group)
+                counts[group] = counts.get(group, 0) + 1
+                if len(counts) > TRACKED_KEYS_MAX:
+                    self._counts = None
         if timestamp_ms < self._hint:
             self._hint = timestamp_ms
         if self._deferred:
@@ -492,12 +501,6 @@ class StreamStreamJoin:
             counts[group] = counts.get(group, 0) + 1
         return counts if len(counts) <= TRACKED_KEYS_MAX else None
 
-    def _count(self, counts: dict[bytes, int], group: bytes) -> None:
-        """One more event buffered in ``group``."""
-        counts[group] = counts.get(group, 0) + 1
-        if len(counts) > TRACKED_KEYS_MAX:
-            self._counts = None  # too many keys to keep in memory: read the buffer instead
-
     def _write_meta(self) -> None:
         """Before a flush takes the writes: the metadata, if it changed since the last."""
         if self._dirty:
@@ -524,7 +527,7 @@ class StreamStreamJoin:
         expired; the attributes are updated, the caller saves them."""
         cutoff = stream_time_ms - self._open_ms
         hint = self._hint
-        if cutoff <= hint + self.spec.expiry_slack_ms:
+        if cutoff <= hint + self._slack_ms:
             # nothing buffered is old enough to close (or not enough of it): skip the scan
             self._now = stream_time_ms
             return []
@@ -570,8 +573,8 @@ class StreamStreamJoin:
                         JoinOutput(prefixed[KEY_LENGTH_BYTES:], left, right, timestamp_ms)
                     )
                 # both are present: the index entry was just read, and it has its event
-                view.remove(buffer_key)
-                view.remove(index_key)
+                view.remove(buffer_key, group)
+                view.remove(index_key, None)
             removed += len(closed)
             if len(closed) < _EXPIRY_BATCH:
                 break  # the index ends here (or ``following`` was found)

@@ -45,8 +45,8 @@ class KeyValueView(Protocol):
         (:data:`~streamjoin.joins.core.BUFFER_GROUP_OF`) or None."""
         ...
 
-    def remove(self, key: bytes) -> None:
-        """``delete`` of a key known to be present."""
+    def remove(self, key: bytes, group: bytes | None) -> None:
+        """``delete`` of a key known to be present; ``group`` as for :meth:`insert`."""
         ...
 
     def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
@@ -102,7 +102,7 @@ class MemoryKeyValueView:
     def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
         self.put(key, value)
 
-    def remove(self, key: bytes) -> None:
+    def remove(self, key: bytes, group: bytes | None) -> None:
         self.delete(key)
 
     def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:

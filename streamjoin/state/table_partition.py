@@ -169,8 +169,9 @@ class TablePartition:
         else:
             self._new_group(group, key)
 
-    def remove(self, key: bytes) -> None:
-        """:meth:`delete` of a key the caller knows is present (``get`` returns a value)."""
+    def remove(self, key: bytes, group: bytes | None) -> None:
+        """:meth:`delete` of a key the caller knows is present (``get`` returns a value),
+        whose group is ``group`` (as for :meth:`insert`)."""
         pending = self.pending
         if key in self._fresh:
             # inserted since the last flush began: it never reached the changelog or the
@@ -183,7 +184,7 @@ class TablePartition:
             flushing = self.flushing
             if not flushing or key not in flushing:
                 self._stored_deletes.add(key)  # present, and in neither buffer: in the store
-                self._index(key)
+                self._index_in(key, group if self._group_of is not None else None)
             elif flushing[key] is not None:
                 # the flush under way writes it: the store has it once that flush is done
                 # (the next flush filters tombstones only if it was)
@@ -232,7 +233,10 @@ class TablePartition:
     def _index(self, key: bytes) -> None:
         """Index a key newly buffered (in neither layer yet)."""
         group_of = self._group_of
-        group = None if group_of is None else group_of(key)
+        self._index_in(key, None if group_of is None else group_of(key))
+
+    def _index_in(self, key: bytes, group: bytes | None) -> None:
+        """:meth:`_index`, given the key's group."""
         if group is None:
             if self._sorted is not None:
                 if key in self._gone:

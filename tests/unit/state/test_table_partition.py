@@ -284,7 +284,7 @@ def test_insert_and_remove_hints_keep_reads_and_the_changelog_exact(
             view.delete(key)
             model.pop(key, None)
         elif op == "remove":
-            view.remove(key)
+            view.remove(key, group_of(key))
             del model[key]
         elif op == "take":
             view.take_pending()
@@ -363,11 +363,11 @@ def test_removing_a_stored_key_sends_its_tombstone_without_a_lookup() -> None:
     view.insert(b"\x01i", b"f", None)
     asyncio.run(flush())
     assert log.compacted == {stored: b"v", b"\x01i": b"f"}
-    view.remove(stored)
-    view.remove(b"\x01i")
+    view.remove(stored, DATA + b"L" + length_prefixed(b"k"))
+    view.remove(b"\x01i", None)
     short_lived = DATA + b"R" + length_prefixed(b"k") + b"1"
     view.insert(short_lived, b"w", DATA + b"R" + length_prefixed(b"k"))
-    view.remove(short_lived)
+    view.remove(short_lived, DATA + b"R" + length_prefixed(b"k"))
     assert short_lived not in view.pending
     asyncio.run(flush())
     assert log.compacted == {} == dict(store.items())
@@ -387,7 +387,9 @@ def test_removing_a_key_while_its_flush_runs_sends_its_tombstone_without_a_looku
 
     async def flush_with_remove_during_send() -> None:
         sending = await send_writes(take_writes([view], tables), tables, log)
-        view.remove(key)  # an event processed while the changelog send is under way
+        view.remove(
+            key, DATA + b"L" + length_prefixed(b"k")
+        )  # an event processed while the changelog send is under way
         assert view.get(key) is None
         apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
 
