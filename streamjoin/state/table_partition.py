@@ -202,9 +202,16 @@ class TablePartition:
         if self._group_of is None:
             return list(self.scan(start, end))
         keys = self._groups.get(group)
+        stored = self.store.range_items(start, end)
         if not keys:
-            return self.store.range_items(start, end)
-        return list(self._scan_keys(keys, start, end))
+            return stored
+        hits = [key for key in keys if start <= key < end]
+        if not hits:
+            return stored
+        hits.sort()
+        if not stored:  # (a key's events since the last flush, nothing older: the usual case)
+            return [(key, value) for key, value in self._newest(hits) if value is not None]
+        return list(_merge(self._newest(hits), iter(stored)))
 
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Sorted items in [start, end), buffered writes merged over the store.
