@@ -277,7 +277,10 @@ class StreamStreamJoin:
     All state lives in ``view`` (stream time included), so a new instance over
     the same view continues exactly where the last one stopped: after a
     restart, or on the worker a partition moved to. Stream time is the largest
-    timestamp this partition has seen, on either side.
+    timestamp this partition has seen, on either side. (Over a view that
+    announces its flushes, a table partition, the metadata reaches the view when
+    a flush takes the writes: a new instance continues from the last flush, as a
+    restarted worker does; see :class:`~streamjoin.joins.state.FlushedKeyValueView`.)
     """
 
     def __init__(self, spec: JoinSpec, view: KeyValueView) -> None:
