@@ -135,14 +135,14 @@ class StreamStreamJoinDecl:
         core = context.task_values.get(self._key)
         if core is None:
             core = context.task_values[self._key] = self._new_core(context)
-        counters = context.worker_values.get(self._key)
-        if counters is None:
-            counters = context.worker_values[self._key] = JoinStats()
+            self._counters(context)  # listed (monitor, join_stats) from the first event on
         stats = core.stats
         late, beyond_grace = stats.late, stats.beyond_grace
-        value = record.value or b""
-        outputs = core.process_record(side, record.key, value, timestamp, event.offset)
+        outputs = core.process_record(
+            side, record.key, record.value or b"", timestamp, event.offset
+        )
         if stats.late != late or stats.beyond_grace != beyond_grace:
+            counters = self._counters(context)
             dropped = stats.late != late
             counters.late += stats.late - late
             counters.beyond_grace += stats.beyond_grace - beyond_grace
@@ -161,7 +161,14 @@ class StreamStreamJoinDecl:
                 ),
             )
         if outputs:
-            await self._emit(outputs, counters)
+            await self._emit(outputs, self._counters(context))
+
+    def _counters(self, context: EventContext) -> JoinStats:
+        """This worker's counters of this join."""
+        counters: JoinStats | None = context.worker_values.get(self._key)
+        if counters is None:
+            counters = context.worker_values[self._key] = JoinStats()
+        return counters
 
     def __post_init__(self) -> None:
         #: where the task keeps this join's core, and the worker its counters
@@ -264,9 +271,12 @@ def _stream_stream(
 
     # One agent over both inputs: partition p of each arrives in one stream, in
     # timestamp order, so stream time advances the same way whatever the fetch order.
+    left_name = left.name
+
     async def run(stream: Stream) -> None:
+        handle = decl.handle
         async for event in stream:
-            await decl.handle("left" if event.topic == left.name else "right", event)
+            await handle("left" if event.topic == left_name else "right", event)
 
     app.agent([left, right], name=name, on_error=on_error)(run)
     return decl

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from streamjoin.errors import CorruptJoinState, InvalidJoinInput, InvalidJoinSpec, JoinError
-from streamjoin.joins.state import KeyValueView
+from streamjoin.joins.state import FlushedKeyValueView, KeyValueView
 from streamjoin.state.keys import KEY_LENGTH_BYTES, MAX_UINT64
 from streamjoin.state.window_layout import DATA, INDEX, JOIN_STATE_KEY, data_group, namespace_range
 
@@ -73,6 +73,10 @@ META_KEY = JOIN_STATE_KEY
 EXPIRY_PREFIX = INDEX
 BUFFER_PREFIX = DATA
 _EXPIRY_END = namespace_range(INDEX)[1]  # the expiry index is all of [EXPIRY_PREFIX, _EXPIRY_END)
+_BUFFER_END = namespace_range(DATA)[1]
+#: a join core counts the buffered events of each key (see StreamStreamJoin._counts) while
+#: at most this many keys have some; past it, every event reads its partners' range
+TRACKED_KEYS_MAX = 100_000
 #: the buffer's events grouped by side and key (``BUFFER_PREFIX + side + length_prefixed(key)``):
 #: finding an event's partners is a scan inside one group (see TablePartition.group_keys_by)
 BUFFER_GROUP_OF = data_group(space_length=1)
@@ -84,7 +88,6 @@ _META_VERSION_1 = 1
 _UNKNOWN_SEQ = MAX_UINT64
 _NO_EXPIRY = MAX_UINT64
 _SIDE_BYTE: dict[Side, bytes] = {"left": b"L", "right": b"R"}
-_SIDE_OF_BYTE: dict[int, Side] = {ord("L"): "left", ord("R"): "right"}
 _MATCHED = b"\x01"
 _UNMATCHED = b"\x00"
 #: expiry index entries handled per scan; bounds memory when much closes at once
@@ -101,7 +104,10 @@ _PACK_TS_SEQ = struct.Struct(">QQ").pack
 #: ``EXPIRY_PREFIX + u64(ts) + side + u64(seq)``: the head of an expiry index key
 _EXPIRY_HEAD = struct.Struct(">cQcQ")
 _PACK_EXPIRY_HEAD = _EXPIRY_HEAD.pack
-_UNPACK_EXPIRY_HEAD = _EXPIRY_HEAD.unpack_from
+#: the same and the key's length prefix: every byte of an expiry key but the key
+_EXPIRY_FIXED = struct.Struct(">cQcQI")
+_EXPIRY_FIXED_SIZE = _EXPIRY_FIXED.size
+_UNPACK_EXPIRY_FIXED = _EXPIRY_FIXED.unpack_from
 _PACK_KEY_LENGTH = struct.Struct(">I").pack
 
 
@@ -258,14 +264,11 @@ def _expiry_key(side: bytes, prefixed_key: bytes, timestamp_ms: int, seq: int) -
 
 def _split_expiry_key(entry: bytes) -> tuple[int, bytes, int, bytes]:
     """``(timestamp, side byte, seq, length_prefixed(key))`` of an expiry index key."""
-    fixed = _EXPIRY_HEAD.size
-    if len(entry) < fixed + KEY_LENGTH_BYTES or entry[fixed - _U64 - 1] not in _SIDE_OF_BYTE:
-        raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
-    key_length = int.from_bytes(entry[fixed : fixed + KEY_LENGTH_BYTES], "big")
-    if len(entry) != fixed + KEY_LENGTH_BYTES + key_length:
-        raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
-    _, timestamp_ms, side, seq = _UNPACK_EXPIRY_HEAD(entry)
-    return timestamp_ms, side, seq, entry[fixed:]
+    if len(entry) >= _EXPIRY_FIXED_SIZE:
+        _, timestamp_ms, side, seq, key_length = _UNPACK_EXPIRY_FIXED(entry)
+        if len(entry) == _EXPIRY_FIXED_SIZE + key_length and (side == b"L" or side == b"R"):
+            return timestamp_ms, side, seq, entry[_EXPIRY_HEAD.size :]
+    raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
 
 
 class StreamStreamJoin:
@@ -274,7 +277,10 @@ class StreamStreamJoin:
     All state lives in ``view`` (stream time included), so a new instance over
     the same view continues exactly where the last one stopped: after a
     restart, or on the worker a partition moved to. Stream time is the largest
-    timestamp this partition has seen, on either side.
+    timestamp this partition has seen, on either side. (Over a view that
+    announces its flushes, a table partition, the metadata reaches the view when
+    a flush takes the writes: a new instance continues from the last flush, as a
+    restarted worker does; see :class:`~streamjoin.joins.state.FlushedKeyValueView`.)
     """
 
     def __init__(self, spec: JoinSpec, view: KeyValueView) -> None:
@@ -282,12 +288,35 @@ class StreamStreamJoin:
         self.view = view
         #: an event this much older than stream time has a closed window (it is late)
         self._open_ms = spec.window_ms + spec.grace_ms
+        self._slack_ms = spec.expiry_slack_ms
         self._emits_unmatched = {
             b"L": spec.emits_unmatched("left"),
             b"R": spec.emits_unmatched("right"),
         }
-        self._saved_meta: tuple[bytes | None, _Meta] = (None, _Meta.decode(None))
-        self.stats = JoinStats(buffered=self._meta().buffered)
+        # The metadata, decoded, as plain attributes (see _Meta): read and written per event
+        # without building a tuple. ``_meta_bytes`` is what the view held when they were
+        # last read or saved: the view hands that very object back unless the state changed
+        # under us (a flush read back from the store, a restore), which reloads them.
+        self._meta_bytes: bytes | None = None
+        self._now: int | None = None
+        self._buffered = 0
+        self._hint = _NO_EXPIRY
+        self._fresh_left = 0
+        self._fresh_right = 0
+        #: buffered events per group (side and key: ``BUFFER_PREFIX + side + lp(key)``), or
+        #: None (not known): an event whose key has none on the other side has no partner,
+        #: and needs no read of the buffer (most events, in a join where most keys have one
+        #: event per side). Known from an empty buffer on (or a scan of a small one), kept
+        #: by this core's own inserts and expiries; dropped when the state changes under it.
+        self._counts: dict[bytes, int] | None = None
+        self.stats = JoinStats()
+        self._load_meta(view.get(META_KEY))
+        #: over a view that announces its flushes, the metadata is written once per flush
+        #: (when it changed since the last one), not once per event
+        self._deferred = isinstance(view, FlushedKeyValueView)
+        self._dirty = False
+        if isinstance(view, FlushedKeyValueView):
+            view.before_take(self._write_meta)
 
     @property
     def stream_time_ms(self) -> int | None:
@@ -301,7 +330,9 @@ class StreamStreamJoin:
         An event whose own window has already closed (``ts + window + grace <
         stream time``) is late: it is dropped and counted, for every ``how``.
         """
-        return self._process(event.side, event.key, event.value, event.timestamp_ms, event.seq)
+        return self.process_record(
+            event.side, event.key, event.value, event.timestamp_ms, event.seq
+        )
 
     def process_record(
         self, side: Side, key: bytes, value: bytes, timestamp_ms: int, seq: int
@@ -318,44 +349,50 @@ class StreamStreamJoin:
             and side in _SIDE_BYTE
         ):
             JoinInput(side, key, value, timestamp_ms, seq)  # raises InvalidJoinInput if invalid
-        return self._process(side, key, value, timestamp_ms, seq)
-
-    def _process(
-        self, side: Side, key: bytes, value: bytes, timestamp_ms: int, seq: int
-    ) -> list[JoinOutput]:
-        spec = self.spec
-        stats = self.stats
         view = self.view
+        if not self._deferred:
+            data = view.get(META_KEY)
+            if data != self._meta_bytes:
+                self._load_meta(data)
+        stats = self.stats
         stats.processed += 1
-        meta = self._meta()
-        now = meta.stream_time_ms
-        if now is not None:
+        now = self._now
+        if now is None or timestamp_ms > now:
+            if timestamp_ms - self._open_ms <= self._hint + self._slack_ms:
+                outputs = []  # nothing closes yet (the _advance shortcut, without the call)
+                self._now = timestamp_ms
+            else:
+                outputs = self._advance(timestamp_ms)
+            now = timestamp_ms
+        else:
             lateness = now - timestamp_ms
             if lateness > self._open_ms:
                 stats.late += 1
                 return []
-            if lateness > spec.grace_ms:
+            if lateness > self.spec.grace_ms:
                 stats.beyond_grace += 1
-        if now is None or timestamp_ms > now:
-            outputs, meta = self._advance(meta, timestamp_ms)
-            now = timestamp_ms
-        else:
             outputs = []
 
-        window_ms = spec.window_ms
+        window_ms = self.spec.window_ms
         is_left = side == "left"
         side_byte, other_byte = (b"L", b"R") if is_left else (b"R", b"L")
         prefixed = _PACK_KEY_LENGTH(len(key)) + key
         # partners closed at the current stream time never match, even while they are still
         # stored (see JoinSpec.expiry_slack_ms)
-        lowest = max(0, timestamp_ms - window_ms, now - self._open_ms)
-        partner_prefix = BUFFER_PREFIX + other_byte + prefixed
-        partners = list(
-            view.scan(
-                partner_prefix + _PACK_TS_SEQ(lowest, 0),
-                partner_prefix + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
+        lowest = timestamp_ms - window_ms
+        closed = now - self._open_ms
+        if closed > lowest:
+            lowest = closed
+        partner_group = BUFFER_PREFIX + other_byte + prefixed
+        counts = self._counts
+        if counts is not None and partner_group not in counts:
+            partners: list[tuple[bytes, bytes]] = []  # nothing of this key on the other side
+        else:
+            partners = view.scan_group(
+                partner_group,
+                partner_group + _PACK_TS_SEQ(lowest if lowest > 0 else 0, 0),
+                partner_group + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
             )
-        )
         if partners:
             track_other = self._emits_unmatched[other_byte]
             for partner_key, partner_value in partners:
@@ -375,75 +412,128 @@ class StreamStreamJoin:
                         view.put(partner_index, _MATCHED)
             stats.matched += len(partners)
 
-        buffer_key = _buffer_key(side_byte, prefixed, timestamp_ms, seq)
-        index_key = _expiry_key(side_byte, prefixed, timestamp_ms, seq)
-        buffered = meta.buffered
-        fresh_left, fresh_right = meta.fresh_left, meta.fresh_right
-        fresh = fresh_left if is_left else fresh_right
+        group = BUFFER_PREFIX + side_byte + prefixed
+        buffer_key = group + _PACK_TS_SEQ(timestamp_ms, seq)
+        index_key = _PACK_EXPIRY_HEAD(EXPIRY_PREFIX, timestamp_ms, side_byte, seq) + prefixed
+        fresh = self._fresh_left if is_left else self._fresh_right
         if fresh != _UNKNOWN_SEQ and seq >= fresh:
             # no event of this side at or past ``fresh`` was buffered: not a replay
-            matched = bool(partners)
-            buffered += 1
+            view.insert(buffer_key, value, group)
+            view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
+            self._buffered += 1
+            if counts is not None:
+                counts[group] = counts.get(group, 0) + 1
+                if len(counts) > TRACKED_KEYS_MAX:
+                    self._counts = None  # too many keys to keep: read the buffer instead
             if is_left:
-                fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+                self._fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
             else:
-                fresh_right = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
+                self._fresh_right = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
         elif view.get(buffer_key) is not None:
             # an at-least-once replay of an event already buffered: joined again
             # above (duplicates are allowed), stored and counted once
             matched = bool(partners) or view.get(index_key) == _MATCHED
+            view.put(buffer_key, value)
+            view.put(index_key, _MATCHED if matched else _UNMATCHED)
         else:
-            matched = bool(partners)
-            buffered += 1
-        view.put(buffer_key, value)
-        view.put(index_key, _MATCHED if matched else _UNMATCHED)
-        hint = meta.expiry_hint_ms
-        self._save(
-            _Meta(
-                now,
-                buffered,
-                timestamp_ms if timestamp_ms < hint else hint,
-                fresh_left,
-                fresh_right,
-            )
-        )
+            view.insert(buffer_key, value, group)
+            view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
+            self._buffered += 1
+            if counts is not None:
+                counts[group] = counts.get(group, 0) + 1
+                if len(counts) > TRACKED_KEYS_MAX:
+                    self._counts = None
+        if timestamp_ms < self._hint:
+            self._hint = timestamp_ms
+        if self._deferred:
+            self._dirty = True
+            stats.buffered = self._buffered
+        else:
+            self._save_meta()
         return outputs
 
     def advance(self, stream_time_ms: int) -> list[JoinOutput]:
         """Move stream time forward (never back) and close every window that ends
         before it: unmatched events in (timestamp, side, seq) order, for left/outer."""
         _check_int("stream_time_ms", stream_time_ms, 0, MAX_TIMESTAMP_MS, InvalidJoinInput)
-        meta = self._meta()
-        outputs, new_meta = self._advance(meta, stream_time_ms)
-        if new_meta != meta:
-            self._save(new_meta)
+        if not self._deferred:
+            data = self.view.get(META_KEY)
+            if data != self._meta_bytes:
+                self._load_meta(data)
+        if self._now is not None and stream_time_ms <= self._now:
+            return []
+        outputs = self._advance(stream_time_ms)
+        if self._deferred:
+            self._dirty = True
+            self.stats.buffered = self._buffered
+        else:
+            self._save_meta()
         return outputs
 
     # ---------------------------------------------------------------- internals
 
     def _meta(self) -> _Meta:
-        data = self.view.get(META_KEY)
-        # the view hands back what _save put, unless the state changed under us (a restore)
-        if data is None or data != self._saved_meta[0]:
-            self._saved_meta = (data, _Meta.decode(data))
-        return self._saved_meta[1]
+        """The metadata as the view holds it now (or will at the next flush)."""
+        if not self._deferred:
+            data = self.view.get(META_KEY)
+            if data != self._meta_bytes:
+                self._load_meta(data)
+        return _Meta(self._now, self._buffered, self._hint, self._fresh_left, self._fresh_right)
 
-    def _save(self, meta: _Meta) -> None:
-        data = meta.encode()
-        self.view.put(META_KEY, data)
-        self._saved_meta = (data, meta)
+    def _load_meta(self, data: bytes | None) -> None:
+        meta = _Meta.decode(data)
+        self._meta_bytes = data
+        self._now = meta.stream_time_ms
+        self._buffered = meta.buffered
+        self._hint = meta.expiry_hint_ms
+        self._fresh_left = meta.fresh_left
+        self._fresh_right = meta.fresh_right
         self.stats.buffered = meta.buffered
+        self._counts = self._count_buffered(meta)
 
-    def _advance(self, meta: _Meta, stream_time_ms: int) -> tuple[list[JoinOutput], _Meta]:
-        """Stream time to ``max(current, stream_time_ms)``, closed windows expired; the
-        caller saves the returned metadata."""
-        current = meta.stream_time_ms
-        if current is not None and stream_time_ms <= current:
-            return [], meta
-        cutoff = self.spec.closes_before(stream_time_ms)
-        if cutoff <= meta.expiry_hint_ms + self.spec.expiry_slack_ms:
+    def _count_buffered(self, meta: _Meta) -> dict[bytes, int] | None:
+        """The buffered events per group, read from the view (None: too many to keep)."""
+        if meta.expiry_hint_ms == _NO_EXPIRY:
+            return {}  # nothing is buffered
+        if meta.buffered > TRACKED_KEYS_MAX:
+            return None
+        counts: dict[bytes, int] = {}
+        tail = 2 * _U64  # a buffer key is its group, u64(ts) and u64(seq)
+        for buffer_key, _ in self.view.scan(BUFFER_PREFIX, _BUFFER_END):
+            group = buffer_key[:-tail]
+            counts[group] = counts.get(group, 0) + 1
+        return counts if len(counts) <= TRACKED_KEYS_MAX else None
+
+    def _write_meta(self) -> None:
+        """Before a flush takes the writes: the metadata, if it changed since the last."""
+        if self._dirty:
+            self._dirty = False
+            self._save_meta()
+
+    def _save_meta(self) -> None:
+        """Write the attributes back (``_Meta.encode``'s bytes)."""
+        now = self._now
+        data = _META_LAYOUT.pack(
+            _META_VERSION,
+            0 if now is None else now + 1,
+            self._buffered,
+            self._hint,
+            self._fresh_left,
+            self._fresh_right,
+        )
+        self.view.put(META_KEY, data)
+        self._meta_bytes = data
+        self.stats.buffered = self._buffered
+
+    def _advance(self, stream_time_ms: int) -> list[JoinOutput]:
+        """Stream time to ``stream_time_ms`` (past the current one), closed windows
+        expired; the attributes are updated, the caller saves them."""
+        cutoff = stream_time_ms - self._open_ms
+        hint = self._hint
+        if cutoff <= hint + self._slack_ms:
             # nothing buffered is old enough to close (or not enough of it): skip the scan
-            return [], meta._replace(stream_time_ms=stream_time_ms)
+            self._now = stream_time_ms
+            return []
         view = self.view
         emits_unmatched = self._emits_unmatched
         outputs: list[JoinOutput] = []
@@ -451,7 +541,7 @@ class StreamStreamJoin:
         index_end = EXPIRY_PREFIX + _PACK_U64(cutoff)
         # nothing is buffered below the hint: start there, not at the index's first key (the
         # range before it may hold many deletes not yet compacted away)
-        index_start = EXPIRY_PREFIX + _PACK_U64(meta.expiry_hint_ms)
+        index_start = EXPIRY_PREFIX + _PACK_U64(hint)
         # One scan finds both what closed and the first entry still open (the next hint).
         following: bytes | None = None
         while following is None:
@@ -464,9 +554,19 @@ class StreamStreamJoin:
                 if len(closed) == _EXPIRY_BATCH:
                     break
             # the scan is left behind before anything is written
+            counts = self._counts
             for index_key, flag in closed:
                 timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
-                buffer_key = _buffer_key(side, prefixed, timestamp_ms, seq)
+                group = BUFFER_PREFIX + side + prefixed
+                buffer_key = group + _PACK_TS_SEQ(timestamp_ms, seq)
+                if counts is not None:
+                    left_in_group = counts.get(group, 0) - 1
+                    if left_in_group > 0:
+                        counts[group] = left_in_group
+                    elif left_in_group == 0:
+                        del counts[group]
+                    else:  # an event this core did not count: stop trusting the counts
+                        counts = self._counts = None
                 if flag != _MATCHED and emits_unmatched[side]:
                     value = view.get(buffer_key)
                     if value is None:
@@ -475,18 +575,26 @@ class StreamStreamJoin:
                     outputs.append(
                         JoinOutput(prefixed[KEY_LENGTH_BYTES:], left, right, timestamp_ms)
                     )
-                view.delete(buffer_key)
-                view.delete(index_key)
+                # both are present: the index entry was just read, and it has its event
+                view.remove(buffer_key, group)
+                view.remove(index_key, None)
             removed += len(closed)
             if len(closed) < _EXPIRY_BATCH:
                 break  # the index ends here (or ``following`` was found)
             index_start = closed[-1][0] + b"\x00"  # the next batch starts past this one
-        hint = _NO_EXPIRY if following is None else _split_expiry_key(following)[0]
         self.stats.expired += removed
         self.stats.unmatched_emitted += len(outputs)
-        # an empty index (the scan saw its end) is an empty buffer: any seq is fresh
-        fresh = (0, 0) if hint == _NO_EXPIRY else (meta.fresh_left, meta.fresh_right)
-        return outputs, _Meta(stream_time_ms, max(0, meta.buffered - removed), hint, *fresh)
+        self._now = stream_time_ms
+        self._buffered = max(0, self._buffered - removed)
+        if following is None:
+            # an empty index (the scan saw its end) is an empty buffer: any seq is fresh,
+            # and no key has anything buffered
+            self._hint = _NO_EXPIRY
+            self._fresh_left = self._fresh_right = 0
+            self._counts = {}
+        else:
+            self._hint = _split_expiry_key(following)[0]
+        return outputs
 
 
 # ------------------------------------------------------------------ table-table

@@ -8,14 +8,14 @@ Spark backfill (a :class:`MemoryKeyValueView`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 from sortedcontainers import SortedDict
 
 from streamjoin.errors import ArgumentTypeError, ScanInvalidated
 
-__all__ = ["KeyValueView", "MemoryKeyValueView", "ScanInvalidated"]
+__all__ = ["FlushedKeyValueView", "KeyValueView", "MemoryKeyValueView", "ScanInvalidated"]
 
 
 class KeyValueView(Protocol):
@@ -34,6 +34,37 @@ class KeyValueView(Protocol):
 
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Items with ``start <= key < end`` (``end`` None: unbounded), in key order."""
+        ...
+
+    # What the join core knows about its keys, for views that can save work with it (a
+    # table partition: see TablePartition.insert); the answers are those of get/put/
+    # delete/scan.
+
+    def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
+        """``put`` of a key known to be absent; ``group`` is its join-key group
+        (:data:`~streamjoin.joins.core.BUFFER_GROUP_OF`) or None."""
+        ...
+
+    def remove(self, key: bytes, group: bytes | None) -> None:
+        """``delete`` of a key known to be present; ``group`` as for :meth:`insert`."""
+        ...
+
+    def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """``list(scan(start, end))`` where every key in range begins with ``group``."""
+        ...
+
+
+@runtime_checkable
+class FlushedKeyValueView(KeyValueView, Protocol):
+    """A view whose writes become durable only when a flush takes them (a table partition).
+
+    A writer may keep a value in memory and write it just before each flush, through a
+    hook (the join core's metadata, which changes with every event). Nothing but that
+    writer may read the value in between.
+    """
+
+    def before_take(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` right before every flush takes the buffered writes."""
         ...
 
 
@@ -67,6 +98,15 @@ class MemoryKeyValueView:
     def delete(self, key: bytes) -> None:
         if self._data.pop(key, None) is not None:
             self._version += 1
+
+    def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
+        self.put(key, value)
+
+    def remove(self, key: bytes, group: bytes | None) -> None:
+        self.delete(key)
+
+    def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        return list(self.scan(start, end))
 
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         version = self._version

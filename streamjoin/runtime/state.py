@@ -225,8 +225,11 @@ async def send_writes(
         store = state.store
         records = list(pairs)
         if item.clean:
+            stored = state.stored_deletes()  # known to be in the store: no lookup
             try:
-                records = [(k, v) for k, v in records if v is not None or store.contains(k)]
+                records = [
+                    (k, v) for k, v in records if v is not None or k in stored or store.contains(k)
+                ]
             except StoreCorrupted as exc:
                 # Every tombstone is sent (harmless for absent keys); the commit goes on and
                 # reports the store for a rebuild, like corruption found by an agent's read.

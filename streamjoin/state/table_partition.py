@@ -10,7 +10,15 @@ of the buffered keys:
   group (every partner of an event: one per event) sorts that group's few buffered
   keys in range and never touches the others;
 - every other key goes into one sorted list, built at the first scan that needs it
-  (an expiry scan, say) and kept from then on.
+  (an expiry scan, say) and kept from then on: keys buffered after it wait in an
+  unsorted tail that the next such scan sorts in (join expiry keys arrive nearly in
+  time order, so that is a short sort and an append, not an insertion per write).
+
+Writers that know more about a key say so, and save work: :meth:`TablePartition.insert`
+(a key absent from the partition, with its group) needs no group computed and, deleted
+again before the next flush through :meth:`TablePartition.remove` (a key present),
+leaves no write at all; a key ``remove`` finds in the store is known to need a
+changelog tombstone (:meth:`TablePartition.stored_deletes`), without a store lookup.
 
 The worker flushes: :meth:`take_pending` hands them out, :meth:`finish_flush`
 applies them with the changelog offset they reached, :meth:`abandon` forgets them
@@ -21,9 +29,8 @@ the partition's transaction: nothing written through it is durable before a flus
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator
-
-from sortedcontainers import SortedList
 
 from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
@@ -43,11 +50,17 @@ class TablePartition:
     """The store and the buffered writes of partition ``partition`` of table ``table``."""
 
     __slots__ = (
+        "_flushing_stored",
+        "_fresh",
+        "_gone",
         "_group_high",
         "_group_low",
         "_group_of",
         "_groups",
         "_sorted",
+        "_stored_deletes",
+        "_tail",
+        "_take_hooks",
         "abandoned",
         "corrupted",
         "flushing",
@@ -77,7 +90,20 @@ class TablePartition:
         self._group_low: bytes | None = None
         self._group_high: bytes | None = None
         #: the buffered keys of no group, sorted; None until a scan needs them
-        self._sorted: SortedList[bytes] | None = None
+        self._sorted: list[bytes] | None = None
+        #: keys of no group buffered since ``_sorted`` was last brought up to date
+        self._tail: list[bytes] = []
+        #: pending keys put by insert() (absent from flushing and the store)
+        self._fresh: set[bytes] = set()
+        #: keys remove() dropped from both layers but left in the index (reading them finds
+        #: nothing, and the store cannot hold them before the next flush reindexes)
+        self._gone: set[bytes] = set()
+        #: pending deletes of keys remove() found in neither buffer: the store has them
+        self._stored_deletes: set[bytes] = set()
+        #: the same for the writes being flushed
+        self._flushing_stored: set[bytes] = set()
+        #: called before every take_pending (see before_take)
+        self._take_hooks: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"
@@ -90,6 +116,11 @@ class TablePartition:
             return
         self._group_of = group_of
         self._reindex()
+
+    def before_take(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` at the start of every :meth:`take_pending`: a writer that keeps a
+        value in memory between flushes (the join core's metadata) writes it there."""
+        self._take_hooks.append(hook)
 
     # ------------------------------------------------------------ the KeyValueView contract
 
@@ -116,6 +147,72 @@ class TablePartition:
             self._index(key)
         pending[key] = None
 
+    def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
+        """:meth:`put` of a key the caller knows is absent (``get`` would return None),
+        whose group (under :meth:`group_keys_by`'s grouping) is ``group``."""
+        pending = self.pending
+        if key in pending or (self.flushing and key in self.flushing):
+            pending[key] = value  # a buffered delete (or a flush's write) stays known
+            return
+        pending[key] = value
+        self._fresh.add(key)
+        if group is None or self._group_of is None:
+            if self._sorted is not None:
+                if key in self._gone:
+                    self._gone.discard(key)  # still indexed
+                else:
+                    self._tail.append(key)
+            return
+        keys = self._groups.get(group)
+        if keys is not None:
+            keys.add(key)
+        else:
+            self._new_group(group, key)
+
+    def remove(self, key: bytes, group: bytes | None) -> None:
+        """:meth:`delete` of a key the caller knows is present (``get`` returns a value),
+        whose group is ``group`` (as for :meth:`insert`)."""
+        pending = self.pending
+        if key in self._fresh:
+            # inserted since the last flush began: it never reached the changelog or the
+            # store, so it simply goes (its index entry stays: see _gone)
+            self._fresh.discard(key)
+            del pending[key]
+            self._gone.add(key)
+            return
+        if key not in pending:
+            flushing = self.flushing
+            if not flushing or key not in flushing:
+                self._stored_deletes.add(key)  # present, and in neither buffer: in the store
+                self._index_in(key, group if self._group_of is not None else None)
+            elif flushing[key] is not None:
+                # the flush under way writes it: the store has it once that flush is done
+                # (the next flush filters tombstones only if it was)
+                self._stored_deletes.add(key)
+        pending[key] = None
+
+    def stored_deletes(self) -> set[bytes]:
+        """Keys the store is known to hold among the writes being flushed (a delete of one
+        needs a changelog tombstone; other deletes may be of keys the store never had)."""
+        return self._flushing_stored
+
+    def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """:meth:`scan` of a range inside one group (every key in [start, end) begins with
+        ``group``, a group under :meth:`group_keys_by`'s grouping), read at once."""
+        if self._group_of is None:
+            return list(self.scan(start, end))
+        keys = self._groups.get(group)
+        stored = self.store.range_items(start, end)
+        if not keys:
+            return stored
+        hits = [key for key in keys if start <= key < end]
+        if not hits:
+            return stored
+        hits.sort()
+        if not stored:  # (a key's events since the last flush, nothing older: the usual case)
+            return [(key, value) for key, value in self._newest(hits) if value is not None]
+        return list(_merge(self._newest(hits), iter(stored)))
+
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Sorted items in [start, end), buffered writes merged over the store.
 
@@ -130,10 +227,10 @@ class TablePartition:
                 return self._scan_keys(self._groups.get(group, ()), start, end)
         if not self.pending and not self.flushing:
             return self.store.items(start, end)
-        ordered = self._sorted
-        if ordered is None:
-            ordered = self._sorted = SortedList(self._ungrouped())
-        keys: Iterable[bytes] = ordered.irange(start, end, inclusive=(True, False))
+        ordered = self._ordered()
+        low = bisect_left(ordered, start)
+        high = len(ordered) if end is None else bisect_left(ordered, end, low)
+        keys: Iterable[bytes] = ordered[low:high]
         if self._groups and self._may_hold_groups(start, end):
             keys = sorted([*keys, *self._grouped_in(start, end)])
         return _merge(self._newest(keys), self.store.items(start, end))
@@ -143,25 +240,60 @@ class TablePartition:
     def _index(self, key: bytes) -> None:
         """Index a key newly buffered (in neither layer yet)."""
         group_of = self._group_of
-        group = None if group_of is None else group_of(key)
+        self._index_in(key, None if group_of is None else group_of(key))
+
+    def _index_in(self, key: bytes, group: bytes | None) -> None:
+        """:meth:`_index`, given the key's group."""
         if group is None:
             if self._sorted is not None:
-                self._sorted.add(key)
+                if key in self._gone:
+                    self._gone.discard(key)  # still indexed
+                else:
+                    self._tail.append(key)
             return
         keys = self._groups.get(group)
         if keys is not None:
             keys.add(key)
-            return
+        else:
+            self._new_group(group, key)
+
+    def _new_group(self, group: bytes, key: bytes) -> None:
         self._groups[group] = {key}
         if self._group_low is None or group < self._group_low:
             self._group_low = group
         if self._group_high is None or group > self._group_high:
             self._group_high = group
 
+    def _ordered(self) -> list[bytes]:
+        """The sorted keys of no group, brought up to date."""
+        ordered = self._sorted
+        if ordered is None:
+            ordered = self._sorted = sorted(self._ungrouped())
+            self._tail = []
+            self._gone = set()  # (not in either layer: not in the list)
+            return ordered
+        tail = self._tail
+        if tail:
+            self._tail = []
+            tail.sort()
+            # keys past the last one are appended; a few others are inserted one by one (a
+            # move of the list's end in C each), many make one merge of two sorted runs
+            inside = bisect_right(tail, ordered[-1]) if ordered else 0
+            if inside > 8 and inside * 32 > len(ordered):
+                ordered.extend(tail)
+                ordered.sort()
+            else:
+                for key in tail[:inside]:
+                    insort(ordered, key)
+                ordered.extend(tail[inside:])
+        return ordered
+
     def _reindex(self) -> None:
         self._groups = {}
         self._group_low = self._group_high = None
         self._sorted = None
+        self._tail = []
+        self._gone = set()
         if self._group_of is not None:
             for key in {**self.flushing, **self.pending}:
                 self._index(key)
@@ -202,11 +334,11 @@ class TablePartition:
         return _merge(self._newest(hits), stored)
 
     def _newest(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
-        """Each buffered key with its newest value (None: deleted)."""
+        """Each buffered key with its newest value (None: deleted, or gone: see _gone)."""
         pending, flushing = self.pending, self.flushing
         for key in keys:
             value = pending.get(key, _MISSING)
-            yield key, flushing[key] if value is _MISSING else value  # type: ignore[misc]
+            yield key, flushing.get(key) if value is _MISSING else value  # type: ignore[misc]
 
     # ------------------------------------------------------------ flushing
 
@@ -218,12 +350,19 @@ class TablePartition:
     def take_pending(self) -> Buffer:
         """Move pending writes to ``flushing`` and return everything being flushed (in no
         particular order)."""
+        for hook in self._take_hooks:
+            hook()
         if self.pending:
             if self.flushing:
                 self.flushing.update(self.pending)
             else:
                 self.flushing = self.pending
             self.pending = {}
+        # from now on those keys are in ``flushing``: deleting one must be a write
+        self._fresh = set()
+        if self._stored_deletes:
+            self._flushing_stored |= self._stored_deletes
+            self._stored_deletes = set()
         return self.flushing
 
     def finish_flush(self, changelog_offset: int | None) -> None:
@@ -234,6 +373,7 @@ class TablePartition:
         if self.flushing:
             self.store.write(self.flushing, changelog_offset)
         self.flushing = {}
+        self._flushing_stored = set()
         self._reindex()  # the index holds only what is still buffered
 
     def abandon(self) -> int:
@@ -242,6 +382,9 @@ class TablePartition:
         self.abandoned = True
         self.pending = {}
         self.flushing = {}
+        self._fresh = set()
+        self._stored_deletes = set()
+        self._flushing_stored = set()
         self._reindex()
         return dropped
 

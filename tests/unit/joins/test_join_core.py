@@ -426,7 +426,13 @@ def test_a_replay_below_the_fresh_seq_is_found_after_a_restart() -> None:
     assert again.process(JoinInput("left", b"k", b"l5", 1005, 5)) == []  # a replay
     assert again.process(JoinInput("left", b"k", b"l4", 1004, 4)) == []  # new, below 9
     assert again.stats.buffered == 4
+    # a new key below the fresh seq is buffered (and counted: its partner finds it)
+    assert again.process(JoinInput("left", b"n", b"l6", 1006, 6)) == []
+    assert again.process(JoinInput("right", b"n", b"r", 1007, 0)) == [
+        JoinOutput(b"n", b"l6", b"r", 1007)
+    ]
     assert again.advance(10_000) == [only_left(f"l{seq}", 1000 + seq) for seq in (3, 4, 5, 9)]
+    assert again.stats.matched == 1
 
 
 def test_malformed_expiry_entries_are_refused() -> None:

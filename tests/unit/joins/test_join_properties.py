@@ -13,10 +13,12 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from unittest.mock import patch
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamjoin.joins import core as core_module
 from streamjoin.joins.core import (
     How,
     JoinInput,
@@ -26,6 +28,8 @@ from streamjoin.joins.core import (
     StreamStreamJoin,
 )
 from streamjoin.joins.state import MemoryKeyValueView
+from streamjoin.state.memory import MemoryStorePartition
+from streamjoin.state.table_partition import TablePartition
 
 SETTINGS = settings(
     max_examples=300,
@@ -232,3 +236,137 @@ def test_emission_order_within_one_call(events: list[Ev], how: How) -> None:
         for o in closing
     ]
     assert order == sorted(order)
+
+
+class _CountingReads(MemoryKeyValueView):
+    """A view that counts the partner reads made through it."""
+
+    reads = 0
+
+    def scan_group(self, group: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        _CountingReads.reads += 1
+        return super().scan_group(group, start, end)
+
+
+@SETTINGS
+@given(specs, events_strategy, st.randoms(use_true_random=False), st.data())
+def test_counting_buffered_keys_changes_no_result(
+    spec: JoinSpec, events: list[Ev], rng: random.Random, data: st.DataObject
+) -> None:
+    """A core that counts each key's buffered events skips the partner read of a key with
+    nothing on the other side. With counting on, off (more keys than it keeps) or dropped
+    half-way, across restarts (counts read back from the state) with replays of events
+    already processed, the results and the state are those of a core that reads every time."""
+    arrival = list(events)
+    rng.shuffle(arrival)
+    feed = inputs(arrival)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(feed)), max_size=3), label="cuts"))
+    replayed = data.draw(st.integers(0, 5), label="replayed")  # processed again after a restart
+
+    def through_restarts(tracked_keys_max: int) -> tuple[list[JoinOutput], dict[bytes, bytes]]:
+        view: MemoryKeyValueView = _CountingReads()
+        outputs: list[JoinOutput] = []
+        start = 0
+        with patch.object(core_module, "TRACKED_KEYS_MAX", tracked_keys_max):
+            for cut in [*cuts, len(feed)]:
+                view = _CountingReads(view.snapshot())  # state restored from the changelog
+                worker = StreamStreamJoin(spec, view)
+                for event in feed[max(0, start - replayed) : cut]:
+                    outputs.extend(worker.process(event))
+                start = cut
+            outputs.extend(StreamStreamJoin(spec, view).advance(FAR_FUTURE))
+        return outputs, view.snapshot()
+
+    _CountingReads.reads = 0
+    reading = through_restarts(0)
+    reads_without = _CountingReads.reads
+    for tracked_keys_max in (1, 2, 1_000):
+        _CountingReads.reads = 0
+        assert through_restarts(tracked_keys_max) == reading
+        assert _CountingReads.reads <= reads_without
+
+
+def test_a_key_with_nothing_on_the_other_side_is_not_read() -> None:
+    view = _CountingReads()
+    join = StreamStreamJoin(JoinSpec(10, 0), view)
+    _CountingReads.reads = 0
+    assert join.process(JoinInput("left", b"a", b"l0", 100, 0)) == []  # no right event of a
+    assert join.process(JoinInput("left", b"b", b"l1", 100, 1)) == []
+    assert _CountingReads.reads == 0
+    assert len(join.process(JoinInput("right", b"a", b"r0", 105, 0))) == 1  # a has a left one
+    assert _CountingReads.reads == 1
+    # a restart counts what the state holds
+    again = StreamStreamJoin(JoinSpec(10, 0), view)
+    assert again.process(JoinInput("right", b"c", b"r1", 106, 1)) == []
+    assert len(again.process(JoinInput("right", b"b", b"r2", 107, 2))) == 1
+    assert _CountingReads.reads == 2
+
+
+@SETTINGS
+@given(specs, events_strategy, st.randoms(use_true_random=False), st.data())
+def test_over_a_table_partition_flushes_and_crashes_change_no_result(
+    spec: JoinSpec, events: list[Ev], rng: random.Random, data: st.DataObject
+) -> None:
+    """Over a table partition the core writes its metadata once per flush, not per event.
+    With flushes, and crashes that lose what was not flushed (the events since the last
+    flush are processed again by a new core over the store), the results and the flushed
+    state are those of the same run over an in-memory view."""
+    arrival = list(events)
+    rng.shuffle(arrival)
+    feed = inputs(arrival)
+    steps = data.draw(
+        st.lists(st.tuples(st.integers(0, len(feed)), st.booleans()), max_size=6), label="steps"
+    )
+    points = dict(steps)  # event index -> crash (True) or flush (False) before it
+
+    def over_memory() -> tuple[list[JoinOutput], dict[bytes, bytes]]:
+        outputs: list[JoinOutput] = []
+        flushed: dict[bytes, bytes] = {}
+        view = MemoryKeyValueView()
+        join = StreamStreamJoin(spec, view)
+        at, last_flush, crashed = 0, 0, set()
+        while True:
+            if at in points and at not in crashed:
+                if points[at]:  # a crash: back to what was flushed, once
+                    crashed.add(at)
+                    view = MemoryKeyValueView(flushed)
+                    join = StreamStreamJoin(spec, view)
+                    at = last_flush
+                    continue
+                flushed, last_flush = view.snapshot(), at
+            if at == len(feed):
+                break
+            outputs.extend(join.process(feed[at]))
+            at += 1
+        outputs.extend(join.advance(FAR_FUTURE))
+        return outputs, view.snapshot()
+
+    def over_a_table_partition() -> tuple[list[JoinOutput], dict[bytes, bytes]]:
+        outputs: list[JoinOutput] = []
+        store = MemoryStorePartition()
+        view = TablePartition("buffer", 0, store)
+        join = StreamStreamJoin(spec, view)
+        at, last_flush, offset, crashed = 0, 0, 0, set()
+        while True:
+            if at in points and at not in crashed:
+                if points[at]:
+                    crashed.add(at)
+                    view.abandon()
+                    view = TablePartition("buffer", 0, store)
+                    join = StreamStreamJoin(spec, view)
+                    at = last_flush
+                    continue
+                view.take_pending()
+                offset += 1
+                view.finish_flush(offset)
+                last_flush = at
+            if at == len(feed):
+                break
+            outputs.extend(join.process(feed[at]))
+            at += 1
+        outputs.extend(join.advance(FAR_FUTURE))
+        view.take_pending()
+        view.finish_flush(offset + 1)
+        return outputs, dict(store.items())
+
+    assert over_a_table_partition() == over_memory()

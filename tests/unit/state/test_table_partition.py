@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjoin.runtime.state import apply_writes, send_writes, take_writes
 from streamjoin.state.keys import length_prefixed
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition
@@ -197,3 +199,205 @@ def test_grouped_scans_see_every_write(
     assert list(view.scan(DATA, b"\x03")) == sorted(
         (k, v) for k, v in model.items() if DATA <= k < b"\x03"
     )
+
+
+# a few keys, grouped and not, so that operations meet the same key often
+few_keys = st.sampled_from(
+    [
+        b"\x01a",
+        b"\x01b",
+        *(DATA + side + length_prefixed(b"k") + t for side in (b"L", b"R") for t in (b"1", b"2")),
+    ]
+)
+
+
+class _Changelog:
+    """What send_writes needs of a table and a sender: records what reaches the changelog."""
+
+    def __init__(self) -> None:
+        self.name = "t-changelog"
+        self.changelog = self
+        self.compacted: dict[bytes, bytes] = {}
+        self.sent = 0
+        #: the last flush completed: no tombstone for a key the changelog does not hold
+        self.strict = True
+
+    def before_flush(self, state: TablePartition) -> None:
+        pass
+
+    async def send_many(self, topic: str, partition: int, records: Any) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        for key, value in records:
+            # a tombstone only for a key the changelog holds (the store never had others)
+            assert value is not None or key in self.compacted or not self.strict, key
+            if value is None:
+                self.compacted.pop(key, None)
+            else:
+                self.compacted[key] = value
+            self.sent += 1
+        future.set_result(self.sent)
+        return future
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["put", "delete", "insert", "remove", "take", "flush", "group_scan", "abandon"]
+            ),
+            st.one_of(grouped_keys, few_keys),
+            st.binary(max_size=2),
+        ),
+        max_size=80,
+    ),
+)
+def test_insert_and_remove_hints_keep_reads_and_the_changelog_exact(
+    operations: list[tuple[str, bytes, bytes]],
+) -> None:
+    """insert (a key known absent) and remove (a key known present), as the join core calls
+    them, read like put and delete; a key inserted and removed again before a flush leaves
+    nothing, and a removed stored key gets its tombstone without a store lookup: the
+    changelog always ends up holding exactly what the store holds."""
+    store = MemoryStorePartition()
+    log = _Changelog()
+    tables: Any = {"t": log}
+    group_of = data_group(space_length=1)
+    view = TablePartition("t", 0, store)
+    view.group_keys_by(group_of)
+    model: dict[bytes, bytes] = {}
+
+    async def flush(states: list[TablePartition]) -> None:
+        log.strict = not states[0].flush_interrupted
+        sending = await send_writes(take_writes(states, tables), tables, log)
+        offsets = await asyncio.gather(*(f for _, f in sending if f is not None))
+        apply_writes(sending, offsets)
+
+    for op, key, value in operations:
+        if op == "put" or (op == "insert" and key in model):
+            view.put(key, value)
+            model[key] = value
+        elif op == "insert":
+            view.insert(key, value, group_of(key))
+            model[key] = value
+        elif op == "delete" or (op == "remove" and key not in model):
+            view.delete(key)
+            model.pop(key, None)
+        elif op == "remove":
+            view.remove(key, group_of(key))
+            del model[key]
+        elif op == "take":
+            view.take_pending()
+        elif op == "flush":
+            asyncio.run(flush([view]))
+            assert log.compacted == dict(store.items())
+        elif op == "abandon":
+            view.abandon()
+            view = TablePartition("t", 0, store)
+            view.group_keys_by(group_of)
+            model = dict(store.items())
+        else:
+            group = group_of(key)
+            if group is not None:
+                end = group + value
+                assert view.scan_group(group, key, end) == sorted(
+                    (k, v) for k, v in model.items() if key <= k < end
+                )
+        assert view.get(key) == model.get(key)
+        assert list(view.scan(b"", None)) == sorted(model.items())
+    asyncio.run(flush([view]))
+    assert dict(store.items()) == model
+    assert log.compacted == model
+
+
+def test_keys_of_no_group_stay_sorted_as_they_arrive() -> None:
+    """Keys of no group written after the first scan that sorted them (join expiry keys, in
+    nearly increasing order, and deletes of older ones) are sorted in at the next scan."""
+    view = TablePartition("t", 0, MemoryStorePartition())
+    view.group_keys_by(data_group(space_length=1))
+    model: dict[bytes, bytes] = {}
+    for step in range(6):
+        for i in (5, 3, 4, 9, 1, 2, 8, 7, 6, 0, 11, 10):  # more than a few at once, unsorted
+            key = (step * 100 + i).to_bytes(4, "big")
+            view.put(key, b"v")
+            model[key] = b"v"
+        for i in (2, 1):  # fewer than a few
+            key = (step * 100 + 50 + i).to_bytes(4, "big")
+            view.put(key, b"w")
+            model[key] = b"w"
+        if step % 2:
+            old = (step * 100 - 100 + 3).to_bytes(4, "big")
+            view.delete(old)
+            model.pop(old, None)
+        if step == 4:  # many keys below the last one at once
+            for i in range(40):
+                key = (step * 100 - 60 + i).to_bytes(4, "big") + b"x"
+                view.put(key, b"x")
+                model[key] = b"x"
+        assert list(view.scan(b"", None)) == sorted(model.items())
+        assert list(view.scan((step * 100).to_bytes(4, "big"), None)) == sorted(
+            (k, v) for k, v in model.items() if k >= (step * 100).to_bytes(4, "big")
+        )
+
+
+class _NoLookups(MemoryStorePartition):
+    def contains(self, key: bytes) -> bool:
+        raise AssertionError(f"looked up {key!r}")
+
+
+def test_removing_a_stored_key_sends_its_tombstone_without_a_lookup() -> None:
+    """remove() of a key in neither buffer knows the store holds it: its flush sends the
+    tombstone without asking the store; an inserted key removed again sends nothing."""
+    store = _NoLookups()
+    log = _Changelog()
+    tables: Any = {"t": log}
+    view = TablePartition("t", 0, store)
+    view.group_keys_by(data_group(space_length=1))
+
+    async def flush() -> None:
+        sending = await send_writes(take_writes([view], tables), tables, log)
+        apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
+
+    stored = DATA + b"L" + length_prefixed(b"k") + b"1"
+    view.insert(stored, b"v", DATA + b"L" + length_prefixed(b"k"))
+    view.insert(b"\x01i", b"f", None)
+    asyncio.run(flush())
+    assert log.compacted == {stored: b"v", b"\x01i": b"f"}
+    view.remove(stored, DATA + b"L" + length_prefixed(b"k"))
+    view.remove(b"\x01i", None)
+    short_lived = DATA + b"R" + length_prefixed(b"k") + b"1"
+    view.insert(short_lived, b"w", DATA + b"R" + length_prefixed(b"k"))
+    view.remove(short_lived, DATA + b"R" + length_prefixed(b"k"))
+    assert short_lived not in view.pending
+    asyncio.run(flush())
+    assert log.compacted == {} == dict(store.items())
+    assert log.sent == 4
+
+
+def test_removing_a_key_while_its_flush_runs_sends_its_tombstone_without_a_lookup() -> None:
+    """A key removed while the flush that writes it is under way is in the store once that
+    flush is done: the next flush sends its tombstone without asking the store."""
+    store = _NoLookups()
+    log = _Changelog()
+    tables: Any = {"t": log}
+    view = TablePartition("t", 0, store)
+    view.group_keys_by(data_group(space_length=1))
+    key = DATA + b"L" + length_prefixed(b"k") + b"1"
+    view.insert(key, b"v", DATA + b"L" + length_prefixed(b"k"))
+
+    async def flush_with_remove_during_send() -> None:
+        sending = await send_writes(take_writes([view], tables), tables, log)
+        view.remove(
+            key, DATA + b"L" + length_prefixed(b"k")
+        )  # an event processed while the changelog send is under way
+        assert view.get(key) is None
+        apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
+
+    async def flush() -> None:
+        sending = await send_writes(take_writes([view], tables), tables, log)
+        apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
+
+    asyncio.run(flush_with_remove_during_send())
+    assert dict(store.items()) == {key: b"v"}
+    asyncio.run(flush())
+    assert log.compacted == {} == dict(store.items())
