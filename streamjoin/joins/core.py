@@ -418,13 +418,7 @@ class StreamStreamJoin:
         fresh = self._fresh_left if is_left else self._fresh_right
         if fresh != _UNKNOWN_SEQ and seq >= fresh:
             # no event of this side at or past ``fresh`` was buffered: not a replay
-            view.insert(buffer_key, value, group)
-            view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
-            self._buffered += 1
-            if counts is not None:
-                counts[group] = counts.get(group, 0) + 1
-                if len(counts) > TRACKED_KEYS_MAX:
-                    self._counts = None  # too many keys to keep: read the buffer instead
+            self._insert(view, buffer_key, index_key, value, group, bool(partners))
             if is_left:
                 self._fresh_left = seq + 1 if seq < _UNKNOWN_SEQ else _UNKNOWN_SEQ
             else:
@@ -436,13 +430,7 @@ class StreamStreamJoin:
             view.put(buffer_key, value)
             view.put(index_key, _MATCHED if matched else _UNMATCHED)
         else:
-            view.insert(buffer_key, value, group)
-            view.insert(index_key, _MATCHED if partners else _UNMATCHED, None)
-            self._buffered += 1
-            if counts is not None:
-                counts[group] = counts.get(group, 0) + 1
-                if len(counts) > TRACKED_KEYS_MAX:
-                    self._counts = None
+            self._insert(view, buffer_key, index_key, value, group, bool(partners))
         if timestamp_ms < self._hint:
             self._hint = timestamp_ms
         if self._deferred:
@@ -509,6 +497,25 @@ class StreamStreamJoin:
         if self._dirty:
             self._dirty = False
             self._save_meta()
+
+    def _insert(
+        self,
+        view: KeyValueView,
+        buffer_key: bytes,
+        index_key: bytes,
+        value: bytes,
+        group: bytes,
+        matched: bool,
+    ) -> None:
+        """Buffer a new event (not a replay) and its expiry entry, and count its key."""
+        view.insert(buffer_key, value, group)
+        view.insert(index_key, _MATCHED if matched else _UNMATCHED, None)
+        self._buffered += 1
+        counts = self._counts
+        if counts is not None:
+            counts[group] = counts.get(group, 0) + 1
+            if len(counts) > TRACKED_KEYS_MAX:
+                self._counts = None  # too many keys to keep: read the buffer instead
 
     def _save_meta(self) -> None:
         """Write the attributes back (``_Meta.encode``'s bytes)."""

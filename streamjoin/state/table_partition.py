@@ -156,18 +156,7 @@ class TablePartition:
             return
         pending[key] = value
         self._fresh.add(key)
-        if group is None or self._group_of is None:
-            if self._sorted is not None:
-                if key in self._gone:
-                    self._gone.discard(key)  # still indexed
-                else:
-                    self._tail.append(key)
-            return
-        keys = self._groups.get(group)
-        if keys is not None:
-            keys.add(key)
-        else:
-            self._new_group(group, key)
+        self._index_in(key, group if self._group_of is not None else None)
 
     def remove(self, key: bytes, group: bytes | None) -> None:
         """:meth:`delete` of a key the caller knows is present (``get`` returns a value),
