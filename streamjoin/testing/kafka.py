@@ -614,6 +614,15 @@ class LocalKafka:
         if cleanup:
             self._cleanup()
 
+    def kill(self) -> None:
+        """Crash the broker (SIGKILL, no controlled shutdown), keeping its data: a later
+        :meth:`start` on the same ``data_dir`` recovers it as after a crash of the broker
+        process (not of the machine: what it wrote survives in the OS's page cache)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
     def _cleanup(self) -> None:
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
