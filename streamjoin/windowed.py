@@ -153,7 +153,8 @@ class WindowedTable(Table):
             and last_read[2] == key
         ):
             # ``+=``: the key was just read in this window (type too: 1 == True == 1.0)
-            data_key, index_key, existed = last_read[3], b"", last_read[4]
+            data_key, existed = last_read[3], last_read[4]
+            index_key: bytes | None = None  # packed below only if the window is new
         else:
             data_key, index_key = _keys_of(self._encode_key(key), windows[0][0])
             existed = False
@@ -164,7 +165,7 @@ class WindowedTable(Table):
         view.put(data_key, encoded)
         if not existed:
             # a new window (or not known to exist): index it for expiry
-            if not index_key:
+            if index_key is None:
                 index_key = _keys_of(self._encode_key(key), windows[0][0])[1]
             view.put(index_key, b"")
 

@@ -34,7 +34,6 @@ __all__ = ["AgentFailed", "AgentRunner", "AgentRuntime", "Stream", "current_reco
 log = logging.getLogger("streamjoin.agents")
 
 _RUNNING = TaskState.RUNNING
-_SUSPENDED = TaskState.SUSPENDED
 
 #: what an actor's queue holds: a task and records of it in order (None: stop)
 _Chunk = tuple[Task, list[RawRecord]] | None
@@ -184,12 +183,7 @@ class AgentRunner:
             if current.sends:
                 self.runtime.complete(current)
                 return
-            # nothing sent: acknowledged now (AgentRuntime._ack, inlined: once per event)
-            task = current.task
-            state = task.state
-            if state is _RUNNING or state is _SUSPENDED:
-                raw = current.raw
-                task.tracker.ack((raw.topic, raw.partition), raw.offset)
+            self.runtime.acknowledge(current)  # nothing sent: acknowledged now
             # referenced by nothing the runtime keeps: the next event's context
             self._spare = current
 
@@ -396,11 +390,10 @@ class AgentRuntime:
         under it, and one callback per batch acknowledges them in order."""
         sends = inflight.sends
         if not sends or self.transactional:
-            self._ack(inflight)
+            self.acknowledge(inflight)
             return
         if len(sends) == 1:
-            sent = sends[0]
-            awaited = [getattr(sent, "acknowledged", sent)]
+            awaited = [_acknowledged_by(sends[0])]
         else:
             awaited = list({id(d): d for d in map(_acknowledged_by, sends)}.values())
         pending = 0
@@ -413,7 +406,7 @@ class AgentRuntime:
                     self._send_failed(inflight, failed)
                     return
         if not pending:
-            self._ack(inflight)
+            self.acknowledge(inflight)
             return
         inflight.pending = pending
         inflight.task.awaiting_sends += 1
@@ -446,9 +439,11 @@ class AgentRuntime:
             inflight.pending -= 1
             if inflight.pending == 0:
                 inflight.task.awaiting_sends -= 1
-                self._ack(inflight)
+                self.acknowledge(inflight)
 
-    def _ack(self, inflight: _InFlight) -> None:
+    def acknowledge(self, inflight: _InFlight) -> None:
+        """Count the event processed in its task's offset ledger (if its task still takes
+        acknowledgements)."""
         task = inflight.task
         if task.accepts_acks:
             raw = inflight.raw
@@ -538,7 +533,7 @@ class AgentRuntime:
                 dlq.name,
             )
             log.debug("traceback of the dead-lettered record %s", where, exc_info=exc)
-        self._ack(inflight)
+        self.acknowledge(inflight)
 
 
 def _store_corrupted(exc: BaseException) -> StoreCorrupted | None:

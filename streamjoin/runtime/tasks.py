@@ -93,8 +93,7 @@ class Task:
 
     @property
     def accepts_acks(self) -> bool:
-        """Acknowledgements still count (running, or suspended until its commit; the agent
-        runtime checks the same inline for events that sent nothing)."""
+        """Acknowledgements still count (running, or suspended until its commit)."""
         return self.state is TaskState.RUNNING or self.state is TaskState.SUSPENDED
 
 
