@@ -29,7 +29,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -334,7 +334,7 @@ class TransactionalSender(KafkaSender):
         try:
             if offsets:
                 ids = self.ids()
-                await asyncio.gather(
+                await gather_or_cancel(
                     self._flush_transaction(), self._add_offsets(ids, offsets, commit_offsets)
                 )
             else:
@@ -453,6 +453,20 @@ class TransactionalSender(KafkaSender):
     def ids(self) -> TransactionIds:
         manager = self._require()._txn_manager
         return TransactionIds(self.transactional_id, manager.producer_id, manager.producer_epoch)
+
+
+async def gather_or_cancel(*coroutines: Coroutine[Any, Any, Any]) -> list[Any]:
+    """Run ``coroutines`` together; if one fails, cancel and await the others before
+    raising. (``asyncio.gather`` leaves them running: a transaction's offset requests
+    would go on into the next transaction.)"""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _is_fenced(exc: BaseException) -> bool:

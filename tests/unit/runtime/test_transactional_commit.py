@@ -213,3 +213,30 @@ async def test_sends_of_an_event_in_progress_when_a_transaction_aborts_are_dropp
         await abort
         assert txn.aborts == 1 and txn.sends_open
         txn.fail_with = None
+
+
+async def test_a_failing_part_of_the_commit_cancels_the_other_before_raising() -> None:
+    """The flush and the offsets request run together; when one fails, the other must not
+    go on into the next transaction (plain ``asyncio.gather`` would leave it running)."""
+    from streamjoin.runtime.transaction import gather_or_cancel
+
+    offsets_request_ended = asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def flush() -> None:
+        await asyncio.sleep(0)
+        raise RuntimeError("flush failed")
+
+    async def add_offsets() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        finally:
+            offsets_request_ended.set()
+
+    with pytest.raises(RuntimeError, match="flush failed"):
+        await gather_or_cancel(flush(), add_offsets())
+    assert offsets_request_ended.is_set() and cancelled == [True]
+    assert await gather_or_cancel(asyncio.sleep(0, "a"), asyncio.sleep(0, "b")) == ["a", "b"]
