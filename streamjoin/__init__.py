@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from streamjoin import errors
 from streamjoin.errors import StreamjoinError
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 if TYPE_CHECKING:
     from streamjoin.app import App
