@@ -12,13 +12,13 @@ from streamjoin.errors import CopartitioningError
 from streamjoin.spark._deps import INSTALL_HINT, SparkNotInstalled, require_pyspark
 
 if TYPE_CHECKING:
-    from streamjoin.spark.backfill import (
+    from streamjoin.spark.backfill_job import (
         BackfillResult,
         FileSink,
         KafkaSink,
         backfill,
     )
-    from streamjoin.spark.bootstrap import BootstrapResult, bootstrap
+    from streamjoin.spark.bootstrap_job import BootstrapResult, bootstrap
     from streamjoin.spark.partitioning import kafka_partition_udf
     from streamjoin.spark.session import get_session
     from streamjoin.spark.sources import FileSource, KafkaSource
@@ -41,14 +41,14 @@ __all__ = [
 ]
 
 _LAZY = {
-    "BackfillResult": "streamjoin.spark.backfill",
-    "FileSink": "streamjoin.spark.backfill",
-    "KafkaSink": "streamjoin.spark.backfill",
+    "BackfillResult": "streamjoin.spark.backfill_job",
+    "FileSink": "streamjoin.spark.backfill_job",
+    "KafkaSink": "streamjoin.spark.backfill_job",
     # the old name of CopartitioningError, kept importable
-    "PartitioningMismatch": "streamjoin.spark.backfill",
-    "backfill": "streamjoin.spark.backfill",
-    "BootstrapResult": "streamjoin.spark.bootstrap",
-    "bootstrap": "streamjoin.spark.bootstrap",
+    "PartitioningMismatch": "streamjoin.spark.backfill_job",
+    "backfill": "streamjoin.spark.backfill_job",
+    "BootstrapResult": "streamjoin.spark.bootstrap_job",
+    "bootstrap": "streamjoin.spark.bootstrap_job",
     "kafka_partition_udf": "streamjoin.spark.partitioning",
     "get_session": "streamjoin.spark.session",
     "FileSource": "streamjoin.spark.sources",

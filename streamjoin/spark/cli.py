@@ -222,7 +222,7 @@ def backfill_command(
       streamjoin backfill -A examples.ad_monetization:app ad_clicks \\
           --input history.json --output out/joined --output-format json
     """
-    from streamjoin.spark.backfill import FileSink, KafkaSink, Sink, backfill
+    from streamjoin.spark.backfill_job import FileSink, KafkaSink, Sink, backfill
 
     source = _source(
         from_kafka, inputs, input_format, starting_offsets, ending_offsets, from_time, until_time
@@ -316,7 +316,7 @@ def bootstrap_command(
       streamjoin bootstrap -A myapp:app profiles-table --from-kafka 127.0.0.1:9092 \\
           --mode rocksdb --state-dir ./myapp-data
     """
-    from streamjoin.spark.bootstrap import bootstrap
+    from streamjoin.spark.bootstrap_job import bootstrap
 
     source = _source(
         from_kafka, inputs, input_format, starting_offsets, ending_offsets, from_time, until_time

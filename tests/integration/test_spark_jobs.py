@@ -77,7 +77,7 @@ async def read_topic(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes
 async def test_backfill_of_the_demo_join_produces_exactly_the_expected_joins(
     kafka_bootstrap: str, unique_topic: Callable[..., str]
 ) -> None:
-    from streamjoin.spark.backfill import KafkaSink, backfill
+    from streamjoin.spark import KafkaSink, backfill
     from streamjoin.spark.sources import KafkaSource
     from streamjoin.spark.testing import shared_test_session
 
@@ -119,7 +119,7 @@ async def test_backfill_refuses_topics_not_partitioned_by_murmur2(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     from streamjoin.errors import CopartitioningError
-    from streamjoin.spark.backfill import FileSink, backfill
+    from streamjoin.spark import FileSink, backfill
     from streamjoin.spark.sources import KafkaSource
     from streamjoin.spark.testing import shared_test_session
 
@@ -146,7 +146,7 @@ async def test_backfill_refuses_topics_not_partitioned_by_murmur2(
 async def test_bootstrapped_table_is_served_without_changelog_replay(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    from streamjoin.spark.bootstrap import bootstrap
+    from streamjoin.spark import bootstrap
     from streamjoin.spark.sources import KafkaSource
     from streamjoin.spark.testing import shared_test_session
 

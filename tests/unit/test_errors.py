@@ -56,7 +56,7 @@ def test_the_walk_finds_the_errors_of_every_layer() -> None:
         "streamjoin.state.base.StoreCorrupted",
         "streamjoin.assignor.protocol.MalformedUserdata",
         "streamjoin.runtime.streams.AgentFailed",
-        "streamjoin.spark.bootstrap.UnsupportedTable",
+        "streamjoin.spark.bootstrap_job.UnsupportedTable",
         "streamjoin.testing.kafka.BrokerExitedError",
     ):
         assert where in FOUND
@@ -127,7 +127,7 @@ def test_one_name_per_class() -> None:
     # documented aliases of CopartitioningError
     aliases = {
         "streamjoin.runtime.admin.TopicPartitionCountMismatch",
-        "streamjoin.spark.backfill.PartitioningMismatch",
+        "streamjoin.spark.backfill_job.PartitioningMismatch",
     }
     by_class: dict[type[BaseException], set[str]] = defaultdict(set)
     for where, classes in FOUND.items():
@@ -143,7 +143,7 @@ def test_copartitioning_has_one_class_under_every_old_name() -> None:
     from streamjoin import spark
     from streamjoin.app import CopartitioningError as from_app
     from streamjoin.runtime.admin import TopicPartitionCountMismatch
-    from streamjoin.spark.backfill import PartitioningMismatch
+    from streamjoin.spark.backfill_job import PartitioningMismatch
 
     cls = errors.CopartitioningError
     assert from_app is cls

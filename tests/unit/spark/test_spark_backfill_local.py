@@ -14,7 +14,7 @@ from examples.ad_traffic import GRACE_MS, WINDOW_MS, generate
 from streamjoin.joins.core import JoinInput, StreamStreamJoin
 from streamjoin.joins.state import MemoryKeyValueView
 from streamjoin.partitioner import partition_for_key
-from streamjoin.spark.backfill import JoinRunner
+from streamjoin.spark.runners import JoinRunner
 
 PARTITIONS = 4
 
@@ -104,7 +104,7 @@ def test_join_runner_equals_the_core_and_awaits_async_functions() -> None:
 @pytest.mark.spark
 @pytest.mark.parametrize("fmt", ["json", "parquet"])
 def test_file_backfill_equals_plain_python_run(tmp_path: Path, fmt: str) -> None:
-    from streamjoin.spark.backfill import FileSink, backfill
+    from streamjoin.spark import FileSink, backfill
     from streamjoin.spark.sources import FileSource
     from streamjoin.spark.testing import shared_test_session
 

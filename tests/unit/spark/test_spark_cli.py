@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import streamjoin
 from examples.ad_traffic import generate
-from streamjoin.spark.bootstrap import UnsupportedTable, bootstrap
+from streamjoin.spark.bootstrap_job import UnsupportedTable, bootstrap
 from streamjoin.spark.cli import backfill_command, bootstrap_command, is_path, parse_time
 from streamjoin.spark.sources import FileSource
 

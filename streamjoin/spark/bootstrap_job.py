@@ -38,7 +38,7 @@ from streamjoin.errors import (
     UnknownTopicError,
     UnsupportedTable,
 )
-from streamjoin.spark.backfill import _MISMATCH_TAG, _rethrow_mismatch
+from streamjoin.spark.backfill_job import _MISMATCH_TAG, _rethrow_mismatch
 from streamjoin.spark.progress import Counters, Progress, ProgressReporter
 from streamjoin.spark.sources import KafkaSource, Source, load_records
 
