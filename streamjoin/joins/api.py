@@ -205,6 +205,36 @@ class StreamStreamJoinDecl:
             counters.emitted += 1
 
 
+@dataclass(frozen=True)
+class StreamTableJoinDecl:
+    """A declared join of a stream with a table (kept for the Spark twin and tooling; the
+    worker runs it through the topic table's agent or an agent of its own)."""
+
+    name: str
+    stream: Topic
+    table: Table
+    #: the topic the table is read from (None: a table written by agents)
+    table_source: Topic | None
+    how: How
+    output: Topic | None
+    fun: JoinFunction
+
+
+@dataclass(frozen=True)
+class TableTableJoinDecl:
+    """A declared join of two topic tables, kept as the table ``result``."""
+
+    name: str
+    left: Table
+    right: Table
+    left_source: Topic
+    right_source: Topic
+    result: Table
+    how: How
+    output: Topic | None
+    fun: JoinFunction
+
+
 def declare_join(
     app: Declarations,
     left: Topic | Table,
@@ -295,6 +325,8 @@ def _stream_table(
     if how == "outer":
         raise InvalidJoinSpec(f"join {name!r}: a stream-table join is inner or left, not outer")
     app.attach_reader(table, stream)
+    source = app.table_sources.get(table.name)
+    app.joins[name] = StreamTableJoinDecl(name, stream, table, source, how, output, fun)
 
     async def enrich(event: Event) -> None:
         current = table.get(event.key)
@@ -339,6 +371,9 @@ def _table_table(
     app.attach_reader(left, right_source)
     app.attach_reader(right, left_source)
     result = app.table(name, copartitioned_with=[left_source, right_source])
+    app.joins[name] = TableTableJoinDecl(
+        name, left, right, left_source, right_source, result, how, output, fun
+    )
 
     def present(value: Any) -> bool:
         return value is not None
