@@ -185,7 +185,13 @@ def _fail(exc: Exception) -> click.ClickException:
 @click.option(
     "--close-windows",
     is_flag=True,
-    help="left/outer joins: also emit unmatched events whose window is open at the end.",
+    help="Stream-stream left/outer joins: also emit unmatched events whose window is open at "
+    "the end.",
+)
+@click.option(
+    "--final-only",
+    is_flag=True,
+    help="Table-table joins: only the last change of each key (its final row), not every change.",
 )
 def backfill_command(
     join_name: str,
@@ -207,10 +213,15 @@ def backfill_command(
     output_bootstrap: str | None,
     overwrite: bool,
     close_windows: bool,
+    final_only: bool,
 ) -> None:
-    """Run the app's stream-stream JOIN over history on Spark, with the workers' join core.
+    """Run the app's JOIN over history on Spark, with the workers' join semantics.
 
     \b
+    Any declared join: stream-stream (the workers' windowed join core),
+    stream-table (each stream record with its key's row as of the record's
+    timestamp; the table's topic is read from its beginning) and table-table
+    (the joined table's changes, or --final-only its final rows).
     Records are grouped by Kafka partition (murmur2 of the key) and joined per
     partition in event-time order. Progress is printed every few seconds; the
     Spark UI (http://localhost:4040 when local) shows stages and tasks.
@@ -248,6 +259,7 @@ def backfill_command(
             master=master,
             partitions=partitions,
             close_windows_at_end=close_windows,
+            final_only=final_only,
             kafka_packages=kafka_packages,
             spark_conf=_conf(conf),
             progress=_progress(quiet),
