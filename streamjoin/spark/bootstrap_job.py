@@ -44,6 +44,7 @@ from streamjoin.spark.sources import KafkaSource, Source, load_records
 
 if TYPE_CHECKING:
     from streamjoin.app import App
+    from streamjoin.topology import Topology
 
 __all__ = ["BootstrapResult", "NonEmptyChangelog", "UnsupportedTable", "bootstrap"]
 
@@ -65,6 +66,31 @@ class BootstrapResult:
     state_dir: str | None
     committed_source_offsets: dict[int, int]
     elapsed_s: float
+
+
+def _why_not_bootstrappable(topology: Topology, table_name: str) -> str:
+    """Why a table that is not a topic table cannot be built from history (for the error)."""
+    from streamjoin.joins.api import TableTableJoinDecl
+    from streamjoin.windowed import WindowedTable
+
+    table = topology.tables[table_name]
+    usable = "bootstrap builds tables declared with app.topic_table(topic) (latest value per key)"
+    if isinstance(table, WindowedTable):
+        return (
+            f"table {table_name!r} is a windowed table: its values are written by agent code "
+            "(window=... tables have no source topic and no declared aggregation Spark could "
+            "replay); rebuild it by replaying its agents' input with the workers "
+            f"(streamjoin offsets reset --to-earliest); {usable}"
+        )
+    join = topology.joins.get(table_name)
+    if isinstance(join, TableTableJoinDecl):
+        return (
+            f"table {table_name!r} is the result of table-table join {table_name!r} (of "
+            f"{join.left.name!r} and {join.right.name!r}); bootstrapping a join's result is not "
+            f"built ('streamjoin backfill {table_name} --final-only' computes its final rows "
+            f"into a topic or files, not into this table's changelog); {usable}"
+        )
+    return f"table {table_name!r} is written by agents, not read from a topic; {usable}"
 
 
 def bootstrap(
@@ -112,10 +138,7 @@ def bootstrap(
         raise NotFoundError(f"app {config.id!r} has no table {table_name!r} (tables: {known})")
     topic = topology.table_sources.get(table_name)
     if topic is None:
-        raise UnsupportedTable(
-            f"table {table_name!r} is not materialized from a topic; bootstrap supports tables "
-            "declared with app.topic_table(topic), whose state is the latest value per key"
-        )
+        raise UnsupportedTable(_why_not_bootstrappable(topology, table_name))
     kafka_source = source if isinstance(source, KafkaSource) else None
     broker = changelog_bootstrap or (
         kafka_source.bootstrap_servers if kafka_source is not None else config.broker
@@ -200,7 +223,7 @@ def bootstrap(
     keyed = with_kafka_partition(df, count).withColumn("ordinal", F.monotonically_increasing_id())
     rows = keyed.select("kpart", "key", "offset", "timestamp_ms", "ordinal", "value", "partition")
 
-    def keyed_pair(r: Any) -> tuple[tuple[int, bytes], tuple[tuple[int, int, int], Any]]:
+    def keyed_pair(r: Any) -> tuple[tuple[int, bytes], tuple[tuple[int, int, int], Any, int]]:
         kpart, key, offset, ts, ordinal, value, src = r
         if verify and src != kpart:
             raise CopartitioningError(
@@ -209,10 +232,12 @@ def bootstrap(
                 f"{nparts}: the topic was not written with Kafka's keyed partitioner"
             )
         order = (-1 if offset is None else offset, ts, ordinal)
-        return (kpart, bytes(key)), (order, None if value is None else bytes(value))
+        return (kpart, bytes(key)), (order, None if value is None else bytes(value), 1)
 
     def latest(a: Any, b: Any) -> Any:
-        return a if a[0] >= b[0] else b
+        """The later record of a key, and how many records of that key were read."""
+        later = a if a[0] >= b[0] else b
+        return later[0], later[1], a[2] + b[2]
 
     reduced = rows.rdd.map(keyed_pair).reduceByKey(
         latest, numPartitions=count, partitionFunc=lambda k: k[0]
@@ -224,8 +249,8 @@ def bootstrap(
 
         live: dict[bytes, bytes] = {}
         seen = 0
-        for (_kpart, key), (_order, value) in items:
-            seen += 1
+        for (_kpart, key), (_order, value, records) in items:
+            seen += records
             if value is None:
                 continue  # deleted: a fresh changelog needs no tombstone
             encoded_key = key_codec.dumps(key_codec.loads(key))

@@ -67,10 +67,13 @@ class FileSource:
 Source = KafkaSource | FileSource
 
 
-def _offsets_json(spec: OffsetSpec) -> str:
+def _offsets_json(spec: OffsetSpec, topics: Sequence[str]) -> str:
+    """Spark's form of ``spec`` for a read of ``topics`` (it refuses offsets of other topics)."""
     if isinstance(spec, str):
         return spec
-    return json.dumps({t: {str(p): o for p, o in ps.items()} for t, ps in spec.items()})
+    return json.dumps(
+        {t: {str(p): o for p, o in ps.items()} for t, ps in spec.items() if t in topics}
+    )
 
 
 def load_records(spark: Any, source: Source, topics: Sequence[str]) -> Any:
@@ -82,12 +85,16 @@ def load_records(spark: Any, source: Source, topics: Sequence[str]) -> Any:
             spark.read.format("kafka")
             .option("kafka.bootstrap.servers", source.bootstrap_servers)
             .option("subscribe", ",".join(topics))
-            .option("startingOffsets", _offsets_json(source.starting_offsets))
-            .option("endingOffsets", _offsets_json(source.ending_offsets))
+            .option("startingOffsets", _offsets_json(source.starting_offsets, topics))
+            .option("endingOffsets", _offsets_json(source.ending_offsets, topics))
             .option("failOnDataLoss", "true")
         )
         if source.start_timestamp_ms is not None and source.starting_offsets == "earliest":
-            reader = reader.option("startingTimestamp", str(source.start_timestamp_ms))
+            # a partition with no record at or after that time starts at its end (Spark's
+            # default strategy fails the whole job with "No offset matched")
+            reader = reader.option("startingTimestamp", str(source.start_timestamp_ms)).option(
+                "startingOffsetsByTimestampStrategy", "latest"
+            )
         for key, value in source.options.items():
             reader = reader.option(key, value)
         df = reader.load().select(

@@ -29,6 +29,7 @@ def test_help_documents_both_commands() -> None:
     runner = CliRunner()
     backfill_help = runner.invoke(cli, ["backfill", "--help"]).output
     assert "--from-kafka" in backfill_help and "--output TOPIC|PATH" in backfill_help
+    assert "--final-only" in backfill_help and "stream-table" in backfill_help
     bootstrap_help = runner.invoke(cli, ["bootstrap", "--help"]).output
     assert "--mode [changelog|rocksdb]" in bootstrap_help
 
@@ -51,6 +52,41 @@ def test_bootstrap_refuses_tables_not_read_from_a_topic() -> None:
     app.table("counts", default=int)
     with pytest.raises(UnsupportedTable, match="topic_table"):
         bootstrap(app, "counts", source=FileSource(["nowhere.json"]))
+
+
+def test_bootstrap_says_why_windowed_and_joined_tables_cannot_be_built() -> None:
+    from streamjoin.state.windows import TumblingWindows
+
+    app = streamjoin.App("boot-unit-kinds")
+    app.table("per-minute", default=int, window=TumblingWindows(60_000, 120_000))
+    left = app.topic_table(app.topic("users", key_serializer="str"))
+    right = app.topic_table(app.topic("scores", key_serializer="str"))
+    app.join(left, right, name="user-scores")(lambda k, a, b: [a, b])
+    with pytest.raises(UnsupportedTable, match="windowed table: its values are written by agent"):
+        bootstrap(app, "per-minute", source=FileSource(["nowhere.json"]))
+    with pytest.raises(UnsupportedTable, match="result of table-table join 'user-scores'"):
+        bootstrap(app, "user-scores", source=FileSource(["nowhere.json"]))
+
+
+def test_backfill_refuses_options_of_another_join_kind() -> None:
+    from streamjoin.errors import ConfigurationError, UnsupportedJoin
+    from streamjoin.spark import FileSink, backfill
+
+    app = streamjoin.App("backfill-kinds")
+    clicks = app.topic("clicks", key_serializer="str", partitions=2)
+    users = app.topic_table(app.topic("users", key_serializer="str", partitions=2))
+    app.join(clicks, users, name="enrich")(lambda k, c, u: u)
+    written = app.table("written-by-agents", partitions=2)
+    app.join(app.topic("views", key_serializer="str", partitions=2), written, name="agents")(
+        lambda k, v, w: w
+    )
+    source, sink = FileSource(["nowhere.json"]), FileSink("out")
+    with pytest.raises(ConfigurationError, match="--close-windows"):
+        backfill(app, "enrich", source=source, output=sink, close_windows_at_end=True)
+    with pytest.raises(ConfigurationError, match="--final-only"):
+        backfill(app, "enrich", source=source, output=sink, final_only=True)
+    with pytest.raises(UnsupportedJoin, match="written by agents"):
+        backfill(app, "agents", source=source, output=sink)
 
 
 @pytest.mark.spark
