@@ -655,7 +655,7 @@ class KeyNotFound(QueryError, NotFoundError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class QueryUnauthorized(QueryError, PermissionError):
+class QueryUnauthorized(QueryError):
     """The endpoint wants a bearer token and got none, or a wrong one (HTTP 401)."""
 
     status = 401

@@ -23,7 +23,7 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from streamjoin.runtime.group_info import GroupInfo
     from streamjoin.runtime.membership import GroupMembership
     from streamjoin.runtime.state import StateService, TableStores
-    from streamjoin.runtime.worker import WorkerTables
+    from streamjoin.state.table_partition import TablePartition
     from streamjoin.tables import Table
     from streamjoin.topology import Topology
 
@@ -72,6 +72,14 @@ __all__ = ["QueryService", "advertised_host"]
 _WILDCARDS = ("0.0.0.0", "::", "")
 #: how long to wait between descriptions of a group that is not settled yet
 _REFRESH_RETRY = 0.25
+
+
+class LocalTables(Protocol):
+    """What the worker holds of each table partition (``WorkerTables``)."""
+
+    def active_partition(self, table: str, partition: int) -> TablePartition | None: ...
+
+    def assigned_partition(self, table: str, partition: int) -> bool: ...
 
 
 def advertised_host(bind_host: str, port: int) -> str:
@@ -90,7 +98,7 @@ class QueryService:
         self,
         topology: Topology,
         *,
-        tables: WorkerTables,
+        tables: LocalTables,
         stores: TableStores | None,
         state_service: StateService | None,
         membership: Callable[[], GroupMembership | None],
