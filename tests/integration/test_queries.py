@@ -9,16 +9,27 @@ each member's address and partitions, and check the answers against the true cou
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+import aiohttp
 import pytest
 
+import streamjoin
 from streamjoin.errors import KeyNotFound, QueryUnavailable, UnknownTableError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.query import TableClient
 from streamjoin.runtime.group_info import GroupInfo
+from streamjoin.runtime.streams import Stream
+from streamjoin.state.windows import TumblingWindows
 from tests.integration.support import (
     Workers,
     committed_offsets,
@@ -180,3 +191,110 @@ async def test_reads_route_to_the_new_owner_after_a_member_leaves(
             assert answer["value"] == truth[key], (host, key, answer)
             assert answer["served_by"] == owners[answer["partition"]]  # type: ignore[index]
     assert time.monotonic() - started < 30
+
+
+# ------------------------------------------------------------------ one embedded worker
+
+
+@dataclass(frozen=True)
+class UserKey:
+    user: str
+
+
+def query_app(app_id: str, bootstrap: str, source_name: str, state_dir: Path) -> streamjoin.App:
+    """Counts per key, in total and per minute; a bearer token guards the queries."""
+    app = streamjoin.App(
+        app_id,
+        broker=f"kafka://{bootstrap}",
+        commit_interval=0.2,
+        state_dir=state_dir,
+        web_port=0,
+        query_token="s3cret",
+    )
+    source = app.topic(source_name, key_serializer="str", value_serializer="str", partitions=3)
+    counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=source)
+    per_minute = app.table(
+        "per_minute",
+        default=int,
+        key_serializer="str",
+        copartitioned_with=source,
+        window=TumblingWindows(size_ms=60_000, retention_ms=3_600_000),
+    )
+    app.table("profiles", key_serializer=UserKey, copartitioned_with=source)
+
+    @app.agent(source, name="count")
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            counts[event.key] += 1
+            per_minute[event.key] += 1
+
+    return app
+
+
+async def test_windows_tokens_bad_keys_and_the_cli_through_one_worker(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    source = unique_topic("events")
+    app = query_app(unique_topic("qry"), kafka_bootstrap, source, tmp_path / "state")
+    events = [(f"k{i % 5}", f"e{i}") for i in range(50)]
+    truth = Counter(k for k, _ in events)
+    async with app:
+        assert app.web_url is not None and app.web_url.startswith("http://127.0.0.1:")
+        host = app.web_url.removeprefix("http://").rstrip("/")
+        await produce(kafka_bootstrap, source, events)
+        client = TableClient([host], token="s3cret", retry_for=20)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if (await _get(client, "counts", "k4"))["value"] == truth["k4"]:
+                    break
+            except KeyNotFound:
+                pass
+            await asyncio.sleep(0.3)
+        for key, n in truth.items():
+            assert (await _get(client, "counts", key))["value"] == n
+            answer = await _get(client, "per_minute", key, from_ms=0)
+            windows = answer["windows"]
+            assert isinstance(windows, list) and windows
+            assert sum(w["value"] for w in windows) == n
+            assert all(w["end"] - w["start"] == 60_000 for w in windows)
+        with pytest.raises(KeyNotFound, match="no windows"):
+            await _get(client, "per_minute", "k1", from_ms=0, to_ms=1)
+
+        # app.locate: this worker owns every partition
+        location = app.locate("counts", "k1")
+        assert location.owner == host
+        assert location.partition == partition_for_key(b"k1", 3)
+
+        async with aiohttp.ClientSession() as session:
+            url = f"http://{host}/tables/counts/k1"
+            async with session.get(url) as response:
+                assert response.status == 401
+                assert "Bearer" in (await response.json())["message"]
+            bearer = {"Authorization": "Bearer s3cret"}
+            async with session.get(url, headers={"Authorization": "Bearer wrong"}) as response:
+                assert response.status == 401
+            bad = f"http://{host}/tables/profiles/not-a-user"
+            async with session.get(bad, headers=bearer) as response:
+                assert response.status == 400
+                body = await response.json()
+                assert "json[UserKey]" in body["message"], body
+            async with session.get(f"http://{host}/tables/x/k1", headers=bearer) as response:
+                assert response.status == 404
+                assert "counts, per_minute, profiles" in (await response.json())["message"]
+            # no write endpoints
+            async with session.put(url, headers=bearer, data=b"1") as response:
+                assert response.status == 405
+
+        cli = [sys.executable, "-m", "streamjoin.cli", "table", "get", "--remote", host]
+        env = {**os.environ, "STREAMJOIN_QUERY_TOKEN": "s3cret"}
+        done = await asyncio.to_thread(
+            subprocess.run, [*cli, "counts", "k2"], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == truth["k2"]
+        assert f"served by {host}" in done.stderr
+        missing = await asyncio.to_thread(
+            subprocess.run, [*cli, "counts", "nobody"], capture_output=True, text=True, env=env
+        )
+        assert missing.returncode == 1 and "not in table 'counts'" in missing.stderr
