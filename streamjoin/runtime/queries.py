@@ -72,6 +72,8 @@ __all__ = ["QueryService", "advertised_host"]
 _WILDCARDS = ("0.0.0.0", "::", "")
 #: how long to wait between descriptions of a group that is not settled yet
 _REFRESH_RETRY = 0.25
+#: how often the routing table's generation is compared with the worker's, at the latest
+_RECHECK = 2.0
 
 
 class LocalTables(Protocol):
@@ -162,7 +164,9 @@ class QueryService:
 
     async def _refresh_loop(self) -> None:
         while True:
-            await self._changed.wait()
+            # woken by each assignment; the timeout only guards against a missed wake-up
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), _RECHECK)
             self._changed.clear()
             while self._generation() >= 0 and (
                 self.routing is None or self.routing.generation != self._generation()
