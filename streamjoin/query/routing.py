@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import orjson
+
 from streamjoin.codecs import Codec
 from streamjoin.errors import (
     CodecError,
@@ -317,6 +319,14 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _dumps(body: dict[str, Any]) -> bytes:
+    """orjson, or the standard library for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body).encode()
+
+
 def _meta(
     table: str, key: str, partition: int, served_by: str | None, lag: int | None
 ) -> dict[str, Any]:
@@ -337,7 +347,7 @@ def value_body(
     standby's lag in changelog records (``stale`` is then true)."""
     body = _meta(table, key, partition, served_by, lag)
     body["value"] = jsonable(value)
-    return json.dumps(body).encode()
+    return _dumps(body)
 
 
 def windows_body(
@@ -351,7 +361,7 @@ def windows_body(
     """A windowed table's answer: ``windows`` is ``(start, end, value)``, oldest first."""
     body = _meta(table, key, partition, served_by, lag)
     body["windows"] = [{"start": s, "end": e, "value": jsonable(v)} for s, e, v in windows]
-    return json.dumps(body).encode()
+    return _dumps(body)
 
 
 def error_body(error: QueryError, **extra: Any) -> bytes:
@@ -364,4 +374,4 @@ def error_body(error: QueryError, **extra: Any) -> bytes:
     if isinstance(error, QueryUnavailable):
         body["retry_after"] = error.retry_after
     body.update(extra)
-    return json.dumps(body).encode()
+    return _dumps(body)

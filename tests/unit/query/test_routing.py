@@ -196,6 +196,10 @@ def test_bodies_say_who_served_and_how_stale() -> None:
     }
 
 
+def test_integers_beyond_64_bits_are_answered_too() -> None:
+    assert json.loads(value_body("t", "k", 0, 2**70, None, None))["value"] == 2**70
+
+
 def test_values_become_json() -> None:
     assert jsonable(Key("eu", 1)) == {"region": "eu", "user": 1}
     assert jsonable(b"text") == "text"
