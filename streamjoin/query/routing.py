@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -138,10 +138,10 @@ class RoutingTable:
         )
 
 
-def require_table(name: str, known: Iterable[str]) -> None:
+def require_table(name: str, known: Collection[str]) -> None:
     """:class:`UnknownTableError` naming the known tables unless ``name`` is one."""
-    names = sorted(known)
-    if name not in names:
+    if name not in known:
+        names = sorted(known)
         raise UnknownTableError(
             f"no table {name!r}; known tables: {', '.join(names) if names else 'none'}"
         )
