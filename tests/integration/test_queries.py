@@ -69,6 +69,34 @@ async def _get(client: TableClient, table: str, key: str, **kw: object) -> dict[
     return await asyncio.to_thread(client.get, table, key, **kw)  # type: ignore[arg-type]
 
 
+async def _watch(
+    hosts: list[str],
+    keys: list[str],
+    truth: Counter[str],
+    stop: asyncio.Event,
+    seen: Counter[int],
+    wrong: list[tuple[str, object]],
+) -> None:
+    """Read every key through every host in turn until ``stop``; count the statuses and
+    keep any 200 whose value is not the true count."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        while not stop.is_set():
+            for host in hosts:
+                for key in keys:
+                    try:
+                        async with session.get(f"http://{host}/tables/counts/{key}") as response:
+                            seen[response.status] += 1
+                            if response.status == 200:
+                                value = (await response.json())["value"]
+                                if value != truth[key]:
+                                    wrong.append((key, value))
+                            elif response.status != 503:
+                                wrong.append((key, response.status))
+                    except aiohttp.ClientError:
+                        seen[0] += 1  # a worker stopping mid-answer: not a wrong value
+            await asyncio.sleep(0.05)
+
+
 async def _start_three(counters: Workers, kafka_bootstrap: str) -> GroupInfo:
     counters.env["SJT_STANDBYS"] = "1"
     for name in ("w1", "w2", "w3"):
@@ -170,13 +198,26 @@ async def test_reads_route_to_the_new_owner_after_a_member_leaves(
     await produce(kafka_bootstrap, source, events)
     await _wait_committed(kafka_bootstrap, group, source, len(events))
     leaving = next(m for m in info.members if m.instance_id == "w3")
-    assert counters.stop("w3", signal.SIGTERM) == 0
+    staying = sorted(m.host for m in info.members if m.host and m.instance_id != "w3")
+    # Reads keep coming through the staying workers while w3 leaves and its partitions move
+    # (restored from their standbys): every answer must be the true count or a 503.
+    watching = asyncio.Event()
+    seen: Counter[int] = Counter()
+    wrong: list[tuple[str, object]] = []
+    watcher = asyncio.create_task(_watch(staying, keys, truth, watching, seen, wrong))
+    await asyncio.sleep(1.0)
+    assert await asyncio.to_thread(counters.stop, "w3", signal.SIGTERM) == 0
 
     # one rebalance later (cooperative: the revocation plus its follow-up), every read
     # through either remaining worker is answered by the new owner, with the same count
     after = await wait_for_group(
         kafka_bootstrap, group, lambda i: sizes(i, source) == [3, 3], counters
     )
+    await asyncio.sleep(2.0)
+    watching.set()
+    await watcher
+    assert not wrong, f"wrong answers while a member left: {wrong[:5]}"
+    assert seen[200] > 0, seen
     owners = _owners(after, source)
     remaining = sorted(set(owners.values()))
     assert leaving.host not in remaining
