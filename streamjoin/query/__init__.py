@@ -17,10 +17,11 @@ from streamjoin.errors import (
     QueryUnavailable,
     UnknownTableError,
 )
-from streamjoin.query.client import TableClient
+from streamjoin.query.client import AsyncTableClient, TableClient
 from streamjoin.query.routing import Location
 
 __all__ = [
+    "AsyncTableClient",
     "KeyNotFound",
     "Location",
     "QueryError",

@@ -19,7 +19,7 @@ from streamjoin.errors import (
     QueryUnavailable,
     UnknownTableError,
 )
-from streamjoin.query import TableClient
+from streamjoin.query import AsyncTableClient, TableClient
 from streamjoin.query.client import query_url
 
 Reply = tuple[int, dict[str, str], dict[str, Any]]
@@ -152,3 +152,38 @@ def test_errors_come_back_by_name(
     server = _serve(servers, reply)
     with pytest.raises(error):
         TableClient([server.host]).get("counts", "u1")
+
+
+# ------------------------------------------------------------------ the asyncio client
+
+
+async def test_the_async_client_retries_503s_and_follows_redirects(
+    servers: list[Scripted],
+) -> None:
+    owner = _serve(servers, _error(503, "QueryUnavailable", **{"Retry-After": "0.01"}), _value(4))
+    other = _serve(
+        servers, (307, {"Location": f"http://{owner.host}/tables/counts/u1?redirect=1"}, {})
+    )
+    async with AsyncTableClient([other.host], token="t", redirect=True) as client:
+        assert await client.value("counts", "u1") == 4
+    assert owner.auth == ["Bearer t", "Bearer t"]
+    assert len(other.paths) == 2  # the 503 came through the redirect: asked again from the top
+
+
+async def test_the_async_client_skips_dead_hosts_and_names_errors(
+    servers: list[Scripted],
+) -> None:
+    dead = _serve(servers, _value(0))
+    dead.close()
+    servers.remove(dead)
+    alive = _serve(servers, _error(404, "KeyNotFound"))
+    async with AsyncTableClient([dead.host, alive.host]) as client:
+        with pytest.raises(KeyNotFound):
+            await client.get("counts", "u1")
+    async with AsyncTableClient([dead.host], retry_for=0.2, timeout=0.5) as client:
+        with pytest.raises(QueryFailed, match="no host answered"):
+            await client.get("counts", "u1")
+    busy = _serve(servers, _error(503, "QueryUnavailable", **{"Retry-After": "1"}))
+    async with AsyncTableClient([busy.host], retry_for=0.5) as client:
+        with pytest.raises(QueryUnavailable, match="no answer within"):
+            await client.get("counts", "u1")
