@@ -5,7 +5,7 @@
 
 1. Fresh topics; ``--workers`` worker processes of ``tests/integration/apps/counter.py``
    (``streamjoin worker --web-port 0``, RocksDB state, one standby replica) count events
-   per key in table ``counts``. A producer in this process sends ``--rate`` events/s over
+   per key in table ``counts``. A producer process sends ``--rate`` events/s over
    ``--keys`` keys for the whole run, so the workers process input while being read.
 2. Once every key has a count, the group's description gives each partition's owner and
    each worker's query address. Two phases of ``--seconds`` each, ``--concurrency``
@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import multiprocessing.process
 import os
 import statistics
 import subprocess
@@ -79,6 +81,11 @@ async def produce_forever(bootstrap: str, topic: str, keys: list[str], rate: int
             await asyncio.sleep(max(0.0, tick - (time.monotonic() - started)))
     finally:
         await producer.stop()
+
+
+def produce_process(bootstrap: str, topic: str, keys: list[str], rate: int) -> None:
+    """The producer's process (until terminated)."""
+    asyncio.run(produce_forever(bootstrap, topic, keys, rate))
 
 
 async def wait_group(bootstrap: str, group: str, workers: int, source: str) -> GroupInfo:
@@ -198,11 +205,15 @@ async def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict[s
     }
     procs = [start_worker(n, env, workdir) for n in range(args.workers)]
     keys = [f"user-{i}" for i in range(args.keys)]
-    producing: asyncio.Task[None] | None = None
+    producing: multiprocessing.process.BaseProcess | None = None
     try:
         info = await wait_group(bootstrap, group, args.workers, source)
         say(f"{args.workers} workers stable; producing {args.rate} events/s")
-        producing = asyncio.create_task(produce_forever(bootstrap, source, keys, args.rate))
+        # its own process: the readers' event loop must measure reads, not its sends
+        producing = multiprocessing.get_context("spawn").Process(
+            target=produce_process, args=(bootstrap, source, keys, args.rate), daemon=True
+        )
+        producing.start()
         owners = {p: m.host for m in info.members for p in m.active.get(source, []) if m.host}
         hosts = sorted({h for h in owners.values()})
         # every key counted at least once before measuring
@@ -229,7 +240,8 @@ async def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict[s
         }
     finally:
         if producing is not None:
-            producing.cancel()
+            producing.terminate()
+            producing.join(10)
         for proc in procs:
             stop_process(proc)
 
