@@ -739,7 +739,9 @@ class App:
         those of its standbys, from the group's current assignment (docs/queries.md).
 
         Raises :class:`QueryUnavailable` while the assignment is in flux (a rebalance, or
-        the first moments after one) and :class:`LifecycleError` when not running."""
+        the first moments after one; without a web server, also on the first call, which
+        starts keeping the group's routing table) and :class:`LifecycleError` when not
+        running."""
         name = table.name if isinstance(table, Table) else table
         worker = self._worker
         if worker is None or worker.queries is None:

@@ -31,6 +31,7 @@ from aiohttp import web
 from streamjoin.errors import (
     KeyNotFound,
     QueryError,
+    QueryKeyError,
     QueryUnauthorized,
     QueryUnavailable,
     StreamjoinError,
@@ -124,14 +125,26 @@ class QueryService:
         self.routing: RoutingTable | None = None
         self._changed = asyncio.Event()
         self._refresher: asyncio.Task[None] | None = None
+        self._stopped = True
         self._session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+    def start(self, *, serving: bool) -> None:
+        """Start keeping the routing table when ``serving`` (the web server runs); else it
+        starts with the first :meth:`locate`, so that a worker nobody queries never
+        describes its group."""
+        self._stopped = False
+        if serving:
+            self._keep_routing()
+
+    def _keep_routing(self) -> None:
+        if self._refresher is None and not self._stopped:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+            self._changed.set()
 
     async def stop(self) -> None:
+        self._stopped = True
         task, self._refresher = self._refresher, None
         if task is not None:
             task.cancel()
@@ -203,11 +216,15 @@ class QueryService:
         table = self._tables[table_name]
         key_bytes = table.key_codec.dumps(key)
         if key_bytes is None:
-            raise QueryUnavailable(f"table {table_name!r}: None keys have no partition")
+            raise QueryKeyError(f"table {table_name!r}: None keys have no partition")
         partition = partition_of(key_bytes, table.partitions)
+        self._keep_routing()
         routing = self.current_routing()
         if routing is None:
-            raise QueryUnavailable("the group's assignment is in flux (rebalancing); retry shortly")
+            raise QueryUnavailable(
+                "the group's assignment is not known yet (rebalancing, or being described "
+                "after one); retry shortly"
+            )
         return routing.locate(table_name, partition)
 
     # ------------------------------------------------------------------ HTTP

@@ -277,7 +277,7 @@ class Worker(Service):
             self.advertised_host = config.host
         if self.queries is not None:
             self.queries.self_host = self.advertised_host
-            self.queries.start()
+            self.queries.start(serving=web is not None)
         if self.runtime.topics:
             self.assignor = StreamjoinAssignor.for_topology(
                 topology,

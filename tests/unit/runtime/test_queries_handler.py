@@ -136,7 +136,7 @@ async def harness() -> AsyncIterator[Harness]:
         app.router.add_route(method, path, handler)
     server = TestServer(app)
     await server.start_server()
-    service.start()
+    service.start(serving=True)
     service.assignment_changed()
     for _ in range(100):  # the refresher describes the group once
         if service.current_routing() is not None:
@@ -239,3 +239,35 @@ async def test_windowed_reads_return_the_windows_in_range(harness: Harness) -> N
     ]
     status, _, body = await harness.get(f"/tables/minutes/{key}?from=soon")
     assert status == 400 and "?from=" in body["message"]
+
+
+async def test_a_worker_without_web_server_describes_its_group_only_once_asked() -> None:
+    calls = []
+
+    async def describe() -> GroupInfo:
+        calls.append(1)
+        member = MemberInfo("m1", "w1", "h", 3, {"src": [0, 1, 2, 3]}, {}, host=SELF)
+        return GroupInfo("q", "Stable", "cooperative", (member,))
+
+    service = QueryService(
+        _app().topology(),
+        tables=Tables(),
+        stores=None,
+        state_service=None,
+        membership=lambda: Membership(),  # type: ignore[arg-type,return-value]
+        describe=describe,
+        self_host=SELF,
+    )
+    service.start(serving=False)
+    service.assignment_changed()
+    await asyncio.sleep(0.1)
+    assert calls == []
+    with pytest.raises(QueryUnavailable, match="not known yet"):
+        service.locate("counts", "k1")
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if service.current_routing() is not None:
+            break
+    assert service.locate("counts", "k1").owner == SELF
+    assert len(calls) == 1
+    await service.stop()
