@@ -184,8 +184,9 @@ def agents(app_spec: str) -> None:
 @app_option
 @broker_option
 def assignment(app_spec: str, broker: str | None) -> None:
-    """Show the app's consumer group: members and their active and standby partitions, and
-    each source partition's owner, committed offset, end offset and lag."""
+    """Show the app's consumer group: members (with the query address each advertises) and
+    their active and standby partitions, and each source partition's owner, committed
+    offset, end offset and lag."""
     from streamjoin.runtime.group_info import describe_group
     from streamjoin.runtime.offsets_admin import read_offsets
 
@@ -206,13 +207,14 @@ def assignment(app_spec: str, broker: str | None) -> None:
         click.echo(f"group {info.group_id!r}: no active members")
     else:
         click.echo(f"group {info.group_id!r}: state {info.state}, {len(info.members)} members")
-        rows = [("MEMBER", "INSTANCE", "HOST", "GENERATION", "ACTIVE", "STANDBY")]
+        rows = [("MEMBER", "INSTANCE", "HOST", "QUERY", "GENERATION", "ACTIVE", "STANDBY")]
         for m in info.members:
             rows.append(
                 (
                     m.member_id,
                     m.instance_id or "-",
                     m.client_host,
+                    m.host or "-",
                     str(m.generation),
                     _format_tps(m.active),
                     _format_tps(m.standby),
