@@ -194,6 +194,12 @@ class Worker(Service):
         try:
             await self._start_services()
         except BaseException:
+            # the web server now starts before the group is joined: a later failure must
+            # not leave its port open (nor the routing task running)
+            if self.queries is not None:
+                await self.queries.stop()
+            if self.monitor is not None and self.monitor.web is not None:
+                await self.monitor.web.stop()
             self.state_dir_lock.release()
             raise
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,11 +25,13 @@ import aiohttp
 import pytest
 
 import streamjoin
-from streamjoin.errors import KeyNotFound, QueryUnavailable, UnknownTableError
+from streamjoin.errors import KeyNotFound, QueryUnavailable, StartupError, UnknownTableError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.query import TableClient
+from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.group_info import GroupInfo
 from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.web import WebServer
 from streamjoin.state.windows import TumblingWindows
 from tests.integration.support import (
     Workers,
@@ -339,3 +342,31 @@ async def test_windows_tokens_bad_keys_and_the_cli_through_one_worker(
             subprocess.run, [*cli, "counts", "nobody"], capture_output=True, text=True, env=env
         )
         assert missing.returncode == 1 and "not in table 'counts'" in missing.stderr
+
+
+async def test_a_start_that_fails_after_the_web_server_started_closes_it(
+    kafka_bootstrap: str,
+    unique_topic: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The web server now starts before the group is joined; a failure after it (here: the
+    consumer's start) must not leave its port open."""
+    app = query_app(unique_topic("qry"), kafka_bootstrap, unique_topic("events"), tmp_path)
+    started: list[WebServer] = []
+    original = WebServer.start
+
+    async def recording(self: WebServer) -> None:
+        await original(self)
+        started.append(self)
+
+    async def failing(self: KafkaConsumerService) -> None:
+        raise StartupError("the consumer cannot start (test)")
+
+    monkeypatch.setattr(WebServer, "start", recording)
+    monkeypatch.setattr(KafkaConsumerService, "start", failing)
+    with pytest.raises(StartupError, match="cannot start"):
+        await app.start()
+    [server] = started
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
