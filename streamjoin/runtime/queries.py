@@ -126,6 +126,9 @@ class QueryService:
         self._changed = asyncio.Event()
         self._refresher: asyncio.Task[None] | None = None
         self._stopped = True
+        #: describe the group again even at the same generation (an owner did not answer:
+        #: a static member restarted without a rebalance may have a new address)
+        self._stale = False
         self._session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -182,7 +185,7 @@ class QueryService:
                 await asyncio.wait_for(self._changed.wait(), _RECHECK)
             self._changed.clear()
             while self._generation() >= 0 and (
-                self.routing is None or self.routing.generation != self._generation()
+                self._stale or self.routing is None or self.routing.generation != self._generation()
             ):
                 try:
                     await self._refresh_once()
@@ -190,7 +193,11 @@ class QueryService:
                     raise
                 except Exception as exc:  # broker hiccup: 503s until the next try works
                     log.debug("describing the group for routing failed: %r", exc)
-                if self.routing is None or self.routing.generation != self._generation():
+                if (
+                    self._stale
+                    or self.routing is None
+                    or self.routing.generation != self._generation()
+                ):
                     await asyncio.sleep(_REFRESH_RETRY)
 
     async def _refresh_once(self) -> None:
@@ -201,6 +208,7 @@ class QueryService:
         epochs = {m.generation for m in info.members}
         if info.state != "Stable" or len(epochs) != 1 or generation != self._generation():
             return  # in flux: described again shortly
+        self._stale = False
         self.routing = RoutingTable.build(
             generation,
             (MemberRoute(m.host, m.active, m.standby) for m in info.members),
@@ -348,6 +356,8 @@ class QueryService:
                     content_type=response.content_type or "application/json",
                 )
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self._stale = True  # it may have moved without a rebalance: describe again
+            self._changed.set()
             raise QueryUnavailable(f"the owner {owner} did not answer: {exc!r}") from exc
 
 

@@ -97,6 +97,7 @@ class Harness:
     state: State
     membership: Membership
     url: str
+    described: list[int]
 
     async def get(self, path: str, **headers: str) -> tuple[int, dict[str, Any], Any]:
         async with (
@@ -111,8 +112,10 @@ class Harness:
 async def harness() -> AsyncIterator[Harness]:
     topology = _app().topology()
     tables, stores, state, membership = Tables(), Stores(), State(), Membership()
+    described: list[int] = []
 
     async def describe() -> GroupInfo:
+        described.append(membership.generation)
         members = (
             MemberInfo("m1", "w1", "h", 3, {"src": [0, 1]}, {"q-counts-changelog": [2]}, host=SELF),
             MemberInfo(
@@ -143,7 +146,9 @@ async def harness() -> AsyncIterator[Harness]:
             break
         await asyncio.sleep(0.01)
     try:
-        yield Harness(service, tables, stores, state, membership, str(server.make_url("")))
+        yield Harness(
+            service, tables, stores, state, membership, str(server.make_url("")), described
+        )
     finally:
         await service.stop()
         await server.close()
@@ -271,3 +276,19 @@ async def test_a_worker_without_web_server_describes_its_group_only_once_asked()
     assert service.locate("counts", "k1").owner == SELF
     assert len(calls) == 1
     await service.stop()
+
+
+async def test_an_owner_that_does_not_answer_is_a_503_and_the_group_is_described_again(
+    harness: Harness,
+) -> None:
+    key = _key_in(3)  # owned by OTHER, where nothing listens
+    before = len(harness.described)
+    status, headers, body = await harness.get(f"/tables/counts/{key}")
+    assert status == 503 and f"the owner {OTHER} did not answer" in body["message"]
+    assert "Retry-After" in headers
+    # same generation, but a static member may have restarted on a new port: described again
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if len(harness.described) > before:
+            break
+    assert len(harness.described) == before + 1
