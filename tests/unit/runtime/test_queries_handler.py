@@ -292,3 +292,12 @@ async def test_an_owner_that_does_not_answer_is_a_503_and_the_group_is_described
         if len(harness.described) > before:
             break
     assert len(harness.described) == before + 1
+
+
+async def test_keys_may_hold_slashes_and_spaces(harness: Harness) -> None:
+    key = "a/b c"
+    partition = _partition(key)
+    _active(harness, "counts", partition, {key.encode(): b"9"})
+    for path in ("a%2Fb%20c", "a/b%20c"):
+        status, _, body = await harness.get(f"/tables/counts/{path}")
+        assert (status, body["key"], body["value"]) == (200, key, 9), path
