@@ -26,6 +26,7 @@ from streamjoin.context import RuntimeLink
 from streamjoin.errors import ConfigurationError, CopartitioningError, LifecycleError
 from streamjoin.events import Event
 from streamjoin.joins.api import JoinStats, declare_join
+from streamjoin.query.routing import Location
 from streamjoin.state.windows import WindowSpec
 from streamjoin.stream import Stream
 from streamjoin.tables import Table
@@ -85,7 +86,14 @@ class App:
             warmups have caught up (while any warmup exists).
         web_port: serve the status page, ``/status.json`` and Prometheus ``/metrics`` on
             this port (0: any free port, see :attr:`web_url`; None, the default: no server).
-        web_host: the address the server listens on (default ``127.0.0.1``).
+        web_host: the address the server listens on (default ``127.0.0.1``: this machine
+            only; ``--http-host``/``--web-host`` on the CLI). The server also answers
+            interactive table queries (``GET /tables/<table>/<key>``, docs/queries.md);
+            unless ``host`` says otherwise, this worker advertises ``web_host:port`` to
+            the group as its query address.
+        query_token: a bearer token every table query must carry
+            (``Authorization: Bearer <token>``; default: ``$STREAMJOIN_QUERY_TOKEN``, else
+            none). Never shown in reprs or logs.
         status_log_interval: seconds between the INFO lines of throughput, lag and
             partitions by role (default 30; None: no such line).
         startup_timeout: seconds the worker keeps trying to reach the broker when it starts
@@ -125,6 +133,7 @@ class App:
         probing_rebalance_interval: float = 600.0,
         web_port: int | None = None,
         web_host: str = "127.0.0.1",
+        query_token: str | None = None,
         status_log_interval: float | None = 30.0,
         startup_timeout: float = 60.0,
         shutdown_timeout: float = 30.0,
@@ -157,6 +166,9 @@ class App:
             probing_rebalance_interval=probing_rebalance_interval,
             web_port=web_port,
             web_host=web_host,
+            query_token=query_token
+            if query_token is not None
+            else os.environ.get("STREAMJOIN_QUERY_TOKEN") or None,
             status_log_interval=status_log_interval,
             startup_timeout=startup_timeout,
             shutdown_timeout=shutdown_timeout,
@@ -720,6 +732,23 @@ class App:
     def assignment(self) -> set[tuple[str, int]]:
         """Partitions this worker owns right now (active)."""
         return set() if self._worker is None else self._worker.assignment
+
+    def locate(self, table: str | Table, key: Any) -> Location:
+        """Where ``key`` of ``table`` lives right now: its partition (the key codec's bytes
+        and murmur2, as writes use), the query address (``host``) of its active owner and
+        those of its standbys, from the group's current assignment (docs/queries.md).
+
+        Raises :class:`QueryUnavailable` while the assignment is in flux (a rebalance, or
+        the first moments after one; without a web server, also on the first call, which
+        starts keeping the group's routing table) and :class:`LifecycleError` when not
+        running."""
+        name = table.name if isinstance(table, Table) else table
+        worker = self._worker
+        if worker is None or worker.queries is None:
+            raise LifecycleError(
+                f"{self!r} locates keys while it runs, and only when it declares tables"
+            )
+        return worker.queries.locate(name, key)
 
     def join_stats(self, name: str) -> JoinStats:
         """Counters of the stream-stream join ``name`` on this worker (running or last run)."""

@@ -88,9 +88,19 @@ def _worker_help() -> str:
     "(default: the app's web_port; 0: any free port).",
 )
 @click.option(
+    "--http-host",
     "--web-host",
+    "web_host",
     default=None,
-    help="The address the status page listens on (default: the app's web_host, 127.0.0.1).",
+    help="The address the status page and table queries listen on (default: the app's "
+    "web_host, 127.0.0.1: this machine only; 0.0.0.0 exposes them).",
+)
+@click.option(
+    "--query-token",
+    default=None,
+    envvar="STREAMJOIN_QUERY_TOKEN",
+    help="Bearer token table queries (GET /tables/...) must carry (default: the app's "
+    "query_token; env STREAMJOIN_QUERY_TOKEN).",
 )
 @click.option(
     "--startup-timeout",
@@ -114,6 +124,7 @@ def worker(
     instance_id: str | None,
     web_port: int | None,
     web_host: str | None,
+    query_token: str | None,
     startup_timeout: float | None,
     shutdown_timeout: float | None,
 ) -> None:
@@ -130,6 +141,8 @@ def worker(
         overrides["web_port"] = web_port
     if web_host is not None:
         overrides["web_host"] = web_host
+    if query_token:
+        overrides["query_token"] = query_token
     if startup_timeout is not None:
         overrides["startup_timeout"] = startup_timeout
     if shutdown_timeout is not None:
@@ -171,8 +184,9 @@ def agents(app_spec: str) -> None:
 @app_option
 @broker_option
 def assignment(app_spec: str, broker: str | None) -> None:
-    """Show the app's consumer group: members and their active and standby partitions, and
-    each source partition's owner, committed offset, end offset and lag."""
+    """Show the app's consumer group: members (with the query address each advertises) and
+    their active and standby partitions, and each source partition's owner, committed
+    offset, end offset and lag."""
     from streamjoin.runtime.group_info import describe_group
     from streamjoin.runtime.offsets_admin import read_offsets
 
@@ -193,13 +207,14 @@ def assignment(app_spec: str, broker: str | None) -> None:
         click.echo(f"group {info.group_id!r}: no active members")
     else:
         click.echo(f"group {info.group_id!r}: state {info.state}, {len(info.members)} members")
-        rows = [("MEMBER", "INSTANCE", "HOST", "GENERATION", "ACTIVE", "STANDBY")]
+        rows = [("MEMBER", "INSTANCE", "HOST", "QUERY", "GENERATION", "ACTIVE", "STANDBY")]
         for m in info.members:
             rows.append(
                 (
                     m.member_id,
                     m.instance_id or "-",
                     m.client_host,
+                    m.host or "-",
                     str(m.generation),
                     _format_tps(m.active),
                     _format_tps(m.standby),
@@ -305,19 +320,60 @@ def table_group() -> None:
 
 
 @table_group.command("get")
-@app_option
+@click.option(
+    "-A",
+    "--app",
+    "app_spec",
+    default=None,
+    metavar="MODULE:APP",
+    help="The App whose local state to read (not needed with --remote).",
+)
 @state_dir_option
+@click.option(
+    "--remote",
+    default=None,
+    metavar="URL",
+    help="Ask a running worker instead (host:port or http://host:port of its web server; "
+    "several, comma-separated, are tried in turn): the read is routed to the key's owner.",
+)
+@click.option(
+    "--token",
+    default=None,
+    envvar="STREAMJOIN_QUERY_TOKEN",
+    help="With --remote: the workers' query token (env STREAMJOIN_QUERY_TOKEN).",
+)
+@click.option(
+    "--allow-stale", is_flag=True, help="With --remote: a standby may answer (with its lag)."
+)
+@click.option("--from", "from_ms", type=int, default=None, help="Windows starting at/after (ms).")
+@click.option("--to", "to_ms", type=int, default=None, help="Windows starting at/before (ms).")
 @click.argument("table_name", metavar="TABLE")
 @click.argument("key")
-def table_get(app_spec: str, state_dir: Path | None, table_name: str, key: str) -> None:
-    """Print the value of KEY in TABLE from local state (as JSON).
+def table_get(
+    app_spec: str | None,
+    state_dir: Path | None,
+    remote: str | None,
+    token: str | None,
+    allow_stale: bool,
+    from_ms: int | None,
+    to_ms: int | None,
+    table_name: str,
+    key: str,
+) -> None:
+    """Print the value of KEY in TABLE (as JSON), from local state or (--remote) a worker.
 
     KEY is parsed for the table's key codec: taken as is for str/raw keys,
-    as JSON otherwise. For a windowed table, prints the key's windows stored
-    locally, oldest first, as a JSON list of {"start", "end", "value"} (times in
-    ms since the epoch). Exit code 1 when the key is not stored locally.
+    as JSON otherwise. For a windowed table, prints the key's windows,
+    oldest first, as a JSON list of {"start", "end", "value"} (times in
+    ms since the epoch). Exit code 1 when the key is not there.
     """
     import json
+
+    if remote is not None:
+        _remote_get(remote, token, table_name, key, allow_stale, from_ms, to_ms)
+        return
+    if app_spec is None:
+        raise click.UsageError("give -A MODULE:APP (local state) or --remote URL")
 
     from streamjoin.state.inspect import parse_key, read_value, read_windows
     from streamjoin.windowed import WindowedTable
@@ -334,7 +390,11 @@ def table_get(app_spec: str, state_dir: Path | None, table_name: str, key: str) 
     try:
         if isinstance(table, WindowedTable) and table.windows is not None:
             partition, windows = read_windows(root, table, parsed, table.windows)
-            value: object = [{"start": s, "end": e, "value": v} for s, e, v in windows]
+            value: object = [
+                {"start": s, "end": e, "value": v}
+                for s, e, v in windows
+                if (from_ms is None or s >= from_ms) and (to_ms is None or s <= to_ms)
+            ]
         else:
             partition, value = read_value(root, table, parsed)
     except KeyError:
@@ -345,6 +405,38 @@ def table_get(app_spec: str, state_dir: Path | None, table_name: str, key: str) 
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(value, default=str))
     click.echo(f"(partition {partition})", err=True)
+
+
+def _remote_get(
+    remote: str,
+    token: str | None,
+    table_name: str,
+    key: str,
+    allow_stale: bool,
+    from_ms: int | None,
+    to_ms: int | None,
+) -> None:
+    """``table get --remote``: the same output as a local read, through the workers."""
+    import json
+
+    from streamjoin.errors import KeyNotFound, QueryError
+    from streamjoin.query import TableClient
+
+    client = TableClient(remote.split(","), token=token)
+    try:
+        answer = client.get(table_name, key, from_ms=from_ms, to_ms=to_ms, allow_stale=allow_stale)
+    except KeyNotFound as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(1) from None
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    value = answer["windows"] if "windows" in answer else answer.get("value")
+    click.echo(json.dumps(value))
+    stale = f", stale by {answer['lag']} records" if answer.get("stale") else ""
+    click.echo(
+        f"(partition {answer.get('partition')}, served by {answer.get('served_by')}{stale})",
+        err=True,
+    )
 
 
 def _human_bytes(n: int) -> str:

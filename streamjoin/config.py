@@ -162,6 +162,8 @@ class AppConfig:
     probing_rebalance_interval: float = 600.0
     web_port: int | None = None
     web_host: str = "127.0.0.1"
+    #: the bearer token ``GET /tables/...`` wants (a :class:`Secret` once validated)
+    query_token: Secret | str | None = None
     status_log_interval: float | None = 30.0
     startup_timeout: float = 60.0
     shutdown_timeout: float = 30.0
@@ -208,6 +210,15 @@ class AppConfig:
                 f"probing_rebalance_interval must be > 0 (seconds), got {probing!r}"
             )
         _check_web(self.web_port, self.web_host, self.status_log_interval)
+        token = self.query_token
+        if isinstance(token, str):
+            if not token.strip():
+                raise ConfigurationError("query_token must be a non-empty string or None")
+            set_(self, "query_token", Secret(token))
+        elif token is not None and not isinstance(token, Secret):
+            raise ConfigurationError(
+                f"query_token must be a string or None, got {type(token).__name__}"
+            )
         for name in ("startup_timeout", "shutdown_timeout"):
             seconds = getattr(self, name)
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
@@ -283,6 +294,14 @@ class AppConfig:
     def state_path(self) -> Path:
         """``state_dir`` as a Path (always set after validation)."""
         return self.state_dir if self.state_dir is not None else Path(f"{self.id}-data")
+
+    def query_token_value(self) -> str | None:
+        """The query token, revealed (for the endpoint's check only)."""
+        token = self.query_token
+        if isinstance(token, Secret):
+            value: str = token.reveal()
+            return value
+        return token
 
     def client_kwargs(self) -> dict[str, Any]:
         """The options every Kafka client gets, credentials revealed."""

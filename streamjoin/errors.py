@@ -23,6 +23,7 @@ or ``except LookupError`` around a call keeps working::
     ├── ProvisioningError (RuntimeError)    topics, groups, the local dev broker
     ├── StartupError                        the worker cannot start (exit code 3)
     ├── SparkJobError                       the offline Spark jobs
+    ├── QueryError                          interactive table queries (HTTP, TableClient)
     └── InternalError (RuntimeError)        a broken invariant: a streamjoin bug
 
 ``docs/app.md`` ("Errors") shows the full tree and what callers should catch.
@@ -75,6 +76,7 @@ __all__ = [
     "KafkaProvisioningError",
     "KafkaResolutionError",
     "KeyEncodingError",
+    "KeyNotFound",
     "LifecycleError",
     "MalformedUserdata",
     "MavenNotFoundError",
@@ -85,6 +87,11 @@ __all__ = [
     "OffsetTrackingError",
     "ProcessingError",
     "ProvisioningError",
+    "QueryError",
+    "QueryFailed",
+    "QueryKeyError",
+    "QueryUnauthorized",
+    "QueryUnavailable",
     "RecordRejected",
     "RecordTooLargeError",
     "ScanInvalidated",
@@ -104,6 +111,7 @@ __all__ = [
     "TransactionError",
     "TransactionFailed",
     "TransportNotReady",
+    "UnknownTableError",
     "UnknownTopicError",
     "UnsupportedJoin",
     "UnsupportedTable",
@@ -614,6 +622,60 @@ class NonEmptyChangelog(SparkJobError, RuntimeError):
 
 class ConnectorResolutionError(SparkJobError, ProvisioningError):
     """Spark's Kafka connector could not be resolved; the message says what Maven said."""
+
+
+# -- interactive queries ---------------------------------------------------------------------
+
+
+class QueryError(StreamjoinError):
+    """Base class of interactive-query errors (``GET /tables/...``, ``TableClient``); each
+    carries the HTTP status the endpoint answers it with."""
+
+    status = 500
+
+
+class QueryKeyError(QueryError, ValueError):
+    """A key's text form the table's key codec cannot parse or encode (HTTP 400)."""
+
+    status = 400
+
+
+class UnknownTableError(QueryError, NotFoundError):
+    """A query names a table the app does not declare (HTTP 404; the message lists them)."""
+
+    status = 404
+
+
+class KeyNotFound(QueryError, NotFoundError, KeyError):
+    """The active owner of the key's partition has no value for it (HTTP 404)."""
+
+    status = 404
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class QueryUnauthorized(QueryError):
+    """The endpoint wants a bearer token and got none, or a wrong one (HTTP 401)."""
+
+    status = 401
+
+
+class QueryUnavailable(QueryError, RuntimeError):
+    """No correct answer right now: a rebalance is under way, the partition is restoring,
+    or its owner is unknown or unreachable (HTTP 503 with ``Retry-After``)."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueryFailed(QueryError, RuntimeError):
+    """``TableClient``: no host gave an answer (every host failed, or retries ran out)."""
+
+    status = 502
 
 
 # -- bugs ------------------------------------------------------------------------------------

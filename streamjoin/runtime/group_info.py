@@ -23,6 +23,8 @@ class MemberInfo:
     standby: dict[str, list[int]] = field(default_factory=dict)
     #: what the member reported about its local stores: changelog -> partition -> lag
     state_lag: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: the address the member advertises for interactive queries (``host:port``), if any
+    host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ async def describe_group(
     members = []
     for m in group["members"]:
         instance_id = None
+        host = None
         state_lag: dict[str, dict[int, int]] = {}
         generation = -1
         standby: dict[str, list[int]] = {}
@@ -68,6 +71,7 @@ async def describe_group(
                 meta = ConsumerProtocol.METADATA.decode(m["member_metadata"])
                 subscription = decode_subscription(meta.user_data)
                 instance_id = subscription.group_instance_id
+                host = subscription.host
                 state_lag = {t: dict(ps) for t, ps in subscription.state_lag.items()}
             except (UserdataError, ValueError):
                 pass
@@ -89,6 +93,7 @@ async def describe_group(
                 active=active,
                 standby=standby,
                 state_lag=state_lag,
+                host=host,
             )
         )
     members.sort(key=lambda x: x.instance_id or x.member_id)

@@ -439,6 +439,13 @@ class GroupMembership:
         group still accepts (short of a removal the member has not heard of yet)."""
         return self.generation >= 0 and bool(self.member_id) and not self._joining
 
+    @property
+    def rebalancing(self) -> bool:
+        """Joining, syncing or applying an assignment, or about to rejoin (a follow-up
+        rebalance is due): the group's assignment is in flux (interactive queries answer
+        503 meanwhile)."""
+        return self._rebalancing or self._rejoin.is_set() or self.generation < 0
+
     def abandon(self, reason: str) -> None:
         """Give every owned partition up as lost and rejoin (exactly-once, after an aborted
         transaction: the tasks start again from the committed offsets). Done by the

@@ -37,11 +37,13 @@ from streamjoin.runtime.admin import (
 )
 from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.group_info import describe_group
 from streamjoin.runtime.liveness import wait_for_broker
 from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.monitor import WorkerMonitor, collect
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.queries import QueryService, advertised_host
 from streamjoin.runtime.record_limits import RecordLimits
 from streamjoin.runtime.state import StateService, TableStores, flush_partitions
 from streamjoin.runtime.state_dir import StateDirLock
@@ -99,6 +101,10 @@ class WorkerTables:
     def active_partitions(self, table: str) -> list[int]:
         return self._tasks.table_partitions(table)
 
+    def assigned_partition(self, table: str, partition: int) -> bool:
+        """Partition ``partition`` of ``table`` is active here, running or still restoring."""
+        return self._tasks.table_task(table, partition) is not None
+
     def held_partition(self, table: str, partition: int) -> bool:
         return self._held is not None and self._held.get(table, partition) is not None
 
@@ -128,6 +134,11 @@ class Worker(Service):
         self.assignor: StreamjoinAssignor | None = None
         self.stores: TableStores | None = None
         self.state_service: StateService | None = None
+        #: interactive queries (tables only): the routing table and ``GET /tables/...``
+        self.queries: QueryService | None = None
+        #: the ``host:port`` this worker advertises for queries (``host``, else the web
+        #: server's address), once started
+        self.advertised_host: str | None = config.host
         self.failure: BaseException | None = None
         #: metrics: what the runtime counts, and the service reporting it (lag, status page)
         self.counters = WorkerCounters()
@@ -183,6 +194,12 @@ class Worker(Service):
         try:
             await self._start_services()
         except BaseException:
+            # the web server now starts before the group is joined: a later failure must
+            # not leave its port open (nor the routing task running)
+            if self.queries is not None:
+                await self.queries.stop()
+            if self.monitor is not None and self.monitor.web is not None:
+                await self.monitor.web.stop()
             self.state_dir_lock.release()
             raise
 
@@ -236,10 +253,41 @@ class Worker(Service):
             counters=self.counters,
         )
         self.runtime.start()
+        # The web server starts before the group is joined: the address it got (port 0
+        # picks one) is the query address this worker advertises to the assignor.
+        self.monitor = WorkerMonitor(
+            self,
+            status_log_interval=config.status_log_interval,
+            web_host=config.web_host,
+            web_port=config.web_port,
+        )
+        web = self.monitor.web
+        if topology.tables:
+            self.queries = QueryService(
+                topology,
+                tables=WorkerTables(self.tasks, self.stores),
+                stores=self.stores,
+                state_service=self.state_service,
+                membership=lambda: None if self.consumer is None else self.consumer.membership,
+                describe=lambda: describe_group(config.broker, config.id, **config.client_kwargs()),
+                self_host=config.host,
+                token=config.query_token_value(),
+            )
+            if web is not None:
+                for method, path, handler in self.queries.routes():
+                    web.add_route(method, path, handler)
+        await self.monitor.start()
+        if config.host is None and web is not None:
+            self.advertised_host = advertised_host(web.host, web.port)
+        else:
+            self.advertised_host = config.host
+        if self.queries is not None:
+            self.queries.self_host = self.advertised_host
+            self.queries.start(serving=web is not None)
         if self.runtime.topics:
             self.assignor = StreamjoinAssignor.for_topology(
                 topology,
-                config,
+                config.replace(host=self.advertised_host),
                 lag_provider=self.state_service.lags if self.state_service is not None else None,
             )
             self.consumer = KafkaConsumerService(
@@ -271,13 +319,6 @@ class Worker(Service):
                 counters=self.counters,
             )
             await self.consumer.start()
-        self.monitor = WorkerMonitor(
-            self,
-            status_log_interval=config.status_log_interval,
-            web_host=config.web_host,
-            web_port=config.web_port,
-        )
-        await self.monitor.start()
         log.info(
             "app %s started: %d agents on %s",
             config.id,
@@ -294,6 +335,8 @@ class Worker(Service):
                 # First: workers stopped together must not join the rebalance the first
                 # one's leave starts (see GroupMembership.stop_joining).
                 self.consumer.stop_joining()
+            if self.queries is not None:
+                await self.queries.stop()
             if self.monitor is not None:
                 await self.monitor.stop()
             if self.consumer is not None:
@@ -323,6 +366,8 @@ class Worker(Service):
         if self._stopping:
             return  # a rebalance that completed while stopping: nothing new starts
         self.tasks.assign(assigned)
+        if self.queries is not None:
+            self.queries.assignment_changed()
         if self.state_service is None or self.assignor is None:
             return
         active = self.tasks.active_table_partitions()

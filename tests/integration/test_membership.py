@@ -158,7 +158,7 @@ async def test_assignment_cli_shows_the_group_as_a_consumer_group(
     workers = counter_workers(kafka_bootstrap, unique_topic, tmp_path, PARTITIONS)
     group, source = workers.env["SJT_APP_ID"], workers.env["SJT_SOURCE"]
     try:
-        workers.start("w1")
+        workers.start("w1", extra=["--web-port", "0"])
         await wait_for_group(
             kafka_bootstrap, group, lambda i: sizes(i, source) == [PARTITIONS], workers
         )
@@ -186,8 +186,11 @@ async def test_assignment_cli_shows_the_group_as_a_consumer_group(
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
         assert lines[0] == f"group {group!r}: state Stable, 1 members", out.stdout
-        assert lines[1].split() == ["MEMBER", "INSTANCE", "HOST", "GENERATION", "ACTIVE", "STANDBY"]
+        header = ["MEMBER", "INSTANCE", "HOST", "QUERY", "GENERATION", "ACTIVE", "STANDBY"]
+        assert lines[1].split() == header
         member = lines[2].split()
-        assert member[1] == "w1" and member[4] == f"{source}[0-{PARTITIONS - 1}]", out.stdout
+        assert member[1] == "w1" and member[5] == f"{source}[0-{PARTITIONS - 1}]", out.stdout
+        # the query address the worker advertises: its web server's, on loopback
+        assert member[3].startswith("127.0.0.1:"), out.stdout
     finally:
         workers.close()

@@ -32,6 +32,7 @@ PURE = (
     "streamjoin.joins.core",
     "streamjoin.joins.state",
     "streamjoin.partitioner",
+    "streamjoin.query.routing",
     "streamjoin.state.keys",
     "streamjoin.state.restore",
     "streamjoin.state.table_partition",

@@ -221,3 +221,37 @@ def test_a_dead_letter_topic_declared_with_other_codecs_is_refused() -> None:
 
     with pytest.raises(ConfigurationError, match=r"topic 'parked'.*value_serializer"):
         app.agent("t", on_error="dead_letter", dead_letter="parked")(f)
+
+
+# ------------------------------------------------------------------ interactive queries
+
+
+def test_the_query_token_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMJOIN_QUERY_TOKEN", raising=False)
+    app = streamjoin.App("q", query_token="hunter2")
+    assert "hunter2" not in repr(app.config) and "hunter2" not in repr(app)
+    assert app.config.query_token_value() == "hunter2"
+    assert streamjoin.App("q").config.query_token_value() is None
+    monkeypatch.setenv("STREAMJOIN_QUERY_TOKEN", "from-env")
+    assert streamjoin.App("q").config.query_token_value() == "from-env"
+    assert streamjoin.App("q", query_token="given").config.query_token_value() == "given"
+
+
+@pytest.mark.parametrize("token", ["", "  ", 42])
+def test_a_bad_query_token_is_refused(token: object) -> None:
+    with pytest.raises(ConfigurationError, match="query_token"):
+        streamjoin.App("q", query_token=token)  # type: ignore[arg-type]
+
+
+def test_the_worker_cli_takes_http_host_and_query_token() -> None:
+    result = CliRunner().invoke(cli, ["worker", "--help"])
+    assert result.exit_code == 0
+    assert "--http-host" in result.output and "--query-token" in result.output
+    result = CliRunner().invoke(cli, ["table", "get", "--help"])
+    assert "--remote" in result.output and "--allow-stale" in result.output
+
+
+def test_table_get_needs_an_app_or_a_remote() -> None:
+    result = CliRunner().invoke(cli, ["table", "get", "counts", "k1"])
+    assert result.exit_code == 2
+    assert "-A MODULE:APP (local state) or --remote URL" in result.output

@@ -1,0 +1,328 @@
+"""``TableClient`` (standard library) and ``AsyncTableClient`` (aiohttp): read tables of a
+running app over HTTP, from any process.
+
+It asks the workers' ``GET /tables/<table>/<key>`` endpoint. Hosts are tried in turn:
+a host that cannot be reached is skipped; a ``503`` (rebalance, restore) is retried
+after the ``Retry-After`` it names, within ``retry_for`` seconds in all; redirects
+(``307`` to the owner) are followed. Other answers end the call: the value, or the
+error the endpoint named (404, 400, 401) as the matching :class:`QueryError`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from yarl import URL
+
+if TYPE_CHECKING:
+    import aiohttp
+
+from streamjoin.errors import (
+    ConfigurationError,
+    KeyNotFound,
+    QueryError,
+    QueryFailed,
+    QueryKeyError,
+    QueryUnauthorized,
+    QueryUnavailable,
+    UnknownTableError,
+)
+
+__all__ = ["AsyncTableClient", "TableClient", "query_url"]
+
+#: redirects followed per request (an owner never redirects again: one is the norm)
+_MAX_REDIRECTS = 3
+
+_ERRORS: dict[str, type[QueryError]] = {
+    "KeyNotFound": KeyNotFound,
+    "UnknownTableError": UnknownTableError,
+    "QueryKeyError": QueryKeyError,
+    "QueryUnauthorized": QueryUnauthorized,
+}
+
+
+def query_url(
+    base: str,
+    table: str,
+    key: str,
+    *,
+    from_ms: int | None = None,
+    to_ms: int | None = None,
+    allow_stale: bool = False,
+    redirect: bool = False,
+) -> str:
+    """The endpoint's URL for one read (``base`` is ``host:port`` or ``http://host:port``)."""
+    if "://" not in base:
+        base = f"http://{base}"
+    params: dict[str, str] = {}
+    if from_ms is not None:
+        params["from"] = str(from_ms)
+    if to_ms is not None:
+        params["to"] = str(to_ms)
+    if allow_stale:
+        params["allow_stale"] = "1"
+    if redirect:
+        params["redirect"] = "1"
+    path = f"/tables/{urllib.parse.quote(table, safe='')}/{urllib.parse.quote(key, safe='')}"
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    return base.rstrip("/") + path + query
+
+
+def key_text(key: Any) -> str:
+    """A key's text form: strings as they are, bytes as UTF-8, anything else as JSON."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes | bytearray):
+        return bytes(key).decode("utf-8")
+    return json.dumps(key, separators=(",", ":"))
+
+
+class TableClient:
+    """Reads tables through any of ``hosts`` (``"host:port"`` of workers' web servers).
+
+    ``token`` is the bearer token the workers want (``query_token``), if any.
+    ``redirect=True`` asks a worker that does not own the key for a redirect to the owner
+    (one more round trip from here) instead of letting it forward the read (one more hop
+    between workers): use it when the client reaches every worker directly.
+    """
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        *,
+        token: str | None = None,
+        timeout: float = 5.0,
+        retry_for: float = 10.0,
+        redirect: bool = False,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if isinstance(hosts, str):
+            hosts = [h for h in hosts.split(",") if h.strip()]
+        if not hosts:
+            raise ConfigurationError("TableClient needs at least one host:port")
+        self.hosts = [h.strip() for h in hosts]
+        self._token = token
+        self._timeout = timeout
+        self._retry_for = retry_for
+        self._redirect = redirect
+        self._sleep = sleep
+        self._next = 0
+
+    def get(
+        self,
+        table: str,
+        key: Any,
+        *,
+        from_ms: int | None = None,
+        to_ms: int | None = None,
+        allow_stale: bool = False,
+    ) -> dict[str, Any]:
+        """The endpoint's JSON answer for ``key`` (``value``, or ``windows`` for a windowed
+        table, with ``partition``, ``served_by``, ``stale`` and ``lag``).
+
+        Raises :class:`KeyNotFound`, :class:`UnknownTableError`, :class:`QueryKeyError`,
+        :class:`QueryUnauthorized`; :class:`QueryUnavailable` when every retry within
+        ``retry_for`` got a 503; :class:`QueryFailed` when no host answered.
+        """
+        text = key_text(key)
+        deadline = time.monotonic() + self._retry_for
+        failures: list[str] = []
+        while True:
+            base = self.hosts[self._next % len(self.hosts)]
+            url = query_url(
+                base,
+                table,
+                text,
+                from_ms=from_ms,
+                to_ms=to_ms,
+                allow_stale=allow_stale,
+                redirect=self._redirect,
+            )
+            try:
+                return self._fetch(url)
+            except QueryUnavailable as exc:
+                failures.append(f"{base}: {exc}")
+                wait = exc.retry_after
+                if time.monotonic() + wait > deadline:
+                    raise QueryUnavailable(
+                        f"no answer within {self._retry_for:.0f} s of retries: {exc}",
+                        exc.retry_after,
+                    ) from exc
+                self._sleep(wait)
+            except OSError as exc:  # refused, unreachable, timed out
+                failures.append(f"{base}: {exc}")
+                self._next += 1
+                if len(failures) >= len(self.hosts) and time.monotonic() >= deadline:
+                    raise QueryFailed(
+                        "no host answered: " + "; ".join(failures[-len(self.hosts) :])
+                    ) from exc
+                if self._next % len(self.hosts) == 0:
+                    self._sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def value(self, table: str, key: Any, *, allow_stale: bool = False) -> Any:
+        """Just the value of ``key`` (:class:`KeyNotFound` when there is none)."""
+        return self.get(table, key, allow_stale=allow_stale)["value"]
+
+    def _fetch(self, url: str) -> dict[str, Any]:
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        if self._token is not None:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout) as response:
+                body: dict[str, Any] = json.loads(response.read())
+                return body
+        except urllib.error.HTTPError as exc:
+            raise _error_of(exc) from None
+
+
+def _error_of(exc: urllib.error.HTTPError) -> QueryError:
+    return _error_for(exc.code, exc.read(), exc.headers.get("Retry-After"), exc.url)
+
+
+def _error_for(status: int, raw: bytes, retry_after: str | None, url: str) -> QueryError:
+    """The :class:`QueryError` an error answer names (its body's ``error``), else one by
+    status."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    message = body.get("message") or f"HTTP {status}"
+    if status == 503:
+        try:
+            seconds = float(retry_after or "1")
+        except ValueError:
+            seconds = 1.0
+        return QueryUnavailable(message, seconds)
+    kind = _ERRORS.get(body.get("error", ""))
+    if kind is not None:
+        return kind(message)
+    if status == 401:
+        return QueryUnauthorized(message)
+    return QueryFailed(f"{url}: {message}")
+
+
+class AsyncTableClient:
+    """:class:`TableClient` for asyncio code (aiohttp, one keep-alive session): the same
+    hosts in turn, redirects, bounded 503 retries and errors. ``async with`` it, or call
+    :meth:`close`."""
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        *,
+        token: str | None = None,
+        timeout: float = 5.0,
+        retry_for: float = 10.0,
+        redirect: bool = False,
+    ) -> None:
+        import aiohttp
+
+        if isinstance(hosts, str):
+            hosts = [h for h in hosts.split(",") if h.strip()]
+        if not hosts:
+            raise ConfigurationError("AsyncTableClient needs at least one host:port")
+        self.hosts = [h.strip() for h in hosts]
+        self._retry_for = retry_for
+        self._redirect = redirect
+        self._next = 0
+        headers = {"Accept": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        self._headers = headers
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncTableClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def get(
+        self,
+        table: str,
+        key: Any,
+        *,
+        from_ms: int | None = None,
+        to_ms: int | None = None,
+        allow_stale: bool = False,
+    ) -> dict[str, Any]:
+        """As :meth:`TableClient.get`."""
+        import asyncio
+
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        text = key_text(key)
+        deadline = time.monotonic() + self._retry_for
+        failures: list[str] = []
+        while True:
+            base = self.hosts[self._next % len(self.hosts)]
+            url = query_url(
+                base,
+                table,
+                text,
+                from_ms=from_ms,
+                to_ms=to_ms,
+                allow_stale=allow_stale,
+                redirect=self._redirect,
+            )
+            try:
+                status, raw, retry_after = await self._fetch(self._session, url)
+                if status == 200:
+                    body: dict[str, Any] = json.loads(raw)
+                    return body
+                error = _error_for(status, raw, retry_after, url)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                failures.append(f"{base}: {exc!r}")
+                self._next += 1
+                if len(failures) >= len(self.hosts) and time.monotonic() >= deadline:
+                    raise QueryFailed(
+                        "no host answered: " + "; ".join(failures[-len(self.hosts) :])
+                    ) from exc
+                if self._next % len(self.hosts) == 0:
+                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
+            if not isinstance(error, QueryUnavailable):
+                raise error
+            if time.monotonic() + error.retry_after > deadline:
+                raise QueryUnavailable(
+                    f"no answer within {self._retry_for:.0f} s of retries: {error}",
+                    error.retry_after,
+                ) from error
+            await asyncio.sleep(error.retry_after)
+
+    async def value(self, table: str, key: Any, *, allow_stale: bool = False) -> Any:
+        """Just the value of ``key`` (:class:`KeyNotFound` when there is none)."""
+        return (await self.get(table, key, allow_stale=allow_stale))["value"]
+
+    async def _fetch(
+        self, session: aiohttp.ClientSession, url: str
+    ) -> tuple[int, bytes, str | None]:
+        """Status, body and Retry-After of ``url``, following redirects here: aiohttp drops
+        the Authorization header on a redirect to another host:port, and every worker of
+        the app wants the same token."""
+        first = url
+        for _ in range(_MAX_REDIRECTS + 1):
+            async with session.get(url, allow_redirects=False) as response:
+                raw = await response.read()
+                location = response.headers.get("Location")
+                if response.status in (301, 302, 303, 307, 308) and location:
+                    url = str(response.url.join(URL(location)))
+                    continue
+                return response.status, raw, response.headers.get("Retry-After")
+        raise QueryFailed(f"{first}: more than {_MAX_REDIRECTS} redirects")
