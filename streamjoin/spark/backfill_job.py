@@ -8,6 +8,15 @@ the workers run, over a :class:`~streamjoin.joins.state.MemoryKeyValueView`.
 Because input is in event-time order nothing is late, so the result equals the
 workers' whenever their input's lateness stayed within the grace period.
 
+The shuffle and the sort are Spark's own (DataFrame ``repartitionById`` and
+``sortWithinPartitions``, on the JVM, spilling to disk); Python tasks only
+stream the sorted rows through the join. A join only matches equal keys, so a
+join partition can be split further by a second hash of the key (``parallelism``):
+each part is a set of whole keys, and sees its keys' records in the same order.
+Only stream time differs (a part sees some of the partition's timestamps), so at
+its end each part advances to its whole partition's largest timestamp, computed
+up front: it then has closed exactly the windows the whole partition closed.
+
 The join function is called like the worker calls it (decoded key and values,
 awaited if async); its non-None results are encoded with the output topic's
 codecs and written to Kafka (explicit partitions, the join's timestamps) or to
@@ -16,12 +25,15 @@ files.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from streamjoin.errors import (
+    ArgumentTypeError,
     ConfigurationError,
     CopartitioningError,
     NotFoundError,
@@ -47,6 +59,7 @@ __all__ = [
     "OutputRecord",
     "Sink",
     "backfill",
+    "split_count",
 ]
 
 #: ties at equal timestamps: left side first (a fixed, documented order)
@@ -93,6 +106,7 @@ class BackfillResult:
     late: int
     elapsed_s: float
     output: str
+    tasks: int = 0  #: Spark tasks the join ran in (partitions x parts per partition)
 
 
 def _find_join(topology: Topology, name: str) -> StreamStreamJoinDecl:
@@ -149,6 +163,119 @@ def _join_partitions(
     )
 
 
+def split_count(partitions: int, parallelism: int) -> int:
+    """Parts per join partition so that ``partitions x parts >= parallelism`` (at least 1)."""
+    for name, value in (("partitions", partitions), ("parallelism", parallelism)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ConfigurationError(f"{name} must be >= 1, got {value}")
+    return max(1, math.ceil(parallelism / partitions))
+
+
+#: ``(join partition, timestamp_ms, side rank, source partition, ordinal, key, value)``, the
+#: rows a backfill task receives, sorted by their first five fields
+SortedRow = tuple[int, int, int, int, int, Any, Any]
+
+
+def join_sorted_rows(
+    runner: JoinRunner,
+    rows: Iterable[SortedRow],
+    *,
+    partitions: int,
+    verify: bool,
+    ends: Mapping[int, int] | None = None,
+    stats: dict[str, int] | None = None,
+) -> Iterator[OutputRecord]:
+    """Run ``runner`` once per join partition present in ``rows`` (pure: no Spark).
+
+    ``verify``: the source partition must be the join partition (Kafka input), else
+    :class:`CopartitioningError`. ``ends``: per join partition, the stream time to
+    advance to at the end (its largest timestamp, when only part of it is here).
+    ``stats`` receives the runs' record, output and late counts, summed.
+    """
+    totals = stats if stats is not None else {}
+    for kpart, group in itertools.groupby(rows, key=_join_partition):
+        end = None if ends is None else ends.get(kpart)
+        try:
+            records = _records(group, kpart, partitions, verify)
+            yield from runner.run(records, stream_time_at_end_ms=end)
+        finally:
+            for name, value in runner.stats.items():
+                totals[name] = totals.get(name, 0) + value
+
+
+_SIDES = {rank: side for side, rank in SIDE_RANK.items()}
+
+
+def _records(
+    rows: Iterable[SortedRow], kpart: int, partitions: int, verify: bool
+) -> Iterator[tuple[str, bytes, bytes, int]]:
+    """One join partition's rows as the runner's ``(side, key, value, timestamp_ms)``."""
+    sides = _SIDES
+    for _, ts, rank, src_partition, ordinal, key, value in rows:
+        if verify and src_partition != kpart:
+            raise CopartitioningError(
+                f"{_MISMATCH_TAG}: record at partition {src_partition} offset {ordinal} "
+                f"has key {bytes(key)[:40]!r}, which murmur2 places in partition "
+                f"{kpart} of {partitions}: the input topics were not written with "
+                "Kafka's keyed partitioner, so joining them would miss matches"
+            )
+        yield sides[rank], bytes(key), b"" if value is None else bytes(value), ts
+
+
+def _join_partition(row: SortedRow) -> int:
+    return row[0]
+
+
+def _sorted_rows(keyed: Any, partitions: int, parts: int, left_topic: str) -> Any:
+    """``keyed`` records as :data:`SortedRow` columns, shuffled to ``partitions x parts`` Spark
+    partitions (join partition, then a second hash of the key) and sorted within each, all
+    on the JVM."""
+    from pyspark.sql import functions as F
+
+    from streamjoin.spark.partitioning import with_kafka_partition
+
+    rows = with_kafka_partition(keyed, partitions).select(
+        "kpart",
+        "timestamp_ms",
+        F.when(F.col("topic") == F.lit(left_topic), F.lit(SIDE_RANK["left"]))
+        .otherwise(F.lit(SIDE_RANK["right"]))
+        .alias("side"),
+        F.coalesce(F.col("partition"), F.lit(-1)).alias("source_partition"),
+        F.coalesce(F.col("offset"), F.monotonically_increasing_id()).alias("ordinal"),
+        "key",
+        "value",
+    )
+    # xxhash64 is independent of Kafka's murmur2, so the parts of a partition are even
+    task = F.col("kpart") * F.lit(parts) + F.pmod(F.xxhash64(F.col("key")), F.lit(parts))
+    tasks = partitions * parts
+    if hasattr(rows, "repartitionById"):  # Spark 4.1+: the task id is the Spark partition
+        shuffled = rows.repartitionById(tasks, task.cast("int"))
+    else:  # Spark 4.0: hashed, so some tasks may share a Spark partition (still correct)
+        shuffled = rows.repartition(tasks, task)
+    return shuffled.sortWithinPartitions(
+        "kpart", "timestamp_ms", "side", "source_partition", "ordinal"
+    )
+
+
+def _partition_stream_ends(keyed: Any, partitions: int, *, by_source: bool) -> dict[int, int]:
+    """The largest timestamp of each join partition: one aggregate, before the join runs.
+
+    ``by_source``: Kafka input, whose source partition must equal the join partition (the
+    join checks it), so no key is hashed here."""
+    from pyspark.sql import functions as F
+
+    from streamjoin.spark.partitioning import with_kafka_partition
+
+    if by_source:
+        column, frame = "partition", keyed
+    else:
+        column, frame = "kpart", with_kafka_partition(keyed, partitions)
+    rows = frame.groupBy(column).agg(F.max("timestamp_ms").alias("end")).collect()
+    return {int(r[0]): int(r[1]) for r in rows if r[0] is not None}
+
+
 def _rethrow_mismatch(exc: BaseException) -> None:
     text = str(exc)
     if _MISMATCH_TAG in text:
@@ -165,6 +292,7 @@ def backfill(
     master: str = "local[*]",
     spark: Any = None,
     partitions: int | None = None,
+    parallelism: int | None = None,
     close_windows_at_end: bool = False,
     kafka_packages: str | None = None,
     spark_conf: Mapping[str, str] | None = None,
@@ -175,14 +303,16 @@ def backfill(
 
     ``spark``: an existing SparkSession (else one is built for ``master``; the Kafka
     connector is added when the source is Kafka). ``partitions``: the join's partition
-    count when files are read and the app does not declare it. ``close_windows_at_end``:
+    count when files are read and the app does not declare it. ``parallelism``: Spark
+    tasks to run the join in (default: the cluster's default parallelism); above the
+    partition count, each join partition is split by a second hash of the key into
+    ``ceil(parallelism / partitions)`` parts. ``close_windows_at_end``:
     also emit the unmatched events of left/outer joins whose window is still open when
     the input ends (the workers would emit them once later events close the window).
     """
     from pyspark.sql import functions as F
 
     from streamjoin.spark.kafka_io import ensure_topic, offset_bounds, partition_counts
-    from streamjoin.spark.partitioning import with_kafka_partition
     from streamjoin.spark.session import get_session
 
     topology, config = app.topology(), app.config
@@ -230,46 +360,32 @@ def backfill(
     runner = JoinRunner.for_join(config, decl, out_partitions, close_windows_at_end)
     counters = Counters(sc)
     verify = isinstance(source, KafkaSource)
-    left_name = decl.left.name
     file_json = isinstance(output, FileSink) and output.resolved_format() == "json"
     sink_topic = output.topic if isinstance(output, KafkaSink) else None
     client_options = config.client_kwargs()
     out_label = decl.output.name if decl.output is not None else join_name
+    parts = split_count(count, sc.defaultParallelism if parallelism is None else parallelism)
+    tasks = count * parts
 
     df = load_records(spark, source, [decl.left.name, decl.right.name])
     keyed = df.where(F.col("key").isNotNull())
-    keyed = with_kafka_partition(keyed, count).withColumn(
-        "ordinal", F.coalesce(F.col("offset"), F.monotonically_increasing_id())
-    )
-    pairs = keyed.select(
-        "kpart", "timestamp_ms", "topic", "partition", "ordinal", "key", "value"
-    ).rdd.map(
-        lambda r: (
-            (r[0], r[1], 0 if r[2] == left_name else 1, -1 if r[3] is None else r[3], r[4]),
-            (bytes(r[5]), b"" if r[6] is None else bytes(r[6])),
-        )
-    )
-    ordered = pairs.repartitionAndSortWithinPartitions(count, partitionFunc=lambda k: k[0])
+    ends_by_partition: dict[int, int] | None = None
+    if parts > 1 and decl.spec.how != "inner" and not close_windows_at_end:
+        ends_by_partition = _partition_stream_ends(keyed, count, by_source=verify)
+    rows = _sorted_rows(keyed, count, parts, decl.left.name)
+    ends = sc.broadcast(ends_by_partition)
 
     def task(index: int, items: Iterator[Any]) -> Iterator[Any]:
-        def records() -> Iterator[tuple[str, bytes, bytes, int]]:
-            for (kpart, ts, side, src_partition, offset), (key, value) in items:
-                if verify and src_partition != kpart:
-                    raise CopartitioningError(
-                        f"{_MISMATCH_TAG}: record at partition {src_partition} offset {offset} "
-                        f"has key {key[:40]!r}, which murmur2 places in partition {kpart} of "
-                        f"{count}: the input topics were not written with Kafka's keyed "
-                        "partitioner, so joining them would miss matches"
-                    )
-                yield ("left" if side == 0 else "right", key, value, ts)
-
         producer = None
         if sink_bootstrap is not None:
             from streamjoin.spark.kafka_io import TaskProducer
 
             producer = TaskProducer(sink_bootstrap, client_options)
+        stats: dict[str, int] = {}
         try:
-            for out in runner.run(records()):
+            for out in join_sorted_rows(
+                runner, items, partitions=count, verify=verify, ends=ends.value, stats=stats
+            ):
                 if producer is not None:
                     producer.send(
                         sink_topic,  # type: ignore[arg-type]
@@ -291,15 +407,15 @@ def backfill(
         finally:
             if producer is not None:
                 producer.close()
-        counters.records.add(runner.stats.get("records", 0))
-        counters.outputs.add(runner.stats.get("outputs", 0))
-        counters.late.add(runner.stats.get("late", 0))
+        counters.records.add(stats.get("records", 0))
+        counters.outputs.add(stats.get("outputs", 0))
+        counters.late.add(stats.get("late", 0))
         counters.partitions.add(1)
 
-    results = ordered.mapPartitionsWithIndex(task)
+    results = rows.rdd.mapPartitionsWithIndex(task)
     sc.setJobDescription(f"streamjoin backfill {config.id}:{join_name}")
     reporter = ProgressReporter(
-        f"backfill {join_name}", counters, count, progress, progress_interval
+        f"backfill {join_name}", counters, tasks, progress, progress_interval
     )
     try:
         with reporter:
@@ -314,6 +430,7 @@ def backfill(
         raise
     finally:
         sc.setJobDescription(None)
+        ends.destroy()
     snap = reporter.snapshot(finished=True)
     return BackfillResult(
         join_name,
@@ -323,6 +440,7 @@ def backfill(
         int(counters.late.value),
         snap.elapsed_s,
         target,
+        tasks,
     )
 
 

@@ -187,6 +187,12 @@ def _fail(exc: Exception) -> click.ClickException:
     is_flag=True,
     help="left/outer joins: also emit unmatched events whose window is open at the end.",
 )
+@click.option(
+    "--parallelism",
+    type=click.IntRange(min=1),
+    help="Spark tasks for the join; above the partition count each partition is split by "
+    "key (default: Spark's default parallelism, at least the partition count).",
+)
 def backfill_command(
     join_name: str,
     app_spec: str,
@@ -207,6 +213,7 @@ def backfill_command(
     output_bootstrap: str | None,
     overwrite: bool,
     close_windows: bool,
+    parallelism: int | None,
 ) -> None:
     """Run the app's stream-stream JOIN over history on Spark, with the workers' join core.
 
@@ -247,6 +254,7 @@ def backfill_command(
             output=sink,
             master=master,
             partitions=partitions,
+            parallelism=parallelism,
             close_windows_at_end=close_windows,
             kafka_packages=kafka_packages,
             spark_conf=_conf(conf),
@@ -256,7 +264,7 @@ def backfill_command(
         raise _fail(exc) from exc
     click.echo(
         f"backfill {result.join}: {result.records_read} records in {result.partitions} "
-        f"partitions -> {result.outputs} outputs to {result.output} "
+        f"partitions ({result.tasks} tasks) -> {result.outputs} outputs to {result.output} "
         f"({result.late} late) in {result.elapsed_s:.1f}s"
     )
 

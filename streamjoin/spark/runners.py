@@ -78,9 +78,19 @@ class JoinRunner:
             close,
         )
 
-    def run(self, records: Iterable[tuple[str, bytes, bytes, int]]) -> Iterator[OutputRecord]:
+    def run(
+        self,
+        records: Iterable[tuple[str, bytes, bytes, int]],
+        *,
+        stream_time_at_end_ms: int | None = None,
+    ) -> Iterator[OutputRecord]:
         """Join one partition's ``(side, key, value, timestamp_ms)`` records, given in processing
-        order; yields encoded outputs. ``stats`` counts records, outputs and late records."""
+        order; yields encoded outputs. ``stats`` counts records, outputs and late records.
+
+        ``stream_time_at_end_ms``: advance stream time there once the records are done. A
+        backfill that splits a join partition by key gives each part only some of the
+        partition's records, so without it a part would close fewer windows than the
+        whole partition does (its own largest timestamp is smaller)."""
         core = StreamStreamJoin(self.spec, MemoryKeyValueView())
         seqs = {"left": 0, "right": 0}
         self.stats = {"records": 0, "outputs": 0, "late": 0}
@@ -93,8 +103,9 @@ class JoinRunner:
                 event = JoinInput(side, key, value, timestamp_ms, seq)  # type: ignore[arg-type]
                 for out in core.process(event):
                     yield from self._emit(out)
-            if self.close_windows_at_end:
-                for out in core.advance(MAX_TIMESTAMP_MS):
+            end = MAX_TIMESTAMP_MS if self.close_windows_at_end else stream_time_at_end_ms
+            if end is not None:
+                for out in core.advance(end):
                     yield from self._emit(out)
         finally:
             self.stats["late"] = core.stats.late
