@@ -40,6 +40,7 @@ from streamjoin.errors import (
     UnknownTopicError,
     UnsupportedJoin,
 )
+from streamjoin.partitioner import partition_for_key
 from streamjoin.spark.progress import Counters, Progress, ProgressReporter
 from streamjoin.spark.runners import JoinRunner, OutputRecord
 from streamjoin.spark.sources import KafkaSource, Source, load_records
@@ -189,8 +190,8 @@ def join_sorted_rows(
 ) -> Iterator[OutputRecord]:
     """Run ``runner`` once per join partition present in ``rows`` (pure: no Spark).
 
-    ``verify``: the source partition must be the join partition (Kafka input), else
-    :class:`CopartitioningError`. ``ends``: per join partition, the stream time to
+    ``verify`` (Kafka input): each key's murmur2 partition must be the partition it was
+    read from, else :class:`CopartitioningError`. ``ends``: per join partition, the stream time to
     advance to at the end (its largest timestamp, when only part of it is here).
     ``stats`` receives the runs' record, output and late counts, summed.
     """
@@ -211,32 +212,48 @@ _SIDES = {rank: side for side, rank in SIDE_RANK.items()}
 def _records(
     rows: Iterable[SortedRow], kpart: int, partitions: int, verify: bool
 ) -> Iterator[tuple[str, bytes, bytes, int]]:
-    """One join partition's rows as the runner's ``(side, key, value, timestamp_ms)``."""
+    """One join partition's rows as the runner's ``(side, key, value, timestamp_ms)``.
+
+    ``verify`` (Kafka input, grouped by source partition): each key's murmur2 partition
+    must be the partition it was read from."""
     sides = _SIDES
-    for _, ts, rank, src_partition, ordinal, key, value in rows:
-        if verify and src_partition != kpart:
-            raise CopartitioningError(
-                f"{_MISMATCH_TAG}: record at partition {src_partition} offset {ordinal} "
-                f"has key {bytes(key)[:40]!r}, which murmur2 places in partition "
-                f"{kpart} of {partitions}: the input topics were not written with "
-                "Kafka's keyed partitioner, so joining them would miss matches"
-            )
-        yield sides[rank], bytes(key), b"" if value is None else bytes(value), ts
+    for _, ts, rank, src_partition, ordinal, raw_key, value in rows:
+        key = bytes(raw_key)
+        if verify:
+            placed = partition_for_key(key, partitions)
+            if placed != src_partition or placed != kpart:
+                raise CopartitioningError(
+                    f"{_MISMATCH_TAG}: record at partition {src_partition} offset {ordinal} "
+                    f"has key {key[:40]!r}, which murmur2 places in partition "
+                    f"{placed} of {partitions}: the input topics were not written with "
+                    "Kafka's keyed partitioner, so joining them would miss matches"
+                )
+        yield sides[rank], key, b"" if value is None else bytes(value), ts
 
 
 def _join_partition(row: SortedRow) -> int:
     return row[0]
 
 
-def _sorted_rows(keyed: Any, partitions: int, parts: int, left_topic: str) -> Any:
+def _sorted_rows(
+    keyed: Any, partitions: int, parts: int, left_topic: str, *, by_source: bool
+) -> Any:
     """``keyed`` records as :data:`SortedRow` columns, shuffled to ``partitions x parts`` Spark
     partitions (join partition, then a second hash of the key) and sorted within each, all
-    on the JVM."""
+    on the JVM.
+
+    ``by_source``: Kafka input, grouped by the partition each record was read from, which
+    the task checks against murmur2 (so the keys are not sent through Python twice);
+    otherwise the join partition is computed by the murmur2 UDF."""
     from pyspark.sql import functions as F
 
     from streamjoin.spark.partitioning import with_kafka_partition
 
-    rows = with_kafka_partition(keyed, partitions).select(
+    if by_source:
+        placed = keyed.withColumn("kpart", F.col("partition"))
+    else:
+        placed = with_kafka_partition(keyed, partitions)
+    rows = placed.select(
         "kpart",
         "timestamp_ms",
         F.when(F.col("topic") == F.lit(left_topic), F.lit(SIDE_RANK["left"]))
@@ -372,7 +389,7 @@ def backfill(
     ends_by_partition: dict[int, int] | None = None
     if parts > 1 and decl.spec.how != "inner" and not close_windows_at_end:
         ends_by_partition = _partition_stream_ends(keyed, count, by_source=verify)
-    rows = _sorted_rows(keyed, count, parts, decl.left.name)
+    rows = _sorted_rows(keyed, count, parts, decl.left.name, by_source=verify)
     ends = sc.broadcast(ends_by_partition)
 
     def task(index: int, items: Iterator[Any]) -> Iterator[Any]:
