@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,9 +272,32 @@ def _sorted_rows(
         shuffled = rows.repartitionById(tasks, task.cast("int"))
     else:  # Spark 4.0: hashed, so some tasks may share a Spark partition (still correct)
         shuffled = rows.repartition(tasks, task)
-    return shuffled.sortWithinPartitions(
+    ordered = shuffled.sortWithinPartitions(
         "kpart", "timestamp_ms", "side", "source_partition", "ordinal"
     )
+    # one binary column per row (see unpack_rows): a Row of seven fields costs Python
+    # several times more to unpickle than one of a single bytes value
+    header = [
+        F.unhex(F.lpad(F.hex(F.col(name).cast("long")), 16, "0"))
+        for name in ("kpart", "timestamp_ms", "side", "source_partition", "ordinal")
+    ]
+    length = F.unhex(F.lpad(F.hex(F.octet_length("key").cast("long")), 16, "0"))
+    value = F.coalesce(F.col("value"), F.lit(b""))
+    return ordered.select(F.concat(*header, length, F.col("key"), value).alias("row"))
+
+
+_PACKED_HEADER = struct.Struct(">qqqqqq")
+
+
+def unpack_rows(items: Iterable[Any]) -> Iterator[SortedRow]:
+    """The task's packed rows as :data:`SortedRow`: six big-endian int64 (join partition,
+    timestamp, side rank, source partition, ordinal, key length), the key, the value."""
+    unpack = _PACKED_HEADER.unpack_from
+    size = _PACKED_HEADER.size
+    for (packed,) in items:
+        kpart, ts, side, src_partition, ordinal, key_length = unpack(packed)
+        end = size + key_length
+        yield kpart, ts, side, src_partition, ordinal, packed[size:end], packed[end:]
 
 
 def _partition_stream_ends(keyed: Any, partitions: int, *, by_source: bool) -> dict[int, int]:
@@ -401,7 +425,12 @@ def backfill(
         stats: dict[str, int] = {}
         try:
             for out in join_sorted_rows(
-                runner, items, partitions=count, verify=verify, ends=ends.value, stats=stats
+                runner,
+                unpack_rows(items),
+                partitions=count,
+                verify=verify,
+                ends=ends.value,
+                stats=stats,
             ):
                 if producer is not None:
                     producer.send(
