@@ -8,6 +8,15 @@ the workers run, over a :class:`~streamjoin.joins.state.MemoryKeyValueView`.
 Because input is in event-time order nothing is late, so the result equals the
 workers' whenever their input's lateness stayed within the grace period.
 
+The shuffle and the sort are Spark's own (DataFrame ``repartitionById`` and
+``sortWithinPartitions``, on the JVM, spilling to disk); Python tasks only
+stream the sorted rows through the join. A join only matches equal keys, so a
+join partition can be split further by a second hash of the key (``parallelism``):
+each part is a set of whole keys, and sees its keys' records in the same order.
+Only stream time differs (a part sees some of the partition's timestamps), so at
+its end each part advances to its whole partition's largest timestamp, computed
+up front: it then has closed exactly the windows the whole partition closed.
+
 The join function is called like the worker calls it (decoded key and values,
 awaited if async); its non-None results are encoded with the output topic's
 codecs and written to Kafka (explicit partitions, the join's timestamps) or to
@@ -16,18 +25,23 @@ files.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import itertools
+import math
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from streamjoin.errors import (
+    ArgumentTypeError,
     ConfigurationError,
     CopartitioningError,
     NotFoundError,
     UnknownTopicError,
     UnsupportedJoin,
 )
+from streamjoin.partitioner import partition_for_key
 from streamjoin.spark.progress import Counters, Progress, ProgressReporter
 from streamjoin.spark.runners import (
     JoinRunner,
@@ -57,6 +71,7 @@ __all__ = [
     "OutputRecord",
     "Sink",
     "backfill",
+    "split_count",
 ]
 
 _MISMATCH_TAG = "streamjoin.CopartitioningError"
@@ -101,6 +116,7 @@ class BackfillResult:
     late: int
     elapsed_s: float
     output: str
+    tasks: int = 0  #: Spark tasks the join ran in (partitions x parts per partition)
 
 
 @dataclass(frozen=True)
@@ -240,6 +256,175 @@ def _load_inputs(spark: Any, source: Source, inputs: JoinInputs) -> Any:
     return df
 
 
+def split_count(partitions: int, parallelism: int) -> int:
+    """Parts per join partition so that ``partitions x parts >= parallelism`` (at least 1)."""
+    for name, value in (("partitions", partitions), ("parallelism", parallelism)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ConfigurationError(f"{name} must be >= 1, got {value}")
+    return max(1, math.ceil(parallelism / partitions))
+
+
+#: ``(join partition, timestamp_ms, side rank, source partition, ordinal, key, value)``, the
+#: rows a backfill task receives, sorted by their first five fields
+SortedRow = tuple[int, int, int, int, int, Any, Any]
+
+
+def join_sorted_rows(
+    runner: Runner,
+    rows: Iterable[SortedRow],
+    *,
+    partitions: int,
+    verify: bool,
+    ends: Mapping[int, int] | None = None,
+    stats: dict[str, int] | None = None,
+) -> Iterator[OutputRecord]:
+    """Run ``runner`` once per join partition present in ``rows`` (pure: no Spark).
+
+    ``verify`` (Kafka input): each key's murmur2 partition must be the partition it was
+    read from, else :class:`CopartitioningError`. ``ends``: per join partition, the stream time to
+    advance to at the end (its largest timestamp, when only part of it is here).
+    ``stats`` receives the runs' record, output and late counts, summed.
+    """
+    totals = stats if stats is not None else {}
+    for kpart, group in itertools.groupby(rows, key=_join_partition):
+        end = None if ends is None else ends.get(kpart)
+        try:
+            records = _records(group, kpart, partitions, verify, runner.side_rank)
+            yield from runner.run(records, stream_time_at_end_ms=end)
+        finally:
+            for name, value in runner.stats.items():
+                totals[name] = totals.get(name, 0) + value
+
+
+def _records(
+    rows: Iterable[SortedRow],
+    kpart: int,
+    partitions: int,
+    verify: bool,
+    side_rank: Mapping[str, int],
+) -> Iterator[Record]:
+    """One join partition's rows as the runner's ``(side, key, value, timestamp_ms)``.
+
+    ``verify`` (Kafka input, grouped by source partition): each key's murmur2 partition
+    must be the partition it was read from."""
+    sides = {rank: side for side, rank in side_rank.items()}
+    for _, ts, rank, src_partition, ordinal, raw_key, value in rows:
+        key = bytes(raw_key)
+        if verify:
+            placed = partition_for_key(key, partitions)
+            if placed != src_partition or placed != kpart:
+                raise CopartitioningError(
+                    f"{_MISMATCH_TAG}: record at partition {src_partition} offset {ordinal} "
+                    f"has key {key[:40]!r}, which murmur2 places in partition "
+                    f"{placed} of {partitions}: the input topics were not written with "
+                    "Kafka's keyed partitioner, so joining them would miss matches"
+                )
+        yield sides[rank], key, None if value is None else bytes(value), ts
+
+
+def _join_partition(row: SortedRow) -> int:
+    return row[0]
+
+
+def _sorted_rows(
+    keyed: Any,
+    partitions: int,
+    parts: int,
+    left_topic: str,
+    side_rank: Mapping[str, int],
+    *,
+    by_source: bool,
+) -> Any:
+    """``keyed`` records as :data:`SortedRow` columns, shuffled to ``partitions x parts`` Spark
+    partitions (join partition, then a second hash of the key) and sorted within each, all
+    on the JVM.
+
+    ``by_source``: Kafka input, grouped by the partition each record was read from, which
+    the task checks against murmur2 (so the keys are not sent through Python twice);
+    otherwise the join partition is computed by the murmur2 UDF."""
+    from pyspark.sql import functions as F
+
+    from streamjoin.spark.partitioning import with_kafka_partition
+
+    if by_source:
+        placed = keyed.withColumn("kpart", F.col("partition"))
+    else:
+        placed = with_kafka_partition(keyed, partitions)
+    rows = placed.select(
+        "kpart",
+        "timestamp_ms",
+        F.when(F.col("topic") == F.lit(left_topic), F.lit(side_rank["left"]))
+        .otherwise(F.lit(side_rank["right"]))
+        .alias("side"),
+        F.coalesce(F.col("partition"), F.lit(-1)).alias("source_partition"),
+        F.coalesce(F.col("offset"), F.monotonically_increasing_id()).alias("ordinal"),
+        "key",
+        "value",
+    )
+    # xxhash64 is independent of Kafka's murmur2, so the parts of a partition are even
+    task = F.col("kpart") * F.lit(parts) + F.pmod(F.xxhash64(F.col("key")), F.lit(parts))
+    tasks = partitions * parts
+    if hasattr(rows, "repartitionById"):  # Spark 4.1+: the task id is the Spark partition
+        shuffled = rows.repartitionById(tasks, task.cast("int"))
+    else:  # Spark 4.0: hashed, so some tasks may share a Spark partition (still correct)
+        shuffled = rows.repartition(tasks, task)
+    ordered = shuffled.sortWithinPartitions(
+        "kpart", "timestamp_ms", "side", "source_partition", "ordinal"
+    )
+
+    # one binary column per row (see unpack_rows): a Row of seven fields costs Python
+    # several times more to unpickle than one of a single bytes value
+    def int64(column: Any) -> Any:
+        return F.unhex(F.lpad(F.hex(column.cast("long")), 16, "0"))
+
+    header = [
+        int64(F.col(name))
+        for name in ("kpart", "timestamp_ms", "side", "source_partition", "ordinal")
+    ]
+    key_length = int64(F.octet_length("key"))
+    # -1: a null value (a table side's tombstone), which must not become empty bytes
+    null_value = int64(F.when(F.col("value").isNull(), F.lit(-1)).otherwise(F.lit(0)))
+    value = F.coalesce(F.col("value"), F.lit(b""))
+    return ordered.select(
+        F.concat(*header, key_length, null_value, F.col("key"), value).alias("row")
+    )
+
+
+_PACKED_HEADER = struct.Struct(">qqqqqqq")
+
+
+def unpack_rows(items: Iterable[Any]) -> Iterator[SortedRow]:
+    """The task's packed rows as :data:`SortedRow`: seven big-endian int64 (join partition,
+    timestamp, side rank, source partition, ordinal, key length, -1 for a null value else
+    0), the key, the value."""
+    unpack = _PACKED_HEADER.unpack_from
+    size = _PACKED_HEADER.size
+    for (packed,) in items:
+        kpart, ts, side, src_partition, ordinal, key_length, null = unpack(packed)
+        end = size + key_length
+        value = None if null < 0 else packed[end:]
+        yield kpart, ts, side, src_partition, ordinal, packed[size:end], value
+
+
+def _partition_stream_ends(keyed: Any, partitions: int, *, by_source: bool) -> dict[int, int]:
+    """The largest timestamp of each join partition: one aggregate, before the join runs.
+
+    ``by_source``: Kafka input, whose source partition must equal the join partition (the
+    join checks it), so no key is hashed here."""
+    from pyspark.sql import functions as F
+
+    from streamjoin.spark.partitioning import with_kafka_partition
+
+    if by_source:
+        column, frame = "partition", keyed
+    else:
+        column, frame = "kpart", with_kafka_partition(keyed, partitions)
+    rows = frame.groupBy(column).agg(F.max("timestamp_ms").alias("end")).collect()
+    return {int(r[0]): int(r[1]) for r in rows if r[0] is not None}
+
+
 def _rethrow_mismatch(exc: BaseException) -> None:
     text = str(exc)
     if _MISMATCH_TAG in text:
@@ -256,6 +441,7 @@ def backfill(
     master: str = "local[*]",
     spark: Any = None,
     partitions: int | None = None,
+    parallelism: int | None = None,
     close_windows_at_end: bool = False,
     final_only: bool = False,
     kafka_packages: str | None = None,
@@ -267,17 +453,19 @@ def backfill(
 
     ``spark``: an existing SparkSession (else one is built for ``master``; the Kafka
     connector is added when the source is Kafka). ``partitions``: the join's partition
-    count when files are read and the app does not declare it. ``close_windows_at_end``
-    (stream-stream): also emit the unmatched events of left/outer joins whose window is
-    still open when the input ends (the workers would emit them once later events close the
-    window). ``final_only`` (table-table): only the last change of each key. A source's
-    start time selects the records joined (stream-table) or the changes emitted
-    (table-table); table sides are still read from their beginning.
+    count when files are read and the app does not declare it. ``parallelism``: Spark
+    tasks to run the join in (default: the cluster's default parallelism); above the
+    partition count, each join partition is split by a second hash of the key into
+    ``ceil(parallelism / partitions)`` parts. ``close_windows_at_end`` (stream-stream):
+    also emit the unmatched events of left/outer joins whose window is still open when the
+    input ends (the workers would emit them once later events close the window).
+    ``final_only`` (table-table): only the last change of each key. A source's start time
+    selects the records joined (stream-table) or the changes emitted (table-table); table
+    sides are still read from their beginning.
     """
     from pyspark.sql import functions as F
 
     from streamjoin.spark.kafka_io import ensure_topic, offset_bounds, partition_counts
-    from streamjoin.spark.partitioning import with_kafka_partition
     from streamjoin.spark.session import get_session
 
     topology, config = app.topology(), app.config
@@ -336,54 +524,42 @@ def backfill(
     runner = make_runner(out_partitions)
     counters = Counters(sc)
     verify = isinstance(source, KafkaSource)
-    left_name = inputs.left.name
-    left_rank, right_rank = runner.side_rank["left"], runner.side_rank["right"]
-    side_of_rank = {rank: side for side, rank in runner.side_rank.items()}
     file_json = isinstance(output, FileSink) and output.resolved_format() == "json"
     sink_topic = output.topic if isinstance(output, KafkaSink) else None
     client_options = config.client_kwargs()
     out_label = decl.output.name if decl.output is not None else join_name
+    parts = split_count(count, sc.defaultParallelism if parallelism is None else parallelism)
+    tasks = count * parts
 
     df = _load_inputs(spark, source, inputs)
     keyed = df.where(F.col("key").isNotNull())
-    keyed = with_kafka_partition(keyed, count).withColumn(
-        "ordinal", F.coalesce(F.col("offset"), F.monotonically_increasing_id())
-    )
-    pairs = keyed.select(
-        "kpart", "timestamp_ms", "topic", "partition", "ordinal", "key", "value"
-    ).rdd.map(
-        lambda r: (
-            (
-                r[0],
-                r[1],
-                left_rank if r[2] == left_name else right_rank,
-                -1 if r[3] is None else r[3],
-                r[4],
-            ),
-            (bytes(r[5]), None if r[6] is None else bytes(r[6])),
-        )
-    )
-    ordered = pairs.repartitionAndSortWithinPartitions(count, partitionFunc=lambda k: k[0])
+    ends_by_partition: dict[int, int] | None = None
+    if (
+        parts > 1
+        and isinstance(runner, JoinRunner)
+        and runner.spec.how != "inner"
+        and not close_windows_at_end
+    ):
+        ends_by_partition = _partition_stream_ends(keyed, count, by_source=verify)
+    rows = _sorted_rows(keyed, count, parts, inputs.left.name, runner.side_rank, by_source=verify)
+    ends = sc.broadcast(ends_by_partition)
 
     def task(index: int, items: Iterator[Any]) -> Iterator[Any]:
-        def records() -> Iterator[Record]:
-            for (kpart, ts, side, src_partition, offset), (key, value) in items:
-                if verify and src_partition != kpart:
-                    raise CopartitioningError(
-                        f"{_MISMATCH_TAG}: record at partition {src_partition} offset {offset} "
-                        f"has key {key[:40]!r}, which murmur2 places in partition {kpart} of "
-                        f"{count}: the input topics were not written with Kafka's keyed "
-                        "partitioner, so joining them would miss matches"
-                    )
-                yield (side_of_rank[side], key, value, ts)
-
         producer = None
         if sink_bootstrap is not None:
             from streamjoin.spark.kafka_io import TaskProducer
 
             producer = TaskProducer(sink_bootstrap, client_options)
+        stats: dict[str, int] = {}
         try:
-            for out in runner.run(records()):
+            for out in join_sorted_rows(
+                runner,
+                unpack_rows(items),
+                partitions=count,
+                verify=verify,
+                ends=ends.value,
+                stats=stats,
+            ):
                 if producer is not None:
                     producer.send(
                         sink_topic,  # type: ignore[arg-type]
@@ -405,15 +581,15 @@ def backfill(
         finally:
             if producer is not None:
                 producer.close()
-        counters.records.add(runner.stats.get("records", 0))
-        counters.outputs.add(runner.stats.get("outputs", 0))
-        counters.late.add(runner.stats.get("late", 0))
+        counters.records.add(stats.get("records", 0))
+        counters.outputs.add(stats.get("outputs", 0))
+        counters.late.add(stats.get("late", 0))
         counters.partitions.add(1)
 
-    results = ordered.mapPartitionsWithIndex(task)
+    results = rows.rdd.mapPartitionsWithIndex(task)
     sc.setJobDescription(f"streamjoin backfill {config.id}:{join_name}")
     reporter = ProgressReporter(
-        f"backfill {join_name}", counters, count, progress, progress_interval
+        f"backfill {join_name}", counters, tasks, progress, progress_interval
     )
     try:
         with reporter:
@@ -428,6 +604,7 @@ def backfill(
         raise
     finally:
         sc.setJobDescription(None)
+        ends.destroy()
     snap = reporter.snapshot(finished=True)
     return BackfillResult(
         join_name,
@@ -437,6 +614,7 @@ def backfill(
         int(counters.late.value),
         snap.elapsed_s,
         target,
+        tasks,
     )
 
 

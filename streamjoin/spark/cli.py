@@ -193,6 +193,12 @@ def _fail(exc: Exception) -> click.ClickException:
     is_flag=True,
     help="Table-table joins: only the last change of each key (its final row), not every change.",
 )
+@click.option(
+    "--parallelism",
+    type=click.IntRange(min=1),
+    help="Spark tasks for the join; above the partition count each partition is split by "
+    "key (default: Spark's default parallelism, at least the partition count).",
+)
 def backfill_command(
     join_name: str,
     app_spec: str,
@@ -214,6 +220,7 @@ def backfill_command(
     overwrite: bool,
     close_windows: bool,
     final_only: bool,
+    parallelism: int | None,
 ) -> None:
     """Run the app's JOIN over history on Spark, with the workers' join semantics.
 
@@ -258,6 +265,7 @@ def backfill_command(
             output=sink,
             master=master,
             partitions=partitions,
+            parallelism=parallelism,
             close_windows_at_end=close_windows,
             final_only=final_only,
             kafka_packages=kafka_packages,
@@ -268,7 +276,7 @@ def backfill_command(
         raise _fail(exc) from exc
     click.echo(
         f"backfill {result.join}: {result.records_read} records in {result.partitions} "
-        f"partitions -> {result.outputs} outputs to {result.output} "
+        f"partitions ({result.tasks} tasks) -> {result.outputs} outputs to {result.output} "
         f"({result.late} late) in {result.elapsed_s:.1f}s"
     )
 

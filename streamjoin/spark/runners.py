@@ -135,9 +135,19 @@ class JoinRunner(_Caller):
             close,
         )
 
-    def run(self, records: Iterable[Record]) -> Iterator[OutputRecord]:
+    def run(
+        self,
+        records: Iterable[Record],
+        *,
+        stream_time_at_end_ms: int | None = None,
+    ) -> Iterator[OutputRecord]:
         """Join one partition's ``(side, key, value, timestamp_ms)`` records, given in processing
-        order; yields encoded outputs. ``stats`` counts records, outputs and late records."""
+        order; yields encoded outputs. ``stats`` counts records, outputs and late records.
+
+        ``stream_time_at_end_ms``: advance stream time there once the records are done. A
+        backfill that splits a join partition by key gives each part only some of the
+        partition's records, so without it a part would close fewer windows than the
+        whole partition does (its own largest timestamp is smaller)."""
         core = StreamStreamJoin(self.spec, MemoryKeyValueView())
         seqs = {"left": 0, "right": 0}
         self.stats = {"records": 0, "outputs": 0, "late": 0}
@@ -151,8 +161,9 @@ class JoinRunner(_Caller):
                 event = JoinInput(side, key, value or b"", timestamp_ms, seq)  # type: ignore[arg-type]
                 for out in core.process(event):
                     yield from self._emit(out)
-            if self.close_windows_at_end:
-                for out in core.advance(MAX_TIMESTAMP_MS):
+            end = MAX_TIMESTAMP_MS if self.close_windows_at_end else stream_time_at_end_ms
+            if end is not None:
+                for out in core.advance(end):
                     yield from self._emit(out)
         finally:
             self.stats["late"] = core.stats.late
@@ -218,8 +229,11 @@ class StreamTableRunner(_Caller):
             emit_from_ms,
         )
 
-    def run(self, records: Iterable[Record]) -> Iterator[OutputRecord]:
-        """Join one partition's records, given in processing order; yields encoded outputs."""
+    def run(
+        self, records: Iterable[Record], *, stream_time_at_end_ms: int | None = None
+    ) -> Iterator[OutputRecord]:
+        """Join one partition's records, given in processing order; yields encoded outputs.
+        (``stream_time_at_end_ms`` is for windowed joins: a table join closes nothing.)"""
         rows: dict[bytes, Any] = {}
         table_key = self.table_key_codec
         table_value = self.table_value_codec
@@ -311,8 +325,11 @@ class TableTableRunner(_Caller):
             emit_from_ms,
         )
 
-    def run(self, records: Iterable[Record]) -> Iterator[OutputRecord]:
-        """Join one partition's records, given in processing order; yields encoded outputs."""
+    def run(
+        self, records: Iterable[Record], *, stream_time_at_end_ms: int | None = None
+    ) -> Iterator[OutputRecord]:
+        """Join one partition's records, given in processing order; yields encoded outputs.
+        (``stream_time_at_end_ms`` is for windowed joins: a table join closes nothing.)"""
         join = TableTableJoin(self.how)
         tables: dict[str, dict[bytes, Any]] = {"left": {}, "right": {}}
         codecs = {

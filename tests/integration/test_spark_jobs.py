@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.spark
 PARTITIONS = 10
 
 
-def demo_app(bootstrap: str, unique_topic: Callable[..., str]) -> streamjoin.App:
+def demo_app(
+    bootstrap: str, unique_topic: Callable[..., str], how: str = "inner", fun: Any = ad_clicks
+) -> streamjoin.App:
     """The ad-monetization join (same function, window, grace) on this test's topics."""
     app = streamjoin.App(unique_topic("adm"), broker=f"kafka://{bootstrap}")
     imp = app.topic(unique_topic("imp"), key_serializer="str", partitions=PARTITIONS)
@@ -35,10 +38,22 @@ def demo_app(bootstrap: str, unique_topic: Callable[..., str]) -> streamjoin.App
         clk,
         window=timedelta(milliseconds=WINDOW_MS),
         grace=timedelta(milliseconds=GRACE_MS),
+        how=how,
         output=out,
         name="ad_clicks",
-    )(ad_clicks)
+    )(fun)
     return app
+
+
+def impression_clicks(
+    auction_id: str, impression: dict[str, Any], click: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The left join's output: every impression, with its click or None."""
+    return {
+        "auction_id": auction_id,
+        "impression_id": impression["impression_id"],
+        "click_id": click and click["click_id"],
+    }
 
 
 async def produce(
@@ -115,8 +130,65 @@ async def test_backfill_of_the_demo_join_produces_exactly_the_expected_joins(
     assert result.records_read == len(traffic.records) and result.late == 0
 
 
+async def test_left_join_backfill_split_beyond_the_partitions_equals_one_task_per_partition(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    """From Kafka, a left join run in 3 parts per partition writes the same records, in the same
+    order per key, as one task per partition: its unmatched impressions included."""
+    from streamjoin.spark import KafkaSink, backfill
+    from streamjoin.spark.sources import KafkaSource
+    from streamjoin.spark.testing import shared_test_session
+
+    app = demo_app(kafka_bootstrap, unique_topic, how="left", fun=impression_clicks)
+    decl = app.joins["ad_clicks"]
+    await ensure_topics(
+        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (decl.left, decl.right)]
+    )
+    traffic = generate(1000, seed=13)
+    names = {"impressions": decl.left.name, "clicks": decl.right.name}
+    await produce(
+        kafka_bootstrap,
+        [
+            (names[r.topic], r.key, json.dumps(r.value).encode(), r.timestamp_ms, None)
+            for r in traffic.records
+        ],
+    )
+    spark = await asyncio.to_thread(shared_test_session)
+    written: dict[int, list[tuple[int, bytes, bytes, int]]] = {}
+    for parallelism in (1, 3 * PARTITIONS):
+        topic = unique_topic(f"out{parallelism}")
+        result = await asyncio.to_thread(
+            backfill,
+            app,
+            "ad_clicks",
+            source=KafkaSource(kafka_bootstrap),
+            output=KafkaSink(topic),
+            spark=spark,
+            parallelism=parallelism,
+        )
+        assert result.tasks == max(parallelism, PARTITIONS)
+        written[parallelism] = await read_topic(kafka_bootstrap, topic)
+
+    def per_key(out: list[tuple[int, bytes, bytes, int]]) -> dict[bytes, list[tuple[Any, ...]]]:
+        keys: dict[bytes, list[tuple[Any, ...]]] = {}
+        for partition, key, value, ts in out:  # in offset order within each partition
+            keys.setdefault(key, []).append((partition, value, ts))
+        return keys
+
+    one, split = written[1], written[3 * PARTITIONS]
+    assert Counter(split) == Counter(one)
+    assert per_key(split) == per_key(one)
+    joined = [json.loads(value) for _, _, value, _ in one]
+    matched = {
+        (v["auction_id"], v["impression_id"], v["click_id"]) for v in joined if v["click_id"]
+    }
+    assert matched == traffic.expected_joins
+    assert sum(1 for v in joined if v["click_id"] is None) > 0  # unmatched impressions emitted
+
+
+@pytest.mark.parametrize("parallelism", [None, 2 * PARTITIONS])
 async def test_backfill_refuses_topics_not_partitioned_by_murmur2(
-    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path, parallelism: int | None
 ) -> None:
     from streamjoin.errors import CopartitioningError
     from streamjoin.spark import FileSink, backfill
@@ -140,6 +212,7 @@ async def test_backfill_refuses_topics_not_partitioned_by_murmur2(
             source=KafkaSource(kafka_bootstrap),
             output=FileSink(str(tmp_path / "out")),
             spark=spark,
+            parallelism=parallelism,
         )
 
 

@@ -41,6 +41,26 @@ def test_exactly_one_source_is_required() -> None:
     assert result.exit_code != 0 and "exactly one of --from-kafka" in result.output
 
 
+def test_parallelism_must_be_positive() -> None:
+    assert "--parallelism" in CliRunner().invoke(cli, ["backfill", "--help"]).output
+    result = CliRunner().invoke(
+        cli,
+        [
+            "backfill",
+            "-A",
+            "examples.ad_monetization:app",
+            "ad_clicks",
+            "--input",
+            "x.json",
+            "--output",
+            "out/",
+            "--parallelism",
+            "0",
+        ],
+    )
+    assert result.exit_code == 2 and "--parallelism" in result.output and ">=1" in result.output
+
+
 def test_parsers() -> None:
     assert parse_time("1767225600000") == 1767225600000
     assert parse_time("2026-01-01T00:00:00") == 1767225600000

@@ -1,4 +1,4 @@
-"""The Spark partitioner UDF against Kafka's published murmur2 vectors and partition_for_key."""
+"""The Spark partitioner (JVM column, UDF) vs Kafka's murmur2 vectors and partition_for_key."""
 
 from __future__ import annotations
 
@@ -44,8 +44,10 @@ def test_import_without_pyspark_names_the_extra() -> None:
 
 
 @pytest.mark.spark
-def test_udf_matches_vectors_and_partition_for_key_on_random_keys() -> None:
-    from streamjoin.spark.partitioning import with_kafka_partition
+def test_jvm_column_and_udf_match_vectors_and_partition_for_key_on_random_keys() -> None:
+    from pyspark.sql.functions import col
+
+    from streamjoin.spark.partitioning import kafka_partition_udf, with_kafka_partition
     from streamjoin.spark.testing import shared_test_session
 
     spark = shared_test_session()
@@ -55,6 +57,8 @@ def test_udf_matches_vectors_and_partition_for_key_on_random_keys() -> None:
     keys.append(None)
     for n in (1, 10, 12):
         df = spark.createDataFrame([(i, k) for i, k in enumerate(keys)], "i int, key binary")
-        got = {r.i: r.kpart for r in with_kafka_partition(df, n).collect()}
+        placed = with_kafka_partition(df, n).withColumn("udf", kafka_partition_udf(n)(col("key")))
+        rows = placed.collect()
         want = {i: None if k is None else partition_for_key(k, n) for i, k in enumerate(keys)}
-        assert got == want
+        assert {r.i: r.kpart for r in rows} == want  # on the JVM
+        assert {r.i: r.udf for r in rows} == want  # the Python UDF
