@@ -286,12 +286,29 @@ def table(report: dict[str, Any]) -> str:
         "Python worker peak RSS MB | tree peak RSS MB | correct |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+
+    def cell(value: Any) -> str:
+        """A number rounded for reading (``,`` separated), or empty when not measured."""
+        if value is None:
+            return ""
+        if isinstance(value, float):
+            return f"{value:,.1f}"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
     for r in report["results"]:
+        numbers = [
+            r["records"],
+            r["job_seconds"],
+            r["records_per_s"],
+            r["wall_seconds"],
+            r["cpu_seconds"],
+            r["jvm_peak_rss_mb"],
+            r["python_worker_peak_rss_mb"],
+            r["tree_peak_rss_mb"],
+        ]
         rows.append(
-            f"| {r['system']} ({r['version']}) | {r['records']:,} | {r['job_seconds']} | "
-            f"{r['records_per_s'] and format(r['records_per_s'], ',')} | {r['wall_seconds']} | "
-            f"{r['cpu_seconds']} | {r['jvm_peak_rss_mb']} | {r['python_worker_peak_rss_mb']} | "
-            f"{r['tree_peak_rss_mb']} | {r['correct']} ({r['status']}) |"
+            f"| {r['system']} ({r['version']}) | {' | '.join(map(cell, numbers))} | "
+            f"{r['correct']} ({r['status']}) |"
         )
     lines = [f"`{report['command']}` (load {report['load']}, {report['cpus']} CPUs)", "", *rows]
     for name, value in report["ratios"].items():
