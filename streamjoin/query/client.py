@@ -83,6 +83,55 @@ def key_text(key: Any) -> str:
     return json.dumps(key, separators=(",", ":"))
 
 
+def _host_list(hosts: Sequence[str], client: str) -> list[str]:
+    """``hosts`` as a list of ``host:port`` (a comma-separated string is split)."""
+    if isinstance(hosts, str):
+        hosts = [h for h in hosts.split(",") if h.strip()]
+    if not hosts:
+        raise ConfigurationError(f"{client} needs at least one host:port")
+    return [h.strip() for h in hosts]
+
+
+class _Attempts:
+    """One read's retry policy, without I/O (both clients drive it): which host to ask
+    next, and how long to wait after a ``503`` or an unreachable host, within the deadline.
+    ``hosts`` and ``turn`` are the client's, so the next read starts where this one ended."""
+
+    def __init__(self, hosts: list[str], turn: int, retry_for: float) -> None:
+        self.hosts = hosts
+        self.turn = turn
+        self.retry_for = retry_for
+        self.deadline = time.monotonic() + retry_for
+        self.failures: list[str] = []
+
+    @property
+    def host(self) -> str:
+        return self.hosts[self.turn % len(self.hosts)]
+
+    def unavailable(self, exc: QueryUnavailable) -> float:
+        """Seconds to wait before asking again; raises when that passes the deadline."""
+        self.failures.append(f"{self.host}: {exc}")
+        if time.monotonic() + exc.retry_after > self.deadline:
+            raise QueryUnavailable(
+                f"no answer within {self.retry_for:.0f} s of retries: {exc}", exc.retry_after
+            ) from exc
+        return exc.retry_after
+
+    def unreachable(self, exc: BaseException, reason: str) -> float | None:
+        """Moves to the next host; seconds to wait first after each round of every host
+        (None: ask the next one at once); raises :class:`QueryFailed` once every host
+        failed and the deadline passed."""
+        self.failures.append(f"{self.host}: {reason}")
+        self.turn += 1
+        if len(self.failures) >= len(self.hosts) and time.monotonic() >= self.deadline:
+            raise QueryFailed(
+                "no host answered: " + "; ".join(self.failures[-len(self.hosts) :])
+            ) from exc
+        if self.turn % len(self.hosts) == 0:
+            return min(0.5, max(0.0, self.deadline - time.monotonic()))
+        return None
+
+
 class TableClient:
     """Reads tables through any of ``hosts`` (``"host:port"`` of workers' web servers).
 
@@ -102,11 +151,7 @@ class TableClient:
         redirect: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if isinstance(hosts, str):
-            hosts = [h for h in hosts.split(",") if h.strip()]
-        if not hosts:
-            raise ConfigurationError("TableClient needs at least one host:port")
-        self.hosts = [h.strip() for h in hosts]
+        self.hosts = _host_list(hosts, "TableClient")
         self._token = token
         self._timeout = timeout
         self._retry_for = retry_for
@@ -131,12 +176,10 @@ class TableClient:
         ``retry_for`` got a 503; :class:`QueryFailed` when no host answered.
         """
         text = key_text(key)
-        deadline = time.monotonic() + self._retry_for
-        failures: list[str] = []
+        attempts = _Attempts(self.hosts, self._next, self._retry_for)
         while True:
-            base = self.hosts[self._next % len(self.hosts)]
             url = query_url(
-                base,
+                attempts.host,
                 table,
                 text,
                 from_ms=from_ms,
@@ -147,23 +190,12 @@ class TableClient:
             try:
                 return self._fetch(url)
             except QueryUnavailable as exc:
-                failures.append(f"{base}: {exc}")
-                wait = exc.retry_after
-                if time.monotonic() + wait > deadline:
-                    raise QueryUnavailable(
-                        f"no answer within {self._retry_for:.0f} s of retries: {exc}",
-                        exc.retry_after,
-                    ) from exc
-                self._sleep(wait)
+                self._sleep(attempts.unavailable(exc))
             except OSError as exc:  # refused, unreachable, timed out
-                failures.append(f"{base}: {exc}")
-                self._next += 1
-                if len(failures) >= len(self.hosts) and time.monotonic() >= deadline:
-                    raise QueryFailed(
-                        "no host answered: " + "; ".join(failures[-len(self.hosts) :])
-                    ) from exc
-                if self._next % len(self.hosts) == 0:
-                    self._sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                wait = attempts.unreachable(exc, str(exc))
+                self._next = attempts.turn
+                if wait is not None:
+                    self._sleep(wait)
 
     def value(self, table: str, key: Any, *, allow_stale: bool = False) -> Any:
         """Just the value of ``key`` (:class:`KeyNotFound` when there is none)."""
@@ -225,11 +257,7 @@ class AsyncTableClient:
     ) -> None:
         import aiohttp
 
-        if isinstance(hosts, str):
-            hosts = [h for h in hosts.split(",") if h.strip()]
-        if not hosts:
-            raise ConfigurationError("AsyncTableClient needs at least one host:port")
-        self.hosts = [h.strip() for h in hosts]
+        self.hosts = _host_list(hosts, "AsyncTableClient")
         self._retry_for = retry_for
         self._redirect = redirect
         self._next = 0
@@ -268,12 +296,10 @@ class AsyncTableClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         text = key_text(key)
-        deadline = time.monotonic() + self._retry_for
-        failures: list[str] = []
+        attempts = _Attempts(self.hosts, self._next, self._retry_for)
         while True:
-            base = self.hosts[self._next % len(self.hosts)]
             url = query_url(
-                base,
+                attempts.host,
                 table,
                 text,
                 from_ms=from_ms,
@@ -288,23 +314,14 @@ class AsyncTableClient:
                     return body
                 error = _error_for(status, raw, retry_after, url)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                failures.append(f"{base}: {exc!r}")
-                self._next += 1
-                if len(failures) >= len(self.hosts) and time.monotonic() >= deadline:
-                    raise QueryFailed(
-                        "no host answered: " + "; ".join(failures[-len(self.hosts) :])
-                    ) from exc
-                if self._next % len(self.hosts) == 0:
-                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                wait = attempts.unreachable(exc, repr(exc))
+                self._next = attempts.turn
+                if wait is not None:
+                    await asyncio.sleep(wait)
                 continue
             if not isinstance(error, QueryUnavailable):
                 raise error
-            if time.monotonic() + error.retry_after > deadline:
-                raise QueryUnavailable(
-                    f"no answer within {self._retry_for:.0f} s of retries: {error}",
-                    error.retry_after,
-                ) from error
-            await asyncio.sleep(error.retry_after)
+            await asyncio.sleep(attempts.unavailable(error))
 
     async def value(self, table: str, key: Any, *, allow_stale: bool = False) -> Any:
         """Just the value of ``key`` (:class:`KeyNotFound` when there is none)."""
