@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         StreamTableJoinDecl,
         TableTableJoinDecl,
     )
+    from streamjoin.topics import Topic
 
 __all__ = [
     "JoinRunner",
@@ -121,8 +122,7 @@ class JoinRunner(_Caller):
         out_partitions: int,
         close: bool = False,
     ) -> JoinRunner:
-        out_key = decl.output.key_codec if decl.output is not None else decl.left.key_codec
-        out_value = decl.output.value_codec if decl.output is not None else config.value_codec
+        out_key, out_value = _output_codecs(config, decl.output, decl.left.key_codec)
         return cls(
             decl.spec,
             decl.fun,
@@ -214,8 +214,7 @@ class StreamTableRunner(_Caller):
         out_partitions: int,
         emit_from_ms: int | None = None,
     ) -> StreamTableRunner:
-        out_key = decl.output.key_codec if decl.output is not None else decl.stream.key_codec
-        out_value = decl.output.value_codec if decl.output is not None else config.value_codec
+        out_key, out_value = _output_codecs(config, decl.output, decl.stream.key_codec)
         return cls(
             decl.how,  # type: ignore[arg-type]  # outer is refused at declaration
             decl.fun,
@@ -248,11 +247,7 @@ class StreamTableRunner(_Caller):
                 self.stats["records"] += 1
                 if side == "right":
                     row_key = _key_bytes(table_key, table_key.loads(key))
-                    row = None if value is None else table_value.loads(value)
-                    if row is None:
-                        rows.pop(row_key, None)
-                    else:
-                        rows[row_key] = row
+                    _apply_row(rows, row_key, value, table_value)
                     continue
                 if emit_from is not None and timestamp_ms < emit_from:
                     continue
@@ -308,8 +303,7 @@ class TableTableRunner(_Caller):
         final_only: bool = False,
         emit_from_ms: int | None = None,
     ) -> TableTableRunner:
-        out_key = decl.output.key_codec if decl.output is not None else decl.left.key_codec
-        out_value = decl.output.value_codec if decl.output is not None else config.value_codec
+        out_key, out_value = _output_codecs(config, decl.output, decl.left.key_codec)
         return cls(
             decl.how,
             decl.fun,
@@ -348,13 +342,7 @@ class TableTableRunner(_Caller):
                 self.stats["records"] += 1
                 key_codec, value_codec = codecs[side]
                 decoded_key = key_codec.loads(key)
-                row = None if value is None else value_codec.loads(value)
-                table = tables[side]
-                row_key = _key_bytes(key_codec, decoded_key)
-                if row is None:
-                    table.pop(row_key, None)
-                else:
-                    table[row_key] = row
+                _apply_row(tables[side], _key_bytes(key_codec, decoded_key), value, value_codec)
                 left_row = tables["left"].get(_key_bytes(left_key, decoded_key))
                 right_row = tables["right"].get(_key_bytes(right_key, decoded_key))
                 keep = join.has_row(
@@ -386,6 +374,26 @@ class TableTableRunner(_Caller):
 
 
 Runner = JoinRunner | StreamTableRunner | TableTableRunner
+
+
+def _output_codecs(
+    config: AppConfig, output: Topic | None, default_key: Codec
+) -> tuple[Codec, Codec]:
+    """Key and value codecs of a join's results: its output topic's, else the input's key
+    codec and the app's value codec (a join without an output topic)."""
+    if output is not None:
+        return output.key_codec, output.value_codec
+    return default_key, config.value_codec
+
+
+def _apply_row(rows: dict[bytes, Any], row_key: bytes, value: bytes | None, codec: Codec) -> None:
+    """A topic table's rule for one source record: a null value, or one decoding to None,
+    deletes the row; anything else replaces it (decoded, as the table returns it)."""
+    row = None if value is None else codec.loads(value)
+    if row is None:
+        rows.pop(row_key, None)
+    else:
+        rows[row_key] = row
 
 
 def _key_bytes(codec: Codec, key: Any) -> bytes:
