@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 import streamjoin
 from examples.ad_monetization import ad_clicks
-from examples.ad_traffic import GRACE_MS, WINDOW_MS, generate
+from examples.ad_traffic import GRACE_MS, WINDOW_MS, Traffic, generate
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
 
@@ -72,6 +72,21 @@ async def produce(
         await producer.stop()
 
 
+async def produce_demo_traffic(bootstrap: str, decl: Any, auctions: int, seed: int) -> Traffic:
+    """The demo's generated traffic, produced to the join's (new) input topics."""
+    await ensure_topics(bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (decl.left, decl.right)])
+    traffic = generate(auctions, seed=seed)
+    names = {"impressions": decl.left.name, "clicks": decl.right.name}
+    await produce(
+        bootstrap,
+        [
+            (names[r.topic], r.key, json.dumps(r.value).encode(), r.timestamp_ms, None)
+            for r in traffic.records
+        ],
+    )
+    return traffic
+
+
 async def read_topic(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes, int]]:
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
@@ -98,18 +113,7 @@ async def test_backfill_of_the_demo_join_produces_exactly_the_expected_joins(
 
     app = demo_app(kafka_bootstrap, unique_topic)
     decl = app.joins["ad_clicks"]
-    await ensure_topics(
-        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (decl.left, decl.right)]
-    )
-    traffic = generate(1500, seed=11)
-    names = {"impressions": decl.left.name, "clicks": decl.right.name}
-    await produce(
-        kafka_bootstrap,
-        [
-            (names[r.topic], r.key, json.dumps(r.value).encode(), r.timestamp_ms, None)
-            for r in traffic.records
-        ],
-    )
+    traffic = await produce_demo_traffic(kafka_bootstrap, decl, 1500, seed=11)
     spark = await asyncio.to_thread(shared_test_session)
     result = await asyncio.to_thread(
         backfill,
@@ -141,18 +145,7 @@ async def test_left_join_backfill_split_beyond_the_partitions_equals_one_task_pe
 
     app = demo_app(kafka_bootstrap, unique_topic, how="left", fun=impression_clicks)
     decl = app.joins["ad_clicks"]
-    await ensure_topics(
-        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (decl.left, decl.right)]
-    )
-    traffic = generate(1000, seed=13)
-    names = {"impressions": decl.left.name, "clicks": decl.right.name}
-    await produce(
-        kafka_bootstrap,
-        [
-            (names[r.topic], r.key, json.dumps(r.value).encode(), r.timestamp_ms, None)
-            for r in traffic.records
-        ],
-    )
+    traffic = await produce_demo_traffic(kafka_bootstrap, decl, 1000, seed=13)
     spark = await asyncio.to_thread(shared_test_session)
     written: dict[int, list[tuple[int, bytes, bytes, int]]] = {}
     for parallelism in (1, 3 * PARTITIONS):
