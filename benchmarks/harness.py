@@ -118,8 +118,10 @@ def load_average() -> str:
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
     if proc.poll() is not None:
         return
-    # (py-spy writes its profile on SIGINT; on SIGTERM it dies without writing it)
-    stop = signal.SIGINT if os.environ.get("STREAMJOIN_BENCH_PYSPY") else signal.SIGTERM
+    # (py-spy and cProfile write their profiles on SIGINT; on SIGTERM they die without)
+    env = os.environ
+    profiled = env.get("STREAMJOIN_BENCH_PYSPY") or env.get("STREAMJOIN_BENCH_CPROFILE")
+    stop = signal.SIGINT if profiled else signal.SIGTERM
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, stop)
     try:
@@ -150,7 +152,9 @@ def peak_rss_mb(pid: int) -> float | None:
 def py_spy_prefix(name: str) -> list[str]:
     """``py-spy record`` in front of a streamjoin worker's command when the environment
     names a directory in ``STREAMJOIN_BENCH_PYSPY`` (profiles: ``benchmarks/profile_summary.py``).
-    CPU time and RSS are then those of the worker under py-spy's sampling."""
+    CPU time and RSS are then those of the worker under py-spy's sampling.
+    ``STREAMJOIN_BENCH_PYSPY_BLOCKING=1`` pauses the worker for each sample: slower, but
+    no frame is lost to a sample read while the interpreter changes its stack."""
     out = os.environ.get("STREAMJOIN_BENCH_PYSPY")
     if not out:
         return []
@@ -163,11 +167,22 @@ def py_spy_prefix(name: str) -> list[str]:
         "raw",
         "--rate",
         "250",
-        "--nonblocking",
+        *([] if os.environ.get("STREAMJOIN_BENCH_PYSPY_BLOCKING") else ["--nonblocking"]),
         "-o",
         str(Path(out) / f"{name}.txt"),
         "--",
     ]
+
+
+def cprofile_args(name: str) -> list[str]:
+    """``-m cProfile -o DIR/<name>.prof`` after a streamjoin worker's interpreter when
+    ``STREAMJOIN_BENCH_CPROFILE`` names a directory: exact call counts per function (how
+    many calls one event costs), at several times the CPU time, so not a measurement."""
+    out = os.environ.get("STREAMJOIN_BENCH_CPROFILE")
+    if not out:
+        return []
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return ["-m", "cProfile", "-o", str(Path(out) / f"{name}.prof")]
 
 
 # --------------------------------------------------------------------------- broker I/O
@@ -483,6 +498,7 @@ def workload_commands(
                 [
                     *py_spy_prefix(f"{name}-{i}"),
                     *python_cmd,
+                    *cprofile_args(f"{name}-{i}"),
                     "-m",
                     "streamjoin.cli",
                     "worker",

@@ -67,6 +67,7 @@ from benchmarks.harness import (
     ROOT,
     VENV_ROOT,
     baseline_worker,
+    cprofile_args,
     dist_version,
     log_tail,
     peak_rss_mb,
@@ -219,6 +220,7 @@ class Run:
             cmd = [
                 *py_spy_prefix(self.name),
                 *python_cmd,
+                *cprofile_args(self.name),
                 "-m",
                 "streamjoin.cli",
                 "worker",
