@@ -143,6 +143,11 @@ class StrCodec:
 
     def dumps(self, obj: Any) -> bytes | None:
         """Encode ``str`` as UTF-8; other types are refused so ids are never ``repr``-ed."""
+        if type(obj) is str:
+            try:
+                return obj.encode()
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: _utf8 words the error
         if obj is None:
             return None
         if isinstance(obj, str):
@@ -154,6 +159,8 @@ class StrCodec:
         if data is None:
             return None
         try:
+            if type(data) is bytes:
+                return data.decode()  # (strict UTF-8, as below, without the type check)
             return str(_check_bytes(self.name, data), "utf-8")
         except UnicodeDecodeError as exc:
             raise _decode_error(self.name, data, str(exc), "str") from exc
@@ -191,6 +198,7 @@ _ENCODER = json.JSONEncoder(
 #: types orjson writes byte for byte as the encoder above does (not float: orjson writes
 #: 1e-05 as 1e-5 and NaN as null; not subclasses, whose JSON form the encoder decides)
 _PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
+_STR_ONLY = frozenset((str,))
 #: what the encoder does with a str (ensure_ascii=False)
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
 #: 19 digits in a row: maybe an integer beyond 64 bits (below -2**63 takes 19), which
@@ -203,12 +211,12 @@ _DIGITS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x78 for c in range(256))
 def _plain(obj: Any) -> bool:
     """Whether ``obj`` is a dict (str keys) or list of scalars, which orjson encodes to
     exactly the bytes of :data:`_ENCODER` (the key bytes decide partitions)."""
+    # (the types of all keys and values are checked by C loops: no Python step per item)
     if type(obj) is dict:
-        for key, value in obj.items():
-            if type(key) is not str or type(value) not in _PLAIN_SCALARS:
-                return False
-        return True
-    return type(obj) is list and all(type(item) in _PLAIN_SCALARS for item in obj)
+        return _STR_ONLY.issuperset(map(type, obj)) and _PLAIN_SCALARS.issuperset(
+            map(type, obj.values())
+        )
+    return type(obj) is list and _PLAIN_SCALARS.issuperset(map(type, obj))
 
 
 def _json_dumps(codec: str, obj: Any) -> bytes:
@@ -235,12 +243,16 @@ def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
     # orjson reads strict UTF-8 JSON as the standard parser does, several times faster;
     # what it refuses (NaN, lone surrogate escapes, deep nesting, bad bytes) or might read
     # differently (integers beyond 64 bits) goes to the standard parser, which also words
-    # the error.
+    # the error. (JsonCodec.loads inlines the first step: it runs for every JSON value.)
     if type(data) is bytes and (len(data) < 19 or _LONG_DIGITS not in data.translate(_DIGITS)):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
+    return _json_loads_standard(codec, data, target)
+
+
+def _json_loads_standard(codec: str, data: _Bytes, target: str | None) -> Any:
     try:
         # Decode first: json.loads(bytes) would silently accept UTF-16/32 too.
         return json.loads(str(_check_bytes(codec, data), "utf-8"))
@@ -267,7 +279,13 @@ class JsonCodec:
         """Parse strict UTF-8 JSON."""
         if data is None:
             return None
-        return _json_loads(self.name, data, None)
+        # _json_loads's fast path, inlined (one call less per value)
+        if type(data) is bytes and (len(data) < 19 or _LONG_DIGITS not in data.translate(_DIGITS)):
+            try:
+                return orjson.loads(data)
+            except orjson.JSONDecodeError:
+                pass
+        return _json_loads_standard(self.name, data, None)
 
     def __repr__(self) -> str:
         return "JSON"

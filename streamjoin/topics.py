@@ -70,8 +70,14 @@ class Topic:
         the event being processed is not committed until this record is acknowledged
         (at-least-once).
         """
-        timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, f"{self.name!r}: send()")
-        sender = self.link.require_sender(self.name)
+        if timestamp is not None or (
+            timestamp_ms is not None and (type(timestamp_ms) is not int or timestamp_ms < 0)
+        ):
+            # (the check, only for what it might refuse: sends are per event)
+            timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, f"{self.name!r}: send()")
+        sender = self.link.sender
+        if sender is None:
+            sender = self.link.require_sender(self.name)
         key_bytes = self.key_codec.dumps(key)
         value_bytes = self.value_codec.dumps(value)
         if partition is None and key_bytes is not None:

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamjoin.context import current_record
+from streamjoin.context import current_event
+from streamjoin.events import RawRecord
 from streamjoin.state import window_layout as layout
 from streamjoin.state.keys import encode_uint64, length_prefixed, window_key
 from streamjoin.state.table_partition import TablePartition
@@ -48,6 +49,13 @@ def _keys_of(key_bytes: bytes, start: int) -> tuple[bytes, bytes]:
     )
 
 
+def _data_key_of(key_bytes: bytes, start: int) -> bytes:
+    """The first of :func:`_keys_of` alone (a read needs no index key)."""
+    if type(key_bytes) is bytes and len(key_bytes) < _MAX_KEY_BYTES and 0 <= start < 1 << 63:
+        return DATA + _U32(len(key_bytes)) + key_bytes + _U64(start)
+    return DATA + window_key(key_bytes, start)
+
+
 @dataclass(eq=False)
 class WindowedTable(Table):
     """``table[key]`` reads and writes the value of the current event's window.
@@ -58,52 +66,54 @@ class WindowedTable(Table):
 
     windows: WindowSpec | None = field(default=None, repr=False)
     #: (record, its table partition, its windows) of the event last seen
-    _context: tuple[Any, TablePartition, list[tuple[int, int]]] | None = field(
+    _context: tuple[RawRecord, TablePartition, list[tuple[int, int]]] | None = field(
         default=None, init=False, repr=False
     )
-    #: (partition, windows, key, its data key, the window existed) of the last read of the
-    #: current window: ``table[key] = ...`` right after (``+=``) in the same event reuses them
-    _last_read: tuple[TablePartition, list[tuple[int, int]], Any, bytes, bool] | None = field(
-        default=None, init=False, repr=False
-    )
+    #: (record, partition, windows, key, its data key, the window existed) of the last read
+    #: of the current window: ``table[key] = ...`` right after (``+=``) in the same event
+    #: (the same record) reuses them
+    _last_read: (
+        tuple[RawRecord, TablePartition, list[tuple[int, int]], Any, bytes, bool] | None
+    ) = field(default=None, init=False, repr=False)
 
     def _spec(self) -> WindowSpec:
         if self.windows is None:
             raise TableAccessError(f"windowed table {self.name!r} has no window spec")
         return self.windows
 
-    def _event_context(self) -> tuple[TablePartition, list[tuple[int, int]]]:
-        """The current event's table partition and windows.
+    def _event_context(self) -> tuple[RawRecord, TablePartition, list[tuple[int, int]]]:
+        """The current event's record, table partition and windows.
 
         Computed once per event: ``counts[k] += 1`` reads and writes the table, and each
         access would otherwise look up the partition, read and decode the stream time and
         compute the windows again (kept with the record, so another event recomputes).
         """
-        record = current_record()
-        if record is None:
+        event = current_event.get()
+        if event is None:
             raise TableAccessError(
                 f"windowed table {self.name!r}: table[key], get and `in` read the current "
                 "event's window, so they work inside agents only; elsewhere use "
                 "table.windows_of(key, from_ms, to_ms)"
             )
+        record = event.record
         context = self._context
         if context is not None and context[0] is record:
-            return context[1], context[2]
+            return context
         view = self._state(None, writing=False)
         _advance_stream_time(view, record.timestamp)
         windows = self._spec().windows_for(record.timestamp)
-        self._context = (record, view, windows)
-        return view, windows
+        context = self._context = (record, view, windows)
+        return context
 
     def _current_value(self, key: Any) -> bytes | None:
         """The stored value of ``key`` in the current event's (latest) window.
 
         Remembers what it read, so that ``table[key] = ...`` right after (``+=``) knows
         the window exists without reading it again."""
-        view, windows = self._event_context()
-        data_key = _keys_of(self._encode_key(key), windows[-1][0])[0]
+        record, view, windows = self._event_context()
+        data_key = _data_key_of(self._encode_key(key), windows[-1][0])
         raw = view.get(data_key)
-        self._last_read = (view, windows, key, data_key, raw is not None)
+        self._last_read = (record, view, windows, key, data_key, raw is not None)
         return raw
 
     def __getitem__(self, key: Any) -> Any:
@@ -124,7 +134,7 @@ class WindowedTable(Table):
 
     def __delitem__(self, key: Any) -> None:
         """Delete ``key`` from every window of the current event (KeyError if in none)."""
-        view, windows = self._event_context()
+        _, view, windows = self._event_context()
         self._last_read = None
         key_bytes = self._encode_key(key)
         found = False
@@ -138,26 +148,29 @@ class WindowedTable(Table):
             raise KeyError(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        view, windows = self._event_context()
+        last_read, self._last_read = self._last_read, None
+        event = current_event.get()
+        index_key: bytes | None
+        if (
+            last_read is not None
+            and event is not None
+            and last_read[0] is event.record  # the same event
+            and type(last_read[3]) is type(key)
+            and last_read[3] == key
+        ):
+            # ``+=``: the key was just read in this window (type too: 1 == True == 1.0)
+            view, windows = last_read[1], last_read[2]
+            data_key, existed = last_read[4], last_read[5]
+            index_key = None  # packed below only if the window is new
+        else:
+            _, view, windows = self._event_context()
+            data_key, index_key = _keys_of(self._encode_key(key), windows[0][0])
+            existed = False
         if len(windows) != 1:
             raise TableAccessError(
                 f"table {self.name!r} has hopping windows: an event is in {len(windows)} "
                 "windows, so use table.update(key, fn) to change each of them"
             )
-        last_read, self._last_read = self._last_read, None
-        if (
-            last_read is not None
-            and last_read[0] is view
-            and last_read[1] is windows  # the same event (its windows are computed once)
-            and type(last_read[2]) is type(key)
-            and last_read[2] == key
-        ):
-            # ``+=``: the key was just read in this window (type too: 1 == True == 1.0)
-            data_key, existed = last_read[3], last_read[4]
-            index_key: bytes | None = None  # packed below only if the window is new
-        else:
-            data_key, index_key = _keys_of(self._encode_key(key), windows[0][0])
-            existed = False
         encoded = self.value_codec.dumps(value)
         if encoded is None:
             view.delete(data_key)
@@ -171,7 +184,7 @@ class WindowedTable(Table):
 
     def update(self, key: Any, fn: Callable[[Any], Any]) -> None:
         """Replace the value of ``key`` in every window of the current event by ``fn(old)``."""
-        view, windows = self._event_context()
+        _, view, windows = self._event_context()
         self._last_read = None
         key_bytes = self._encode_key(key)
         for start, _end in windows:
