@@ -399,12 +399,13 @@ class RocksDBStorePartition:
             batch.put(META_CHANGELOG_OFFSET, str(changelog_offset).encode(), self._meta_handle)
         if batch.is_empty():
             return
+        entries = len(batch)  # counted now: rocksdict consumes the batch, len() then raises
         try:
             db.write(batch)
         except Exception as exc:
             if str(exc).startswith("Corruption"):
                 raise _read_error(self.path, exc) from exc
-            raise StoreError(f"{self!r}: write of {len(batch)} entries failed: {exc}") from exc
+            raise StoreError(f"{self!r}: write of {entries} entries failed: {exc}") from exc
         if changelog_offset is not None:
             self._offset = changelog_offset
 
