@@ -1,0 +1,220 @@
+"""The RocksDB store's read cache: gets always answer what RocksDB holds, whatever the
+cache's bound, evictions, writes, failures and reopens."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rocksdict import WriteBatch
+
+from streamjoin.errors import ConfigurationError
+from streamjoin.state.base import StoreClosed, StoreError
+from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition
+
+TINY = RocksDBOptions(read_cache_entries=3)
+
+
+def open_store(path: Path, options: RocksDBOptions = TINY, **kw: Any) -> RocksDBStorePartition:
+    return RocksDBStorePartition(path, table="t", partition=0, options=options, **kw)
+
+
+def check_cache_shape(store: RocksDBStorePartition) -> None:
+    """Bounded, and the FIFO order holds exactly the cached keys."""
+    assert len(store._cache) <= store._cache_bound
+    assert list(store._cache_order) == list(store._cache)
+
+
+ALL_KEYS = [b"", b"a", b"b", b"c", b"\xff"]  # more than the cache holds (3)
+KEYS = st.sampled_from(ALL_KEYS)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("get"), KEYS),
+        st.tuples(
+            st.just("write"),
+            st.dictionaries(KEYS, st.one_of(st.none(), st.binary(max_size=3)), max_size=4),
+        ),
+        st.tuples(st.just("reopen"), st.none()),
+    ),
+    min_size=5,
+    max_size=60,
+)
+
+
+@settings(
+    deadline=None,
+    max_examples=100,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=OPS)
+def test_gets_match_a_dict_model_with_constant_eviction(
+    tmp_path: Path, ops: list[tuple[str, Any]]
+) -> None:
+    path = tmp_path / f"store-{next(_ids)}"
+    store = open_store(path)
+    model: dict[bytes, bytes] = {}
+    try:
+        for op, arg in ops:
+            if op == "get":
+                assert store.get(arg) == model.get(arg)
+                assert store.contains(arg) == (arg in model)
+            elif op == "write":
+                store.write(arg, None)
+                for key, value in arg.items():
+                    if value is None:
+                        model.pop(key, None)
+                    else:
+                        model[key] = value
+            else:
+                store.close()
+                store = open_store(path)
+            check_cache_shape(store)
+        for key in ALL_KEYS:
+            assert store.get(key) == model.get(key)
+    finally:
+        store.close()
+
+
+_ids = itertools.count()
+
+
+def test_a_key_read_absent_then_written_is_read_back(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s")
+    try:
+        assert store.get(b"k") is None
+        assert store._cache == {b"k": None}  # the absence is cached
+        store.write({b"k": b"1"}, 1)
+        assert store._cache == {b"k": b"1"}  # written through
+        assert store.get(b"k") == b"1"
+        store.write({b"k": None}, 2)
+        assert store.get(b"k") is None
+        assert not store.contains(b"k")
+    finally:
+        store.close()
+
+
+def test_writes_update_cached_keys_and_do_not_insert_others(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s")
+    try:
+        store.write({b"a": b"1"}, None)
+        assert store._cache == {}
+        assert store.get(b"a") == b"1"
+        store.write({b"a": b"2", b"b": b"2"}, None)
+        assert store._cache == {b"a": b"2"}
+        for key in (b"b", b"c", b"d"):  # a, b, c, d: a is evicted first (FIFO)
+            store.get(key)
+        assert list(store._cache) == [b"b", b"c", b"d"]
+        check_cache_shape(store)
+        value = store.get(b"b")
+        assert type(value) is bytes and value == b"2"
+    finally:
+        store.close()
+
+
+class _DbWhoseWriteFails:
+    """Wraps the store's Rdict; ``write`` raises, after applying the batch if ``applied``
+    (an outcome in doubt: RocksDB may have applied a batch it reports as failed)."""
+
+    def __init__(self, real: Any, applied: bool) -> None:
+        self.real = real
+        self.applied = applied
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def write(self, batch: WriteBatch, *args: Any) -> None:
+        if self.applied:
+            self.real.write(batch, *args)
+        raise OSError("disk full")
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["not-applied", "applied"])
+def test_a_failing_rocksdb_write_leaves_no_stale_cached_value(
+    tmp_path: Path, applied: bool
+) -> None:
+    store = open_store(tmp_path / "s")
+    try:
+        store.write({b"a": b"1"}, 1)
+        assert store.get(b"a") == b"1" and store.get(b"b") is None  # both cached
+        real = store._db
+        store._db = _DbWhoseWriteFails(real, applied)  # type: ignore[assignment]
+        with pytest.raises(StoreError, match="disk full"):
+            store.write({b"a": b"2", b"b": b"2"}, 2)
+        store._db = real
+        assert store._cache == {}
+        check_cache_shape(store)
+        # whatever RocksDB holds now, gets say the same
+        assert store.get(b"a") == (b"2" if applied else b"1")
+        assert store.get(b"b") == (b"2" if applied else None)
+    finally:
+        store.close()
+
+
+def test_a_write_refused_before_rocksdb_changes_nothing(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s")
+    try:
+        store.write({b"a": b"1"}, 1)
+        assert store.get(b"a") == b"1"
+        with pytest.raises(TypeError):
+            store.write({b"a": b"2", b"b": "not bytes"}, 2)  # type: ignore[dict-item]
+        assert store.get(b"a") == b"1" and store.get(b"b") is None
+    finally:
+        store.close()
+
+
+def test_read_only_handles_do_not_cache(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    writer = open_store(path)
+    try:
+        writer.write({b"a": b"1"}, 1)
+        reader = open_store(path, read_only=True)  # no lock: coexists with the writer
+        try:
+            assert reader._cache_bound == 0
+            assert reader.get(b"a") == b"1"
+            assert reader.get(b"missing") is None
+            assert reader._cache == {}
+        finally:
+            reader.close()
+    finally:
+        writer.close()
+
+
+def test_zero_entries_disables_the_cache(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s", RocksDBOptions(read_cache_entries=0))
+    try:
+        store.write({b"a": b"1"}, 1)
+        assert store.get(b"a") == b"1" and store.get(b"b") is None
+        store.write({b"a": b"2"}, 2)
+        assert store.get(b"a") == b"2"
+        assert store._cache == {}
+    finally:
+        store.close()
+
+
+def test_the_default_bound() -> None:
+    assert RocksDBOptions().read_cache_entries == 10_000
+
+
+@pytest.mark.parametrize("bad", [-1, True, False, 1.5, "10"])
+def test_bad_cache_bounds_are_refused_naming_the_option(bad: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"RocksDBOptions\.read_cache_entries"):
+        RocksDBOptions(read_cache_entries=bad)
+
+
+def test_a_closed_store_answers_no_get_even_for_a_cached_key(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s")
+    store.write({b"a": b"1"}, 1)
+    assert store.get(b"a") == b"1" and store.get(b"b") is None
+    store.close()
+    assert store._cache == {}
+    with pytest.raises(StoreClosed):
+        store.get(b"a")
+    store._cache[b"a"] = b"1"  # even if an entry survived close, the closed check comes first
+    with pytest.raises(StoreClosed):
+        store.get(b"a")
+    with pytest.raises(StoreClosed):
+        store.contains(b"b")
