@@ -395,7 +395,20 @@ class AgentRuntime:
             self.acknowledge(inflight)
             return
         if len(sends) == 1:
-            awaited = [_acknowledged_by(sends[0])]
+            delivery = _acknowledged_by(sends[0])
+            if not delivery.done():
+                # the usual case (one send, its batch not yet acknowledged), without the
+                # general loops below
+                inflight.pending = 1
+                inflight.task.awaiting_sends += 1
+                events = self._waiting.get(delivery)
+                if events is None:
+                    self._waiting[delivery] = [inflight]
+                    delivery.add_done_callback(self._delivered)
+                else:
+                    events.append(inflight)
+                return
+            awaited = [delivery]
         else:
             awaited = list({id(d): d for d in map(_acknowledged_by, sends)}.values())
         pending = 0
