@@ -198,7 +198,6 @@ _ENCODER = json.JSONEncoder(
 #: types orjson writes byte for byte as the encoder above does (not float: orjson writes
 #: 1e-05 as 1e-5 and NaN as null; not subclasses, whose JSON form the encoder decides)
 _PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
-_STR_ONLY = frozenset((str,))
 #: what the encoder does with a str (ensure_ascii=False)
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
 #: 19 digits in a row: maybe an integer beyond 64 bits (below -2**63 takes 19), which
@@ -211,12 +210,19 @@ _DIGITS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x78 for c in range(256))
 def _plain(obj: Any) -> bool:
     """Whether ``obj`` is a dict (str keys) or list of scalars, which orjson encodes to
     exactly the bytes of :data:`_ENCODER` (the key bytes decide partitions)."""
-    # (the types of all keys and values are checked by C loops: no Python step per item)
+    # Keys are not checked: orjson refuses any key that is not exactly a str (a subclass
+    # too) with a TypeError, and the caller then asks the encoder.
     if type(obj) is dict:
-        return _STR_ONLY.issuperset(map(type, obj)) and _PLAIN_SCALARS.issuperset(
-            map(type, obj.values())
-        )
-    return type(obj) is list and _PLAIN_SCALARS.issuperset(map(type, obj))
+        for value in obj.values():
+            if type(value) not in _PLAIN_SCALARS:
+                return False
+        return True
+    if type(obj) is list:
+        for item in obj:
+            if type(item) not in _PLAIN_SCALARS:
+                return False
+        return True
+    return False
 
 
 def _json_dumps(codec: str, obj: Any) -> bytes:
@@ -228,8 +234,9 @@ def _json_dumps(codec: str, obj: Any) -> bytes:
     if _plain(obj):
         try:
             # copied: the bytes orjson returns keep a buffer of about 4 KB each, and table
-            # values wait in memory until the next flush
-            return bytes(memoryview(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)))
+            # values wait in memory until the next flush (a join with an empty bytes makes
+            # an exact-size copy, about twice as fast as bytes(memoryview(...)))
+            return b"".join((orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), b""))
         except TypeError:
             pass  # an int beyond 64 bits, a lone surrogate: the encoder decides (and says why)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -683,6 +684,40 @@ def test_json_encodes_exactly_as_the_standard_library(obj: object) -> None:
             codec.dumps(obj)
         return
     assert codec.dumps(obj) == expected
+
+
+class _Label(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {_Label("b"): 1, "a": 2},  # a str subclass key: orjson refuses it, the encoder writes it
+        {1: "x", 2: None},  # int keys: the encoder writes them as strings
+        {True: 1},
+        {"a": 1.5, "b": 1e-05},  # floats: orjson would write 1e-5
+        [1, "x", None, 2.5],
+    ],
+)
+def test_json_dicts_and_lists_outside_the_orjson_path_encode_as_the_standard_library(
+    obj: object,
+) -> None:
+    assert codecs.JsonCodec().dumps(obj) == _stdlib_bytes(obj)
+
+
+def test_json_encoded_values_do_not_keep_orjsons_buffer() -> None:
+    """orjson's bytes keep a buffer of about 4 KB; table values wait for the next flush."""
+    codec = codecs.JsonCodec()
+    assert codec.dumps({"event_id": 1, "tier": "gold"}) == b'{"event_id":1,"tier":"gold"}'
+    tracemalloc.start()
+    try:
+        kept = [codec.dumps({"event_id": i, "tier": "gold"}) for i in range(1_000)]
+        size, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(kept) == 1_000
+    assert size < 1_000 * 200  # (orjson's own bytes: about 4 MB)
 
 
 @settings(max_examples=400, deadline=None)
