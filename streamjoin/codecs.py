@@ -213,12 +213,12 @@ def _plain(obj: Any) -> bool:
     # Keys are not checked: orjson refuses any key that is not exactly a str (a subclass
     # too) with a TypeError, and the caller then asks the encoder.
     if type(obj) is dict:
-        for value in obj.values():
+        for value in obj.values():  # noqa: SIM110 (all() of a generator: about 2x slower)
             if type(value) not in _PLAIN_SCALARS:
                 return False
         return True
     if type(obj) is list:
-        for item in obj:
+        for item in obj:  # noqa: SIM110 (all() of a generator: about 2x slower)
             if type(item) not in _PLAIN_SCALARS:
                 return False
         return True

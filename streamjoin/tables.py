@@ -22,6 +22,7 @@ from streamjoin.codecs import Codec
 from streamjoin.context import RuntimeLink, current_event
 from streamjoin.errors import TableAccessError
 from streamjoin.partitioner import partition_for_key
+from streamjoin.remembered_values import value_loader
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topics import Topic
 
@@ -41,6 +42,11 @@ class Table:
     writers: frozenset[str] = frozenset()
     #: how the running worker's partitions are reached (set by the App)
     link: RuntimeLink = field(default_factory=RuntimeLink, repr=False)
+    #: decodes stored values (JSON values are remembered: see :mod:`~streamjoin.remembered_values`)
+    _load_value: Callable[[bytes], Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._load_value = value_loader(self.value_codec)
 
     @property
     def partitions(self) -> int:
@@ -110,7 +116,7 @@ class Table:
             if self.default is not None:
                 return self.default()
             raise KeyError(key)
-        return self.value_codec.loads(raw)
+        return self._load_value(raw)
 
     def get(self, key: Any, default: Any = None) -> Any:
         key_bytes = self._encode_key(key)
@@ -121,7 +127,7 @@ class Table:
         if state is None:
             state = self._state(key_bytes, writing=False)
         raw = state.lookup(key_bytes)
-        return default if raw is None else self.value_codec.loads(raw)
+        return default if raw is None else self._load_value(raw)
 
     def __contains__(self, key: Any) -> bool:
         key_bytes = self._encode_key(key)

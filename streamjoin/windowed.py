@@ -72,9 +72,9 @@ class WindowedTable(Table):
     #: (record, partition, windows, key, its data key, the window existed) of the last read
     #: of the current window: ``table[key] = ...`` right after (``+=``) in the same event
     #: (the same record) reuses them
-    _last_read: (
-        tuple[RawRecord, TablePartition, list[tuple[int, int]], Any, bytes, bool] | None
-    ) = field(default=None, init=False, repr=False)
+    _last_read: tuple[RawRecord, TablePartition, list[tuple[int, int]], Any, bytes, bool] | None = (
+        field(default=None, init=False, repr=False)
+    )
 
     def _spec(self) -> WindowSpec:
         if self.windows is None:
@@ -122,12 +122,12 @@ class WindowedTable(Table):
             if self.default is not None:
                 return self.default()
             raise KeyError(key)
-        return self.value_codec.loads(raw)
+        return self._load_value(raw)
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key`` in the current event's window, else ``default``."""
         raw = self._current_value(key)
-        return default if raw is None else self.value_codec.loads(raw)
+        return default if raw is None else self._load_value(raw)
 
     def __contains__(self, key: Any) -> bool:
         return self._current_value(key) is not None
@@ -191,7 +191,7 @@ class WindowedTable(Table):
             data_key, index_key = _keys_of(key_bytes, start)
             raw = view.get(data_key)
             if raw is not None:
-                old = self.value_codec.loads(raw)
+                old = self._load_value(raw)
             else:
                 old = self.default() if self.default is not None else None
             encoded = self.value_codec.dumps(fn(old))

@@ -16,7 +16,7 @@ from streamjoin.state.keys import encode_uint64, length_prefixed
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import HoppingWindows, TumblingWindows
 from streamjoin.testing.driver import TestDriver
-from streamjoin.windowed import WindowedTable, _keys_of
+from streamjoin.windowed import WindowedTable, _data_key_of, _keys_of
 
 
 async def test_tumbling_counts_per_window_and_expiry() -> None:
@@ -378,6 +378,7 @@ def test_window_keys_are_the_layouts(key: bytes, start: int) -> None:
         layout.data_key(key, start),
         layout.index_key(start, length_prefixed(key)),
     )
+    assert _data_key_of(key, start) == layout.data_key(key, start)
 
 
 async def test_a_read_then_a_write_of_a_key_in_the_next_event_writes_that_events_window() -> None:
