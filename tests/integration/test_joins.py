@@ -290,6 +290,127 @@ async def produce_at(bootstrap: str, topic: str, records: list[tuple[str, str, i
         await producer.stop()
 
 
+CHANGING_ROWS_APP = '''
+"""A left stream-table join whose function changes the row it is given (test_joins.py)."""
+import os
+
+import streamjoin
+
+app = streamjoin.App(
+    os.environ["SJT_APP_ID"], broker=os.environ["SJT_BROKER"], commit_interval=0.2
+)
+users = app.topic(os.environ["SJT_USERS"], key_serializer="str", partitions=3)
+events = app.topic(os.environ["SJT_EVENTS"], key_serializer="str", partitions=3)
+out = app.topic(os.environ["SJT_OUTPUT"], key_serializer="str", partitions=3)
+users_table = app.topic_table(users)
+
+
+@app.join(events, users_table, how="left", output=out)
+def enrich(key, event, user):
+    seen = None if user is None else dict(user)
+    if user is not None:
+        user["tier"] = "changed by the join function"  # must not reach the next event
+    return {"id": event, "user": seen}
+'''
+
+
+async def produce_rows(
+    bootstrap: str, topic: str, records: list[tuple[str, bytes | None, int]]
+) -> None:
+    """Send ``(key, value or None for a tombstone, timestamp_ms)`` records in order."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for key, value, timestamp in records:
+            await producer.send(topic, value, key=key.encode(), timestamp_ms=timestamp)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def test_a_stream_table_join_sees_each_rows_update_and_delete_through_restarts(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Rows are read by key for every event, from the store's read cache and the table's
+    remembered values: an updated or deleted row must reach the next event (in the pending
+    writes, then in the store after a flush), a restart must read the stored rows, and a
+    join function that changes the row it was given must not change the next event's."""
+    (tmp_path / "changing_rows_app.py").write_text(CHANGING_ROWS_APP)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "SJT_APP_ID": unique_topic("rows"),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_USERS": unique_topic("users"),
+        "SJT_EVENTS": unique_topic("events"),
+        "SJT_OUTPUT": unique_topic("out"),
+    }
+    await ensure_topics(
+        kafka_bootstrap,
+        [TopicSpec(env[n], 3, 1) for n in ("SJT_USERS", "SJT_EVENTS", "SJT_OUTPUT")],
+    )
+    base = 1_767_225_600_000
+    keys = [f"user-{i}" for i in range(300)]
+    deleted = set(keys[:30])
+
+    def row(version: str, i: int) -> dict[str, object]:
+        return {"tier": version, "n": i}
+
+    expected: dict[int, dict[str, object] | None] = {}
+
+    def events_at(start_id: int, count: int, start_ms: int, version: str | None) -> list:
+        out = []
+        for j in range(count):
+            key = keys[j % len(keys)]
+            want = (
+                None
+                if version is None or (version == "v2" and key in deleted)
+                else (row(version, j % len(keys)))
+            )
+            expected[start_id + j] = want
+            out.append((key, json.dumps(start_id + j), start_ms + j))
+        return out
+
+    v1 = [(k, json.dumps(row("v1", i)).encode(), base - 1_000) for i, k in enumerate(keys)]
+    await produce_rows(kafka_bootstrap, env["SJT_USERS"], v1)
+    await produce_at(kafka_bootstrap, env["SJT_EVENTS"], events_at(0, 3_000, base, "v1"))
+
+    workers = Workers("changing_rows_app:app", env, tmp_path)
+    try:
+        workers.start("w1")  # phase A: rows v1, events read them from RocksDB
+        await read_all(kafka_bootstrap, env["SJT_OUTPUT"], 3_000, timeout=120)
+        assert workers.stop("w1") == 0
+
+        # phase B (a restart over a backlog): events that read v1 (cached as they are read),
+        # then every row updated or deleted, then events that must see the new rows after
+        # the flushes that write them into the store
+        await produce_at(
+            kafka_bootstrap, env["SJT_EVENTS"], events_at(10_000, 3_000, base + 10_000, "v1")
+        )
+        v2 = [
+            (k, None if k in deleted else json.dumps(row("v2", i)).encode(), base + 20_000)
+            for i, k in enumerate(keys)
+        ]
+        await produce_rows(kafka_bootstrap, env["SJT_USERS"], v2)
+        await produce_at(
+            kafka_bootstrap, env["SJT_EVENTS"], events_at(100_000, 20_000, base + 30_000, "v2")
+        )
+        workers.start("w1")
+        out = await read_all(kafka_bootstrap, env["SJT_OUTPUT"], len(expected), timeout=180)
+        assert workers.stop("w1") == 0
+    finally:
+        workers.close()
+
+    got = Counter(value for _, value, _ in out)
+    duplicates = [v for v, n in got.items() if n > 1]
+    assert not duplicates, f"{len(duplicates)} duplicated outputs, e.g. {duplicates[:3]}"
+    results = {v["id"]: v["user"] for v in (json.loads(value) for value in got)}
+    assert set(results) == set(expected), f"{len(set(expected) - set(results))} missing"
+    wrong = {i: (results[i], want) for i, want in expected.items() if results[i] != want}
+    assert not wrong, f"{len(wrong)} wrong, e.g. {list(wrong.items())[:4]}"
+
+
 async def test_a_stream_table_join_over_a_backlog_joins_each_event_as_of_its_timestamp(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
