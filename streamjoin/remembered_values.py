@@ -19,11 +19,15 @@ from typing import Any
 
 from streamjoin.codecs import Codec, JsonCodec
 
-__all__ = ["DEFAULT_BOUND", "RememberedValues", "value_loader"]
+__all__ = ["DEFAULT_BOUND", "MAX_REMEMBERED_BYTES", "RememberedValues", "value_loader"]
 
 #: values remembered per table; past it the memory starts over (a table whose reads spread
 #: over more distinct values than this gains little from remembering them)
 DEFAULT_BOUND = 10_000
+#: stored values longer than this are decoded every time: with the bound above, a table
+#: holds at most about 15 MB of remembered values (a decoded dict takes several times its
+#: JSON's bytes)
+MAX_REMEMBERED_BYTES = 256
 
 _IMMUTABLE = frozenset((str, int, float, bool))
 _FLAT_ITEMS = frozenset((str, int, float, bool, type(None)))
@@ -56,7 +60,7 @@ class RememberedValues:
             kept = value.copy()
         else:
             return value
-        if type(data) is bytes:
+        if type(data) is bytes and len(data) <= MAX_REMEMBERED_BYTES:
             if len(seen) >= self._bound:
                 seen.clear()
             seen[data] = kept

@@ -83,15 +83,15 @@ class RocksDBOptions:
     stored offset never gets ahead of the data. Writes are not fsynced
     (``sync_writes``): a lost OS-level tail is replayed from the changelog.
 
-    ``read_cache_entries`` bounds each store partition's read cache (0 turns it
-    off). 10,000 holds a typical partition's hot rows (the enrichment benchmark's
-    table has about 1,250 per partition) while bounding memory: an entry with a
-    20-byte key and a 60-byte value takes 130 to 190 bytes (measured; the lower
-    figure when the caller keeps the key object alive too), so a full cache is
-    about 2 MB per partition, 200 MB for a worker with 100 partitions of read
-    tables. Only keys read by key (``get``, ``contains``) are cached, so stores
-    that are scanned or only written (join buffers) stay small. Lower it for
-    large rows or many partitions per worker.
+    ``read_cache_entries`` and ``read_cache_bytes`` bound each store partition's
+    read cache (either at 0 turns it off). 10,000 entries hold a typical partition's
+    hot rows (the enrichment benchmark's table has about 1,250 per partition); the
+    1 MiB bound keeps large rows from multiplying that: an entry counts its key's and
+    value's bytes plus 100 (an entry with a 20-byte key and a 60-byte value takes 130
+    to 190 bytes, measured). So a worker holds at most about 1 MiB per store partition
+    it reads by key, 100 MiB with 100 of them. Only keys read by key (``get``,
+    ``contains``) are cached, so stores that are scanned or only written (join buffers)
+    stay small.
     """
 
     write_buffer_size: int = 64 * _MiB
@@ -106,6 +106,9 @@ class RocksDBOptions:
     keep_log_files: int = 3
     #: entries in each store partition's read cache; 0 disables it
     read_cache_entries: int = 10_000
+    #: bytes of keys and values (plus about 100 per entry for the objects) in each store
+    #: partition's read cache: large rows fill fewer entries
+    read_cache_bytes: int = 1 * _MiB
 
     def __post_init__(self) -> None:
         for name in (
@@ -121,12 +124,13 @@ class RocksDBOptions:
                 raise ConfigurationError(
                     f"RocksDBOptions.{name} must be a positive int, got {value!r}"
                 )
-        entries = self.read_cache_entries
-        if isinstance(entries, bool) or not isinstance(entries, int) or entries < 0:
-            raise ConfigurationError(
-                "RocksDBOptions.read_cache_entries must be an int >= 0 (0 disables the "
-                f"cache), got {entries!r}"
-            )
+        for name in ("read_cache_entries", "read_cache_bytes"):
+            bound = getattr(self, name)
+            if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+                raise ConfigurationError(
+                    f"RocksDBOptions.{name} must be an int >= 0 (0 disables the cache), "
+                    f"got {bound!r}"
+                )
         if self.compression not in _COMPRESSION:
             raise ConfigurationError(
                 f"RocksDBOptions.compression must be one of {sorted(_COMPRESSION)}, "
@@ -214,6 +218,20 @@ class _Missing(enum.Enum):
 _MISS: Final = _Missing.MISSING
 
 
+#: what a cache entry costs besides its key's and value's bytes: the two bytes objects'
+#: headers (33 each), the dict slot and the deque slot (measured 130-190 bytes in all for a
+#: 20-byte key and a 60-byte value)
+_CACHE_ENTRY_OVERHEAD = 100
+
+
+def _value_size(value: bytes | None) -> int:
+    return 0 if value is None else len(value)
+
+
+def _entry_size(key: bytes, value: bytes | None) -> int:
+    return len(key) + _value_size(value) + _CACHE_ENTRY_OVERHEAD
+
+
 class RocksDBStorePartition:
     """One table partition's state in its own RocksDB directory.
 
@@ -248,6 +266,11 @@ class RocksDBStorePartition:
         #: (8.4 us per eviction measured at 10,000 entries).
         self._cache_order: deque[bytes] = deque()
         self._cache_bound = 0 if read_only else self.options.read_cache_entries
+        self._cache_bytes_bound = self.options.read_cache_bytes
+        #: what the cached entries take, as _entry_size counts it
+        self._cache_bytes = 0
+        if not self._cache_bytes_bound:
+            self._cache_bound = 0
 
         if self.path.exists() and not self.path.is_dir():
             raise StoreCorrupted(self.path, "the path exists but is not a directory")
@@ -392,12 +415,24 @@ class RocksDBStorePartition:
         if value is not None and not isinstance(value, bytes):
             value = bytes(value)
         if self._cache_bound:
-            cache = self._cache
-            if len(cache) >= self._cache_bound:
-                del cache[self._cache_order.popleft()]
-            cache[key] = value
-            self._cache_order.append(key)
+            size = _entry_size(key, value)
+            if size <= self._cache_bytes_bound:  # (a value larger than the cache is not kept)
+                self._cache_bytes += size
+                self._evict(self._cache_bound - 1, self._cache_bytes_bound)
+                self._cache[key] = value
+                self._cache_order.append(key)
         return value
+
+    def _evict(self, entries: int, size: int) -> None:
+        """Drop the oldest entries until at most ``entries`` are left and they take at most
+        ``size`` bytes (the bytes of an entry being added are counted already)."""
+        cache, order = self._cache, self._cache_order
+        while len(cache) > entries or self._cache_bytes > size:
+            if not order:
+                self._cache_bytes = 0
+                return
+            key = order.popleft()
+            self._cache_bytes -= _entry_size(key, cache.pop(key))
 
     def contains(self, key: bytes) -> bool:
         return self.get(key) is not None
@@ -484,13 +519,20 @@ class RocksDBStorePartition:
         cache = self._cache
         if not cache:
             return
+        grown = 0
         for key, value in unordered_items(writes):
-            if key in cache:
+            old = cache.get(key, _MISS)
+            if old is not _MISS:
                 cache[key] = value
+                grown += _value_size(value) - _value_size(old)
+        if grown:
+            self._cache_bytes += grown
+            self._evict(self._cache_bound, self._cache_bytes_bound)
 
     def _clear_cache(self) -> None:
         self._cache.clear()
         self._cache_order.clear()
+        self._cache_bytes = 0
 
     # ---------------------------------------------------------------- metadata / stats
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamjoin.codecs import JsonCodec, StrCodec
-from streamjoin.remembered_values import RememberedValues, value_loader
+from streamjoin.remembered_values import MAX_REMEMBERED_BYTES, RememberedValues, value_loader
 
 _scalars = st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False)
 _values = st.recursive(
@@ -102,3 +102,10 @@ def test_only_the_plain_json_codec_is_remembered() -> None:
     assert value_loader(custom) == custom.loads
     plain = JsonCodec()
     assert value_loader(plain, bound=0) == plain.loads
+
+
+def test_long_values_are_decoded_every_time() -> None:
+    remembered = RememberedValues(JsonCodec())
+    raw = json.dumps({"text": "x" * MAX_REMEMBERED_BYTES}).encode()
+    assert remembered.loads(raw) == {"text": "x" * MAX_REMEMBERED_BYTES}
+    assert len(remembered) == 0

@@ -14,7 +14,7 @@ from rocksdict import WriteBatch
 
 from streamjoin.errors import ConfigurationError
 from streamjoin.state.base import StoreClosed, StoreError
-from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition
+from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition, _entry_size
 
 TINY = RocksDBOptions(read_cache_entries=3)
 
@@ -23,10 +23,17 @@ def open_store(path: Path, options: RocksDBOptions = TINY, **kw: Any) -> RocksDB
     return RocksDBStorePartition(path, table="t", partition=0, options=options, **kw)
 
 
+#: a few small entries fit, two large ones do not (an entry costs its bytes + 100)
+SMALL_BYTES = RocksDBOptions(read_cache_entries=10, read_cache_bytes=250)
+
+
 def check_cache_shape(store: RocksDBStorePartition) -> None:
-    """Bounded, and the FIFO order holds exactly the cached keys."""
+    """Bounded by entries and bytes, the bytes counted right, and the FIFO order holds
+    exactly the cached keys."""
     assert len(store._cache) <= store._cache_bound
     assert list(store._cache_order) == list(store._cache)
+    assert store._cache_bytes == sum(_entry_size(k, v) for k, v in store._cache.items())
+    assert store._cache_bytes <= store._cache_bytes_bound
 
 
 ALL_KEYS = [b"", b"a", b"b", b"c", b"\xff"]  # more than the cache holds (3)
@@ -36,7 +43,7 @@ OPS = st.lists(
         st.tuples(st.just("get"), KEYS),
         st.tuples(
             st.just("write"),
-            st.dictionaries(KEYS, st.one_of(st.none(), st.binary(max_size=3)), max_size=4),
+            st.dictionaries(KEYS, st.one_of(st.none(), st.binary(max_size=90)), max_size=4),
         ),
         st.tuples(st.just("reopen"), st.none()),
     ),
@@ -50,12 +57,13 @@ OPS = st.lists(
     max_examples=100,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.parametrize("options", [TINY, SMALL_BYTES], ids=["3 entries", "250 bytes"])
 @given(ops=OPS)
 def test_gets_match_a_dict_model_with_constant_eviction(
-    tmp_path: Path, ops: list[tuple[str, Any]]
+    tmp_path: Path, options: RocksDBOptions, ops: list[tuple[str, Any]]
 ) -> None:
     path = tmp_path / f"store-{next(_ids)}"
-    store = open_store(path)
+    store = open_store(path, options)
     model: dict[bytes, bytes] = {}
     try:
         for op, arg in ops:
@@ -71,7 +79,7 @@ def test_gets_match_a_dict_model_with_constant_eviction(
                         model[key] = value
             else:
                 store.close()
-                store = open_store(path)
+                store = open_store(path, options)
             check_cache_shape(store)
         for key in ALL_KEYS:
             assert store.get(key) == model.get(key)
@@ -218,3 +226,42 @@ def test_a_closed_store_answers_no_get_even_for_a_cached_key(tmp_path: Path) -> 
         store.get(b"a")
     with pytest.raises(StoreClosed):
         store.contains(b"b")
+
+
+def test_a_value_larger_than_the_byte_bound_is_read_but_not_cached(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s", RocksDBOptions(read_cache_bytes=1_000))
+    try:
+        store.write({b"big": b"x" * 2_000, b"small": b"y"}, None)
+        assert store.get(b"big") == b"x" * 2_000
+        assert store.get(b"small") == b"y"
+        assert list(store._cache) == [b"small"]
+        check_cache_shape(store)
+    finally:
+        store.close()
+
+
+def test_a_cached_value_that_grows_evicts_the_oldest_entries(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s", RocksDBOptions(read_cache_bytes=1_000))
+    try:
+        store.write({b"a": b"1", b"b": b"2", b"c": b"3"}, None)
+        for key in (b"a", b"b", b"c"):
+            store.get(key)
+        store.write({b"c": b"z" * 700}, None)  # 3 entries of ~100 + 700 bytes: over 1,000
+        assert list(store._cache) == [b"b", b"c"]
+        assert store.get(b"c") == b"z" * 700
+        check_cache_shape(store)
+    finally:
+        store.close()
+
+
+def test_the_byte_bound_is_validated(tmp_path: Path) -> None:
+    assert RocksDBOptions().read_cache_bytes == 1024 * 1024
+    with pytest.raises(ConfigurationError, match=r"RocksDBOptions\.read_cache_bytes"):
+        RocksDBOptions(read_cache_bytes=-1)
+    store = open_store(tmp_path / "s", RocksDBOptions(read_cache_bytes=0))
+    try:
+        store.write({b"a": b"1"}, None)
+        assert store.get(b"a") == b"1"
+        assert not store._cache
+    finally:
+        store.close()
