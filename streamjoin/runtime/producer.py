@@ -59,6 +59,19 @@ MAX_WAITING_BATCHES = 2
 _NO_HEADERS: list[tuple[str, bytes]] = []
 
 
+async def started_producer(options: Mapping[str, Any]) -> AIOKafkaProducer:
+    """A started producer; one whose start fails (or is cancelled) is stopped before the
+    error goes on, so no half-started client is left for the garbage collector."""
+    producer = AIOKafkaProducer(**options)
+    try:
+        await producer.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise
+    return producer
+
+
 class KafkaSender(Service):
     """Idempotent, ``acks=all`` producer: a send's :class:`Sent` resolves once the record
     is durable."""
@@ -118,8 +131,7 @@ class KafkaSender(Service):
         self._check_each_size = int(self._options["max_batch_size"]) > self._max_request_size
 
     async def on_start(self) -> None:
-        self._producer = AIOKafkaProducer(**self._options)
-        await self._producer.start()
+        self._producer = await started_producer(self._options)
 
     async def on_stop(self) -> None:
         if self._producer is not None:
@@ -456,9 +468,7 @@ class KafkaSender(Service):
     async def _replace_producer(self) -> None:
         old, self._producer = self._producer, None
         try:
-            producer = AIOKafkaProducer(**self._options)
-            await producer.start()
-            self._producer = producer
+            self._producer = await started_producer(self._options)
         finally:
             self._replacing = None
         if old is not None:

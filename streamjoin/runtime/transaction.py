@@ -46,7 +46,7 @@ from streamjoin.context import Delivery
 from streamjoin.errors import TransactionError, TransactionFailed
 from streamjoin.runtime.liveness import BACKOFF_MAX, BACKOFF_START
 from streamjoin.runtime.out_batches import OutBatch, Outbox, Sent
-from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.producer import KafkaSender, started_producer
 from streamjoin.runtime.record_limits import RecordLimits, is_rejection
 from streamjoin.runtime.state import Sending, TakenWrites, send_writes
 from streamjoin.runtime.txn_protocol import (
@@ -433,13 +433,10 @@ class TransactionalSender(KafkaSender):
         # do, instead of stopping the worker (the outage itself is logged by liveness).
         backoff = BACKOFF_START
         while True:
-            producer = AIOKafkaProducer(**self._options)
             try:
-                await producer.start()
+                producer = await started_producer(self._options)
             except KafkaConnectionError as exc:
                 log.debug("new producer: %r; retrying in %.1f s", exc, backoff)
-                with contextlib.suppress(Exception):
-                    await producer.stop()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
