@@ -21,12 +21,16 @@ from streamjoin.spark import submit
 
 APP_SOURCE = '''
 """A user's app module, shipped to spark-submit in app.zip."""
-import sys
+import os
 from datetime import timedelta
 
 import streamjoin
 
-print("streamjoin imported from", streamjoin.__file__, file=sys.stderr)
+# One whole line appended per import (driver and Python workers): printed to stderr, the
+# line could be cut by the JVM's log lines written to the same pipe.
+if os.environ.get("SUBMIT_TEST_IMPORTS"):
+    with open(os.environ["SUBMIT_TEST_IMPORTS"], "a") as imports:
+        imports.write(f"{streamjoin.__file__}\\n")
 
 app = streamjoin.App("submit-test")
 impressions = app.topic("impressions", key_serializer="str", partitions=4)
@@ -93,6 +97,8 @@ def test_spark_submit_local_mode_equals_the_python_api(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
     env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    imports = tmp_path / "imports.txt"
+    env["SUBMIT_TEST_IMPORTS"] = str(imports)
     command = [
         str(Path(sys.executable).parent / "spark-submit"),
         "--master",
@@ -124,8 +130,10 @@ def test_spark_submit_local_mode_equals_the_python_api(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert "backfill attributed:" in done.stdout and "(8 tasks)" in done.stdout
     # the driver ran the shipped code, not an installed streamjoin
-    shipped = [line for line in done.stderr.splitlines() if "streamjoin imported from" in line]
-    assert shipped and all("app.zip/streamjoin/__init__.py" in line for line in shipped), shipped
+    shipped = imports.read_text().splitlines()
+    assert shipped and all(line.endswith("app.zip/streamjoin/__init__.py") for line in shipped), (
+        shipped
+    )
 
     direct = tmp_path / "direct"
     backfill(
