@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mode import Service
@@ -194,14 +194,31 @@ class Worker(Service):
         try:
             await self._start_services()
         except BaseException:
-            # the web server now starts before the group is joined: a later failure must
-            # not leave its port open (nor the routing task running)
-            if self.queries is not None:
-                await self.queries.stop()
-            if self.monitor is not None and self.monitor.web is not None:
-                await self.monitor.web.stop()
+            await self._stop_started()
             self.state_dir_lock.release()
             raise
+
+    async def _stop_started(self) -> None:
+        """After a failed start: stop what did start, latest first. The web server starts
+        before the group is joined, so a later failure must not leave its port open (nor
+        the routing task running); nor the producer and the state service's consumer,
+        which would be left to the garbage collector ("Unclosed AIOKafkaProducer")."""
+        stops: list[Callable[[], Awaitable[Any]]] = []
+        if self.queries is not None:
+            stops.append(self.queries.stop)
+        if self.monitor is not None and self.monitor.web is not None:
+            stops.append(self.monitor.web.stop)
+        if self.runtime is not None:
+            stops.append(self.runtime.stop)
+        if self.state_service is not None:
+            stops.append(self.state_service.stop)
+        if self.sender is not None:
+            stops.append(self.sender.stop)
+        for stop in stops:
+            try:
+                await stop()
+            except Exception:  # the start's own error is the one to report
+                log.warning("stopping after a failed start: %s failed", stop, exc_info=True)
 
     async def _start_services(self) -> None:
         topology, config = self.topology, self.config

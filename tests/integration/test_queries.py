@@ -30,6 +30,7 @@ from streamjoin.partitioner import partition_for_key
 from streamjoin.query import TableClient
 from streamjoin.runtime.consumer import KafkaConsumerService
 from streamjoin.runtime.group_info import GroupInfo
+from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.streams import Stream
 from streamjoin.runtime.web import WebServer
 from streamjoin.state.windows import TumblingWindows
@@ -351,10 +352,17 @@ async def test_a_start_that_fails_after_the_web_server_started_closes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The web server now starts before the group is joined; a failure after it (here: the
-    consumer's start) must not leave its port open."""
+    consumer's start) must not leave its port open, nor the started producer to the garbage
+    collector (which printed "Unclosed AIOKafkaProducer" when the test run ended)."""
     app = query_app(unique_topic("qry"), kafka_bootstrap, unique_topic("events"), tmp_path)
     started: list[WebServer] = []
     original = WebServer.start
+    senders: list[KafkaSender] = []
+    original_sender_start = KafkaSender.on_start
+
+    async def recording_sender(self: KafkaSender) -> None:
+        await original_sender_start(self)
+        senders.append(self)
 
     async def recording(self: WebServer) -> None:
         await original(self)
@@ -365,8 +373,11 @@ async def test_a_start_that_fails_after_the_web_server_started_closes_it(
 
     monkeypatch.setattr(WebServer, "start", recording)
     monkeypatch.setattr(KafkaConsumerService, "start", failing)
+    monkeypatch.setattr(KafkaSender, "on_start", recording_sender)
     with pytest.raises(StartupError, match="cannot start"):
         await app.start()
     [server] = started
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+    [sender] = senders
+    assert sender._producer is None  # stopped (its on_stop drops the client)
