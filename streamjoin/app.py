@@ -37,6 +37,7 @@ from streamjoin.windowed import WindowedTable
 
 if TYPE_CHECKING:
     from streamjoin.runtime.worker import Worker
+    from streamjoin.state.rocksdb import RocksDBOptions
 
 log = logging.getLogger("streamjoin.app")
 
@@ -101,6 +102,8 @@ class App:
         shutdown_timeout: the longest a stop (a signal, or a fatal error) may take: what is
             not flushed and committed by then (the broker is unreachable) is processed
             again by the partitions' next owner.
+        rocksdb: :class:`~streamjoin.state.RocksDBOptions` for every table store (write
+            buffers, compression, the read cache's bounds); None keeps their defaults.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class App:
         status_log_interval: float | None = 30.0,
         startup_timeout: float = 60.0,
         shutdown_timeout: float = 30.0,
+        rocksdb: RocksDBOptions | None = None,
     ) -> None:
         self.config = AppConfig.from_options(
             id,
@@ -172,6 +176,7 @@ class App:
             status_log_interval=status_log_interval,
             startup_timeout=startup_timeout,
             shutdown_timeout=shutdown_timeout,
+            rocksdb=rocksdb,
         )
         #: how declarations reach the running worker (connected while it runs)
         self._link = RuntimeLink()

@@ -15,10 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from streamjoin.state.rocksdb import RocksDBOptions
 
 __all__ = [
     "DEFAULT_COMMIT_INTERVAL",
@@ -167,6 +170,8 @@ class AppConfig:
     status_log_interval: float | None = 30.0
     startup_timeout: float = 60.0
     shutdown_timeout: float = 30.0
+    #: tuning of every RocksDB store (None: RocksDBOptions' defaults)
+    rocksdb: RocksDBOptions | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are written once, here
@@ -176,6 +181,14 @@ class AppConfig:
                 "'-' (it names the consumer group and internal topics)"
             )
         set_(self, "broker", parse_broker_url(self.broker))
+        if self.rocksdb is not None:
+            from streamjoin.state.rocksdb import RocksDBOptions  # (loads rocksdict: only if set)
+
+            if not isinstance(self.rocksdb, RocksDBOptions):
+                raise ConfigurationError(
+                    "rocksdb must be a streamjoin.state.RocksDBOptions (or None for its "
+                    f"defaults), got {type(self.rocksdb).__qualname__}"
+                )
         if self.processing_guarantee not in PROCESSING_GUARANTEES:
             raise ConfigurationError(
                 f"processing_guarantee {self.processing_guarantee!r} is not supported; "

@@ -41,7 +41,7 @@ from streamjoin.runtime.changelog_records import READ_COMMITTED, READ_UNCOMMITTE
 from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition, unordered_items
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
-from streamjoin.state.rocksdb import RocksDBStorePartition, open_or_rebuild
+from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition, open_or_rebuild
 from streamjoin.state.table_partition import Buffer, TablePartition
 from streamjoin.tables import Table
 
@@ -53,9 +53,16 @@ TaskKey = tuple[str, int]  # (table name, partition)
 class TableStores:
     """The open stores of every table partition this worker holds, and flushing into them."""
 
-    def __init__(self, tables: Mapping[str, Table], state_dir: Path | None) -> None:
+    def __init__(
+        self,
+        tables: Mapping[str, Table],
+        state_dir: Path | None,
+        rocksdb: RocksDBOptions | None = None,
+    ) -> None:
         self.tables = dict(tables)
         self.state_dir = state_dir
+        #: the app's RocksDB tuning (None: the defaults)
+        self.rocksdb = rocksdb
         self._by_changelog = {t.changelog.name: t for t in self.tables.values()}
         self._open: dict[TaskKey, StorePartition] = {}
 
@@ -88,7 +95,11 @@ class TableStores:
                 )
 
             store = open_or_rebuild(
-                self.path(table.name, partition), table.name, partition, corrupt
+                self.path(table.name, partition),
+                table.name,
+                partition,
+                corrupt,
+                options=self.rocksdb,
             )
         self._open[(table.name, partition)] = store
         return store
@@ -149,7 +160,10 @@ class TableStores:
         if store is not None:
             return store.changelog_offset()
         probe = RocksDBStorePartition(
-            self.path(table.name, partition), table=table.name, partition=partition
+            self.path(table.name, partition),
+            table=table.name,
+            partition=partition,
+            options=self.rocksdb,
         )
         try:
             return probe.changelog_offset()

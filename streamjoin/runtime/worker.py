@@ -249,7 +249,7 @@ class Worker(Service):
         self.sender.counters = self.counters
         await self.sender.start()
         if topology.tables:
-            self.stores = TableStores(topology.tables, config.state_path)
+            self.stores = TableStores(topology.tables, config.state_path, config.rocksdb)
             self.state_service = StateService(
                 self.stores,
                 bootstrap_servers=config.broker,
