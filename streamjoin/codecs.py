@@ -250,16 +250,12 @@ def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
     # orjson reads strict UTF-8 JSON as the standard parser does, several times faster;
     # what it refuses (NaN, lone surrogate escapes, deep nesting, bad bytes) or might read
     # differently (integers beyond 64 bits) goes to the standard parser, which also words
-    # the error. (JsonCodec.loads inlines the first step: it runs for every JSON value.)
+    # the error.
     if type(data) is bytes and (len(data) < 19 or _LONG_DIGITS not in data.translate(_DIGITS)):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return _json_loads_standard(codec, data, target)
-
-
-def _json_loads_standard(codec: str, data: _Bytes, target: str | None) -> Any:
     try:
         # Decode first: json.loads(bytes) would silently accept UTF-16/32 too.
         return json.loads(str(_check_bytes(codec, data), "utf-8"))
@@ -286,13 +282,7 @@ class JsonCodec:
         """Parse strict UTF-8 JSON."""
         if data is None:
             return None
-        # _json_loads's fast path, inlined (one call less per value)
-        if type(data) is bytes and (len(data) < 19 or _LONG_DIGITS not in data.translate(_DIGITS)):
-            try:
-                return orjson.loads(data)
-            except orjson.JSONDecodeError:
-                pass
-        return _json_loads_standard(self.name, data, None)
+        return _json_loads(self.name, data, None)
 
     def __repr__(self) -> str:
         return "JSON"

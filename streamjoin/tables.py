@@ -120,13 +120,7 @@ class Table:
 
     def get(self, key: Any, default: Any = None) -> Any:
         key_bytes = self._encode_key(key)
-        # the common case of _state (an agent's event, co-partitioned), inlined: stream-table
-        # joins call this once per event
-        event = current_event.get()
-        state = None if event is None else event.table_partition(self.name)
-        if state is None:
-            state = self._state(key_bytes, writing=False)
-        raw = state.lookup(key_bytes)
+        raw = self._state(key_bytes, writing=False).lookup(key_bytes)
         return default if raw is None else self._load_value(raw)
 
     def __contains__(self, key: Any) -> bool:

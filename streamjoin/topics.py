@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,10 @@ def check_timestamp_ms(timestamp_ms: object, timestamp: object, where: str) -> i
 
     ``timestamp=`` is the name of the event's field, so it is the natural slip; it is
     refused by name rather than with Python's bare "unexpected keyword argument"."""
+    if timestamp is None and (
+        timestamp_ms is None or (type(timestamp_ms) is int and timestamp_ms >= 0)
+    ):
+        return timestamp_ms  # the usual case, first: sends call this once per record
     if timestamp is not None:
         raise ArgumentTypeError(
             f"{where} takes the record time as timestamp_ms= (milliseconds since the epoch, "
@@ -50,6 +55,11 @@ class Topic:
     #: how the running worker's sender is reached (set by the App)
     link: RuntimeLink = field(default_factory=RuntimeLink, repr=False)
 
+    @functools.cached_property
+    def _send_where(self) -> str:
+        """How send()'s argument errors name it (built once, not per record)."""
+        return f"{self.name!r}: send()"
+
     async def send(
         self,
         *,
@@ -70,14 +80,8 @@ class Topic:
         the event being processed is not committed until this record is acknowledged
         (at-least-once).
         """
-        if timestamp is not None or (
-            timestamp_ms is not None and (type(timestamp_ms) is not int or timestamp_ms < 0)
-        ):
-            # (the check, only for what it might refuse: sends are per event)
-            timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, f"{self.name!r}: send()")
-        sender = self.link.sender
-        if sender is None:
-            sender = self.link.require_sender(self.name)
+        timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, self._send_where)
+        sender = self.link.require_sender(self.name)
         key_bytes = self.key_codec.dumps(key)
         value_bytes = self.value_codec.dumps(value)
         if partition is None and key_bytes is not None:

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 import traceback
-from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -35,7 +34,6 @@ __all__ = ["AgentFailed", "AgentRunner", "AgentRuntime", "Stream", "current_reco
 log = logging.getLogger("streamjoin.agents")
 
 _RUNNING = TaskState.RUNNING
-_SUSPENDED = TaskState.SUSPENDED
 
 #: what an actor's queue holds: a task and records of it in order (None: stop)
 _Chunk = tuple[Task, list[RawRecord]] | None
@@ -178,10 +176,7 @@ class AgentRunner:
         current, self.current = self.current, None
         if current is not None:
             self.processed += 1
-            # Histogram.observe, inlined: once per event
-            latency, spent = self._latency, time.perf_counter() - self._started
-            latency.counts[bisect_left(latency.bounds, spent)] += 1
-            latency.sum += spent
+            self._latency.observe(time.perf_counter() - self._started)
             if current.sends:
                 self.runtime.complete(current)
                 return
@@ -460,8 +455,7 @@ class AgentRuntime:
         """Count the event processed in its task's offset ledger (if its task still takes
         acknowledgements)."""
         task = inflight.task
-        state = task.state  # (Task.accepts_acks, inlined: once per event)
-        if state is _RUNNING or state is _SUSPENDED:
+        if task.accepts_acks:
             raw = inflight.record
             task.tracker.ack((raw.topic, raw.partition), raw.offset)
 
