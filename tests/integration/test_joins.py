@@ -257,8 +257,11 @@ async def test_a_stream_table_join_without_partition_counts_runs_with_the_app_de
         workers.close()
 
 
-ASOF_APP = '''
-"""A left stream-table join over a topic-backed table (written by test_joins.py)."""
+def topic_table_app(doc: str, join_function: str) -> str:
+    """The source of a left stream-table join over a topic-backed table: ``join_function``
+    is the source of ``enrich(key, event, user)``."""
+    return f'''
+"""{doc} (written by test_joins.py)."""
 import os
 
 import streamjoin
@@ -273,56 +276,65 @@ users_table = app.topic_table(users)
 
 
 @app.join(events, users_table, how="left", output=out)
-def enrich(key, event, user):
+{join_function}'''
+
+
+ASOF_APP = topic_table_app(
+    "A left stream-table join over a topic-backed table",
+    """def enrich(key, event, user):
     return {"id": event, "user": user}
-'''
-
-
-async def produce_at(bootstrap: str, topic: str, records: list[tuple[str, str, int]]) -> None:
-    """Send ``(key, json value, timestamp_ms)`` records in order."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        for key, value, timestamp in records:
-            await producer.send(topic, value.encode(), key=key.encode(), timestamp_ms=timestamp)
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
-CHANGING_ROWS_APP = '''
-"""A left stream-table join whose function changes the row it is given (test_joins.py)."""
-import os
-
-import streamjoin
-
-app = streamjoin.App(
-    os.environ["SJT_APP_ID"], broker=os.environ["SJT_BROKER"], commit_interval=0.2
+""",
 )
-users = app.topic(os.environ["SJT_USERS"], key_serializer="str", partitions=3)
-events = app.topic(os.environ["SJT_EVENTS"], key_serializer="str", partitions=3)
-out = app.topic(os.environ["SJT_OUTPUT"], key_serializer="str", partitions=3)
-users_table = app.topic_table(users)
 
-
-@app.join(events, users_table, how="left", output=out)
-def enrich(key, event, user):
+CHANGING_ROWS_APP = topic_table_app(
+    "A left stream-table join whose function changes the row it is given",
+    """def enrich(key, event, user):
     seen = None if user is None else dict(user)
     if user is not None:
         user["tier"] = "changed by the join function"  # must not reach the next event
     return {"id": event, "user": seen}
-'''
+""",
+)
 
 
-async def produce_rows(
-    bootstrap: str, topic: str, records: list[tuple[str, bytes | None, int]]
+async def topic_table_env(
+    kafka_bootstrap: str,
+    unique_topic: Callable[..., str],
+    tmp_path: Path,
+    module: str,
+    source: str,
+    app_id: str,
+) -> dict[str, str]:
+    """Write app ``source`` as ``<module>.py``, create its three topics (3 partitions) and
+    return the workers' environment."""
+    (tmp_path / f"{module}.py").write_text(source)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "SJT_APP_ID": unique_topic(app_id),
+        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
+        "SJT_USERS": unique_topic("users"),
+        "SJT_EVENTS": unique_topic("events"),
+        "SJT_OUTPUT": unique_topic("out"),
+    }
+    await ensure_topics(
+        kafka_bootstrap,
+        [TopicSpec(env[n], 3, 1) for n in ("SJT_USERS", "SJT_EVENTS", "SJT_OUTPUT")],
+    )
+    return env
+
+
+async def produce_at(
+    bootstrap: str, topic: str, records: list[tuple[str, str | None, int]]
 ) -> None:
-    """Send ``(key, value or None for a tombstone, timestamp_ms)`` records in order."""
+    """Send ``(key, json value or None for a tombstone, timestamp_ms)`` records in order."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
     try:
         for key, value, timestamp in records:
-            await producer.send(topic, value, key=key.encode(), timestamp_ms=timestamp)
+            payload = None if value is None else value.encode()
+            await producer.send(topic, payload, key=key.encode(), timestamp_ms=timestamp)
         await producer.flush()
     finally:
         await producer.stop()
@@ -335,20 +347,8 @@ async def test_a_stream_table_join_sees_each_rows_update_and_delete_through_rest
     remembered values: an updated or deleted row must reach the next event (in the pending
     writes, then in the store after a flush), a restart must read the stored rows, and a
     join function that changes the row it was given must not change the next event's."""
-    (tmp_path / "changing_rows_app.py").write_text(CHANGING_ROWS_APP)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tmp_path),
-        "PYTHONUNBUFFERED": "1",
-        "SJT_APP_ID": unique_topic("rows"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_USERS": unique_topic("users"),
-        "SJT_EVENTS": unique_topic("events"),
-        "SJT_OUTPUT": unique_topic("out"),
-    }
-    await ensure_topics(
-        kafka_bootstrap,
-        [TopicSpec(env[n], 3, 1) for n in ("SJT_USERS", "SJT_EVENTS", "SJT_OUTPUT")],
+    env = await topic_table_env(
+        kafka_bootstrap, unique_topic, tmp_path, "changing_rows_app", CHANGING_ROWS_APP, "rows"
     )
     base = 1_767_225_600_000
     keys = [f"user-{i}" for i in range(300)]
@@ -372,8 +372,8 @@ async def test_a_stream_table_join_sees_each_rows_update_and_delete_through_rest
             out.append((key, json.dumps(start_id + j), start_ms + j))
         return out
 
-    v1 = [(k, json.dumps(row("v1", i)).encode(), base - 1_000) for i, k in enumerate(keys)]
-    await produce_rows(kafka_bootstrap, env["SJT_USERS"], v1)
+    v1 = [(k, json.dumps(row("v1", i)), base - 1_000) for i, k in enumerate(keys)]
+    await produce_at(kafka_bootstrap, env["SJT_USERS"], v1)
     await produce_at(kafka_bootstrap, env["SJT_EVENTS"], events_at(0, 3_000, base, "v1"))
 
     workers = Workers("changing_rows_app:app", env, tmp_path)
@@ -389,10 +389,10 @@ async def test_a_stream_table_join_sees_each_rows_update_and_delete_through_rest
             kafka_bootstrap, env["SJT_EVENTS"], events_at(10_000, 3_000, base + 10_000, "v1")
         )
         v2 = [
-            (k, None if k in deleted else json.dumps(row("v2", i)).encode(), base + 20_000)
+            (k, None if k in deleted else json.dumps(row("v2", i)), base + 20_000)
             for i, k in enumerate(keys)
         ]
-        await produce_rows(kafka_bootstrap, env["SJT_USERS"], v2)
+        await produce_at(kafka_bootstrap, env["SJT_USERS"], v2)
         await produce_at(
             kafka_bootstrap, env["SJT_EVENTS"], events_at(100_000, 20_000, base + 30_000, "v2")
         )
@@ -420,20 +420,8 @@ async def test_a_stream_table_join_over_a_backlog_joins_each_event_as_of_its_tim
     event after its row is enriched (this used to leave events unenriched: the table's and the
     join's agents ran independently), and an event timestamped before its row gets None even
     though the row was produced first."""
-    (tmp_path / "asof_app.py").write_text(ASOF_APP)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tmp_path),
-        "PYTHONUNBUFFERED": "1",
-        "SJT_APP_ID": unique_topic("asof"),
-        "SJT_BROKER": f"kafka://{kafka_bootstrap}",
-        "SJT_USERS": unique_topic("users"),
-        "SJT_EVENTS": unique_topic("events"),
-        "SJT_OUTPUT": unique_topic("out"),
-    }
-    await ensure_topics(
-        kafka_bootstrap,
-        [TopicSpec(env[n], 3, 1) for n in ("SJT_USERS", "SJT_EVENTS", "SJT_OUTPUT")],
+    env = await topic_table_env(
+        kafka_bootstrap, unique_topic, tmp_path, "asof_app", ASOF_APP, "asof"
     )
     base = 1_767_225_600_000
     keys = [f"user-{i}" for i in range(2000)]
