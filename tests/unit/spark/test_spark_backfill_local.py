@@ -15,6 +15,7 @@ from streamjoin.joins.core import JoinInput, StreamStreamJoin
 from streamjoin.joins.state import MemoryKeyValueView
 from streamjoin.partitioner import partition_for_key
 from streamjoin.spark.runners import JoinRunner
+from tests.unit.spark.history_files import write_records
 
 PARTITIONS = 4
 
@@ -62,18 +63,6 @@ def plain_python_run(records: list[Any], how: str = "inner") -> set[tuple[Any, .
             right = json.loads(o.right)["click_id"] if o.right else None
             out.add((o.key.decode(), left, right, o.timestamp_ms))
     return out
-
-
-def write_records(path: Path, records: list[Any]) -> None:
-    with path.open("w") as f:
-        for rec in records:
-            row = {
-                "topic": rec.topic,
-                "key": rec.key,
-                "value": rec.value,  # an object: read back as its JSON text
-                "timestamp": rec.timestamp_ms,
-            }
-            f.write(json.dumps(row) + "\n")
 
 
 def test_join_runner_equals_the_core_and_awaits_async_functions() -> None:

@@ -14,6 +14,7 @@ from examples.ad_traffic import generate
 from streamjoin.spark.bootstrap_job import UnsupportedTable, bootstrap
 from streamjoin.spark.cli import backfill_command, bootstrap_command, is_path, parse_time
 from streamjoin.spark.sources import FileSource
+from tests.unit.spark.history_files import write_records
 
 
 @click.group()
@@ -116,15 +117,7 @@ def test_cli_backfill_from_files(tmp_path: Path) -> None:
     shared_test_session()  # the command reuses the active session
     traffic = generate(100, seed=2)
     source = tmp_path / "history.json"
-    source.write_text(
-        "".join(
-            json.dumps(
-                {"topic": r.topic, "key": r.key, "value": r.value, "timestamp": r.timestamp_ms}
-            )
-            + "\n"
-            for r in traffic.records
-        )
-    )
+    write_records(source, traffic.records)
     out = tmp_path / "joined"
     result = CliRunner().invoke(
         cli,

@@ -18,6 +18,7 @@ import pytest
 import streamjoin
 from examples.ad_traffic import generate
 from streamjoin.spark import submit
+from tests.unit.spark.history_files import write_records
 
 APP_SOURCE = '''
 """A user's app module, shipped to spark-submit in app.zip."""
@@ -82,15 +83,7 @@ def test_spark_submit_local_mode_equals_the_python_api(tmp_path: Path) -> None:
 
     traffic = generate(400, seed=21)
     history = tmp_path / "history.json"
-    history.write_text(
-        "".join(
-            json.dumps(
-                {"topic": r.topic, "key": r.key, "value": r.value, "timestamp": r.timestamp_ms}
-            )
-            + "\n"
-            for r in traffic.records
-        )
-    )
+    write_records(history, traffic.records)
     app_module = tmp_path / "submit_test_app.py"
     app_module.write_text(APP_SOURCE)
     package_zip(tmp_path / "app.zip", app_module)
