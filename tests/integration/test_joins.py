@@ -257,17 +257,18 @@ async def test_a_stream_table_join_without_partition_counts_runs_with_the_app_de
         workers.close()
 
 
-def topic_table_app(doc: str, join_function: str) -> str:
+def topic_table_app(doc: str, join_function: str, app_options: str = "") -> str:
     """The source of a left stream-table join over a topic-backed table: ``join_function``
-    is the source of ``enrich(key, event, user)``."""
+    is the source of ``enrich(key, event, user)``, ``app_options`` more App arguments."""
     return f'''
 """{doc} (written by test_joins.py)."""
 import os
 
 import streamjoin
+from streamjoin.state import RocksDBOptions
 
 app = streamjoin.App(
-    os.environ["SJT_APP_ID"], broker=os.environ["SJT_BROKER"], commit_interval=0.2
+    os.environ["SJT_APP_ID"], broker=os.environ["SJT_BROKER"], commit_interval=0.2{app_options}
 )
 users = app.topic(os.environ["SJT_USERS"], key_serializer="str", partitions=3)
 events = app.topic(os.environ["SJT_EVENTS"], key_serializer="str", partitions=3)
@@ -294,6 +295,9 @@ CHANGING_ROWS_APP = topic_table_app(
         user["tier"] = "changed by the join function"  # must not reach the next event
     return {"id": event, "user": seen}
 """,
+    # a read cache far smaller than the table (100 rows per partition): rows are evicted and
+    # read again all the time
+    app_options=", rocksdb=RocksDBOptions(read_cache_entries=16)",
 )
 
 
@@ -343,10 +347,11 @@ async def produce_at(
 async def test_a_stream_table_join_sees_each_rows_update_and_delete_through_restarts(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    """Rows are read by key for every event, from the store's read cache and the table's
-    remembered values: an updated or deleted row must reach the next event (in the pending
-    writes, then in the store after a flush), a restart must read the stored rows, and a
-    join function that changes the row it was given must not change the next event's."""
+    """Rows are read by key for every event, from the store's read cache (16 entries here,
+    set through App(rocksdb=...), so it evicts constantly) and the table's remembered
+    values: an updated or deleted row must reach the next event (in the pending writes,
+    then in the store after a flush), a restart must read the stored rows, and a join
+    function that changes the row it was given must not change the next event's."""
     env = await topic_table_env(
         kafka_bootstrap, unique_topic, tmp_path, "changing_rows_app", CHANGING_ROWS_APP, "rows"
     )
