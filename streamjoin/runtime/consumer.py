@@ -53,6 +53,13 @@ log = logging.getLogger("streamjoin.consumer")
 
 TP = tuple[str, int]
 
+#: the longest the broker holds a fetch that finds no data (aiokafka's default is 500 ms).
+#: aiokafka keeps one fetch in flight per broker, and a partition paused for alignment is
+#: left out of it: while the paused inputs are processed, the fetch asks only for inputs
+#: that have nothing new, and the broker holds it this long. Once the paused inputs resume
+#: they wait for that fetch to come back, so on a backlog a join stalled about this long
+#: after every pause (measured: about 1.2 s of an 8 s enrichment run at 500 ms).
+FETCH_MAX_WAIT_MS = 100
 #: pause an aligned partition when the aligner holds this many of its records; resume below LOW
 _ALIGN_HIGH = 5_000
 _ALIGN_LOW = 1_000
@@ -143,6 +150,7 @@ class KafkaConsumerService(Service):
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
             "max_poll_records": 10_000,
+            "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
             **client_options,
             **fetching,
         }

@@ -6,7 +6,7 @@ from aiokafka import TopicPartition
 
 import streamjoin
 from streamjoin.events import RawRecord
-from streamjoin.runtime.consumer import KafkaConsumerService
+from streamjoin.runtime.consumer import FETCH_MAX_WAIT_MS, KafkaConsumerService
 from streamjoin.runtime.membership import MembershipSettings
 from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.stream import Stream
@@ -179,3 +179,23 @@ def test_an_assignment_starts_new_partitions_at_the_committed_offset() -> None:
     calls = len(fetcher.calls)
     service._fetch({("imp", 0), ("clk", 0)}, {})  # unchanged: the fetcher is left alone
     assert len(fetcher.calls) == calls
+
+
+def test_fetches_are_held_at_most_100_ms_by_default_and_the_app_can_say_otherwise() -> None:
+    # aiokafka's 500 ms made a join stall after each alignment pause: the paused inputs,
+    # once resumed, waited for a fetch the broker held for the idle ones
+    assert _service(_Runtime())._options["fetch_max_wait_ms"] == FETCH_MAX_WAIT_MS == 100
+    chosen = KafkaConsumerService(
+        "127.0.0.1:9",
+        client_id="c",
+        runtime=_Runtime(),  # type: ignore[arg-type]
+        tasks=_tasks(),
+        sender=_Sender(),  # type: ignore[arg-type]
+        assignor=None,  # type: ignore[arg-type]
+        membership=MembershipSettings(group_id="g"),
+        commit_interval=1.0,
+        client_options={},
+        consumer_options={"fetch_max_wait_ms": 500},
+        on_fatal=_fail,
+    )
+    assert chosen._options["fetch_max_wait_ms"] == 500
