@@ -18,8 +18,9 @@ have more data.
 Waited time is counted in bounded steps: each :meth:`TimestampAligner.release`
 call adds the time since the previous call, but at most ``max_step_ms``
 (:data:`MAX_WAIT_STEP_MS`, 1 s). The runtime calls ``release`` once per
-fetch round (every 100-600 ms: aiokafka's ``getmany`` returns about every
-500 ms while a partition is idle, its fetch long-poll), so steady polling counts wall time in full
+fetch round (about every 100-200 ms: the fetch loop's ``getmany`` waits at most
+100 ms, and the broker holds a fetch that finds nothing for ``fetch_max_wait_ms``,
+100 ms by default), so steady polling counts wall time in full
 and reaches ``max_idle_ms``/``idle_ms`` on time; but when the event loop stalls
 (GC, CPU throttling, a slow callback, a wall-clock jump) the fetcher stalls
 with it, and that gap adds at most one step instead of forcing a group whose
