@@ -28,7 +28,7 @@ from streamjoin.events import Event
 from streamjoin.joins.api import JoinStats, declare_join
 from streamjoin.query.routing import Location
 from streamjoin.state.windows import WindowSpec
-from streamjoin.stream import Stream
+from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topic_tables import TopicTableFeed
 from streamjoin.topics import Topic
@@ -619,8 +619,11 @@ class App:
         )
 
         async def repartition(stream: Stream) -> None:
-            async for event in stream:
-                await target.send(key=key(event), value=event.value, timestamp_ms=event.timestamp)
+            async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+                for event in batch:
+                    await target.send(
+                        key=key(event), value=event.value, timestamp_ms=event.timestamp
+                    )
 
         self.agent(source, name=f"{name}.repartition")(repartition)
         return target

@@ -1,21 +1,80 @@
-"""What an agent iterates: its events, one at a time (the runtime feeds it)."""
+"""What an agent iterates: its events one at a time, or in batches (the runtime feeds it)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+import math
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from typing import Any, Protocol
 
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
+
+#: how many events the framework's own agents (joins, topic tables, group_by) take at a
+#: time: what is buffered, up to this many. Batches save the runtime's work per event
+#: (hand-out, acknowledgement); they take them with ``per_event_errors=True``, so an error
+#: still gets the agent's policy for its event alone.
+INTERNAL_AGENT_BATCH = 64
 
 
 class EventSource(Protocol):
-    """The runtime side of a stream: hands out the next event once the previous one is done."""
+    """The runtime side of a stream: hands out the next event (or batch) once the previous
+    one is done."""
 
     def next_event(self) -> Awaitable[Event]: ...
 
+    def next_batch(
+        self, max_events: int, within: float, per_event_errors: bool
+    ) -> Awaitable[EventBatch]: ...
+
+
+class CurrentEvent(Protocol):
+    """What a batch moves from event to event as it is iterated (the runtime's context of
+    the event being processed: tables and ``current_record()`` read its record)."""
+
+    record: Any
+
+
+class EventBatch:
+    """Events of one task (one partition of each input), handed out together by
+    :meth:`Stream.take`.
+
+    Iterating the batch makes each event in turn the current one: a table read or write, a
+    windowed table's window and ``current_record()`` inside the loop see that event, as in
+    ``async for event in stream``. The whole batch counts as processed when the agent asks
+    for the next batch.
+    """
+
+    __slots__ = ("_current", "_events", "_records")
+
+    def __init__(self, events: Sequence[Event], records: Sequence[Any], current: CurrentEvent):
+        self._events = events
+        self._records = records
+        self._current = current
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __bool__(self) -> bool:
+        return bool(self._events)
+
+    def __iter__(self) -> Iterator[Event]:
+        current = self._current
+        for record, event in zip(self._records, self._events, strict=True):
+            current.record = record
+            yield event
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """``(key, value)`` of each event (each made current in turn, as by iterating)."""
+        for event in self:
+            yield event.key, event.value
+
+    def __repr__(self) -> str:
+        return f"<EventBatch of {len(self._events)} events>"
+
 
 class Stream:
-    """``async for event in stream`` yields :class:`Event`; ``stream.items()`` (key, value).
+    """``async for event in stream`` yields :class:`Event`; ``stream.items()`` (key, value);
+    ``stream.take(n, within=s)`` batches of events.
 
     Asking for the next event marks the previous one processed: it is committed once
     the records sent while processing it are acknowledged (at-least-once).
@@ -36,3 +95,50 @@ class Stream:
     async def items(self) -> AsyncIterator[tuple[Any, Any]]:
         async for event in self:
             yield event.key, event.value
+
+    def take(
+        self, max_events: int, within: float = 0.0, *, per_event_errors: bool = False
+    ) -> AsyncIterator[EventBatch]:
+        """Batches of up to ``max_events`` events of one task: ``async for batch in
+        stream.take(500, within=1.0)``.
+
+        A batch holds what is buffered now; with ``within`` > 0 it waits up to that many
+        seconds for more to fill it (never for the first event). A batch never mixes tasks
+        (partitions): a record of another task ends it. Asking for the next batch marks the
+        whole batch processed (committed once its sends are acknowledged).
+
+        If processing raises, the agent's ``on_error`` applies to the whole batch: ``stop``
+        commits none of it, ``skip`` counts all of it processed, ``dead_letter`` sends every
+        one of its records to the dead-letter topic (work done after the loop, such as a bulk
+        write, never happened for any of them). With ``per_event_errors=True``, for loops
+        whose every effect is made per event (the framework's joins use it), the policy
+        applies to the event being iterated then, alone: the events before it count as
+        processed and the events after it are handed out again.
+        """
+        if type(max_events) is not int or max_events < 1:
+            raise ConfigurationError(f"take(): max_events must be an int >= 1, got {max_events!r}")
+        if not isinstance(within, int | float) or not 0 <= within < math.inf:
+            raise ConfigurationError(
+                f"take(): within must be a finite number of seconds >= 0, got {within!r}"
+            )
+        return _Batches(self._source, max_events, float(within), per_event_errors)
+
+
+class _Batches:
+    """The async iterator :meth:`Stream.take` returns."""
+
+    __slots__ = ("_max", "_per_event", "_source", "_within")
+
+    def __init__(
+        self, source: EventSource, max_events: int, within: float, per_event_errors: bool
+    ) -> None:
+        self._source = source
+        self._max = max_events
+        self._within = within
+        self._per_event = per_event_errors
+
+    def __aiter__(self) -> _Batches:
+        return self
+
+    def __anext__(self) -> Awaitable[EventBatch]:
+        return self._source.next_batch(self._max, self._within, self._per_event)

@@ -18,7 +18,7 @@ from typing import Any
 from streamjoin.agents import OnError
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
-from streamjoin.stream import Stream
+from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
 
@@ -82,8 +82,9 @@ class TopicTableFeed:
     async def run(self, stream: Stream) -> None:
         source = self.source.name
         readers = self.readers
-        async for event in stream:
-            if event.topic == source:
-                await self.apply(event)
-            for _, handler in readers.get(event.topic, ()):
-                await handler(event)
+        async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+            for event in batch:
+                if event.topic == source:
+                    await self.apply(event)
+                for _, handler in readers.get(event.topic, ()):
+                    await handler(event)

@@ -34,7 +34,7 @@ from streamjoin.errors import (
 from streamjoin.events import Event
 from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamStreamJoin
 from streamjoin.log_summary import Summary
-from streamjoin.stream import Stream
+from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
 
@@ -305,8 +305,9 @@ def _stream_stream(
 
     async def run(stream: Stream) -> None:
         handle = decl.handle
-        async for event in stream:
-            await handle("left" if event.topic == left_name else "right", event)
+        async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+            for event in batch:
+                await handle("left" if event.topic == left_name else "right", event)
 
     app.agent([left, right], name=name, on_error=on_error)(run)
     return decl
@@ -344,8 +345,9 @@ def _stream_table(
 
     # A table written by agents: nothing orders its writes against the stream.
     async def run(events: Stream) -> None:
-        async for event in events:
-            await enrich(event)
+        async for batch in events.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+            for event in batch:
+                await enrich(event)
 
     app.agent(stream, name=f"{name}.stream", on_error=on_error)(run)
 

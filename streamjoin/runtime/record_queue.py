@@ -67,6 +67,19 @@ class RecordQueue(Generic[T]):
             self._not_full.set()
         return True, chunk
 
+    async def wait_nonempty(self, timeout: float) -> bool:
+        """Whether a chunk is (or becomes, within ``timeout`` seconds) ready to take."""
+        if self._chunks:
+            return True
+        if timeout <= 0:
+            return False
+        self._not_empty.clear()
+        try:
+            await asyncio.wait_for(self._not_empty.wait(), timeout)
+        except TimeoutError:
+            return bool(self._chunks)
+        return bool(self._chunks)
+
     async def get(self) -> T:
         """The next chunk, waiting for one if needed."""
         while not self._chunks:

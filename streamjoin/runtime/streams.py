@@ -27,7 +27,7 @@ from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.record_queue import RecordQueue
 from streamjoin.runtime.tasks import Task, TaskState
 from streamjoin.state.table_partition import TablePartition
-from streamjoin.stream import Stream
+from streamjoin.stream import EventBatch, Stream
 
 __all__ = ["AgentFailed", "AgentRunner", "AgentRuntime", "Stream", "current_record"]
 
@@ -48,7 +48,18 @@ YIELD_EVERY = 64
 class _InFlight:
     """The event an actor is processing: the runtime's side of :mod:`streamjoin.context`."""
 
-    __slots__ = ("pending", "record", "runner", "runtime", "sends", "task")
+    __slots__ = (
+        "batch",
+        "pending",
+        "record",
+        "runner",
+        "runtime",
+        "senders",
+        "sends",
+        "settled",
+        "split_errors",
+        "task",
+    )
 
     def __init__(
         self, raw: RawRecord, task: Task, runtime: AgentRuntime, runner: AgentRunner
@@ -61,9 +72,19 @@ class _InFlight:
         self.sends: list[Delivery] = []
         #: acknowledgements (record batches) still awaited before the event counts
         self.pending = 0
+        #: a batch of events (``stream.take``): all its records, and which record each send
+        #: was made for (``record`` moves from event to event as the batch is iterated)
+        self.batch: list[RawRecord] | None = None
+        self.senders: list[RawRecord] = []
+        #: records of the batch that an error policy acknowledged on its own (by id)
+        self.settled: set[int] = set()
+        #: an error in the batch gets the policy for its event alone (``per_event_errors``)
+        self.split_errors = False
 
     def track_send(self, sent: Delivery) -> None:
         self.sends.append(sent)
+        if self.batch is not None:
+            self.senders.append(self.record)
 
     def table_partition(self, table: str) -> TablePartition | None:
         return self.task.tables.get(table)
@@ -100,6 +121,8 @@ class AgentRunner:
         self._spare: _InFlight | None = None
         self._chunk: list[RawRecord] = []
         self._pos = 0
+        #: chunks to walk before the queue's (the rest of a batch whose event failed)
+        self._redo: list[tuple[Task, list[RawRecord]]] = []
         self._decode = agent.decode
         #: this agent's processing-time histogram, and when the current event was handed out
         self._latency = runtime.counters.latency_of(agent.name)
@@ -112,11 +135,17 @@ class AgentRunner:
     def clear(self) -> None:
         """Drop buffered records (before stopping)."""
         self.queue.clear()
+        self._redo.clear()
         self._pos = len(self._chunk)
 
     def busy(self) -> bool:
         """Inside an event, or holding records not yet handed to the function."""
-        return self.current is not None or self._pos < len(self._chunk) or not self.queue.empty()
+        return (
+            self.current is not None
+            or self._pos < len(self._chunk)
+            or bool(self._redo)
+            or not self.queue.empty()
+        )
 
     def next_event(self) -> Awaitable[Event]:
         """The next event (marks the previous one processed); what ``async for`` awaits."""
@@ -134,6 +163,10 @@ class AgentRunner:
             chunk = self._chunk
             pos = self._pos
             if pos >= len(chunk):
+                if self._redo:
+                    self._chunk_task, self._chunk = self._redo.pop()
+                    self._pos = 0
+                    continue
                 ready, item = self.queue.get_nowait()  # no suspension while records are buffered
                 if not ready:
                     self._since_yield = 0
@@ -172,9 +205,121 @@ class AgentRunner:
             self._started = time.perf_counter()
             return event
 
+    def next_batch(
+        self, max_events: int, within: float, per_event_errors: bool
+    ) -> Awaitable[EventBatch]:
+        """The next batch of events (marks the previous event or batch processed); what
+        ``async for batch in stream.take(...)`` awaits."""
+        if self.current is not None:
+            self._finish_current()
+        return self._next_batch(max_events, within, per_event_errors)
+
+    async def _next_batch(
+        self, max_events: int, within: float, per_event_errors: bool
+    ) -> EventBatch:
+        self._since_yield = 0
+        await asyncio.sleep(0)  # the event loop's turn between batches (see YIELD_EVERY)
+        runtime = self.runtime
+        decode = self._decode
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            task: Task | None = None
+            raws: list[RawRecord] = []
+            events: list[Event] = []
+            while len(raws) < max_events:
+                chunk = self._chunk
+                pos = self._pos
+                if pos >= len(chunk):
+                    if self._redo:
+                        self._chunk_task, self._chunk = self._redo.pop()
+                        self._pos = 0
+                        continue
+                    ready, item = self.queue.get_nowait()
+                    if not ready:
+                        if raws:
+                            if not within:
+                                break
+                            if deadline is None:
+                                deadline = loop.time() + within
+                            if await self.queue.wait_nonempty(deadline - loop.time()):
+                                continue
+                            break
+                        current_event.set(None)
+                        item = await self.queue.get()
+                    if item is None:
+                        # the end of the stream: what was collected was never acknowledged,
+                        # so the partition's next owner reads it again
+                        current_event.set(None)
+                        raise StopAsyncIteration
+                    self._chunk_task, self._chunk = item
+                    self._pos = 0
+                    continue
+                chunk_task = self._chunk_task
+                if chunk_task is None or chunk_task.state is not _RUNNING:
+                    self._pos = len(chunk)  # revocation began: its next owner reads these again
+                    continue
+                if task is None:
+                    task = chunk_task
+                elif chunk_task is not task:
+                    break  # another task's records start the next batch
+                end = min(len(chunk), pos + max_events - len(raws))
+                self._pos = end
+                for raw in chunk[pos:end]:
+                    try:
+                        event = decode(raw)
+                    except DecodeError as exc:
+                        failed = _InFlight(raw, task, runtime, self)
+                        await self._handle_failure(failed, exc, "decode")
+                        continue
+                    raws.append(raw)
+                    events.append(event)
+            if task is None or not raws:
+                continue
+            if runtime.holding:
+                await runtime.barrier.wait()  # a transaction is taking its snapshot
+            if task.state is not _RUNNING:
+                continue  # revocation began meanwhile: its next owner reads these again
+            # From here to handing the batch out nothing awaits (as for one event).
+            inflight = _InFlight(raws[0], task, runtime, self)
+            inflight.batch = raws
+            inflight.split_errors = per_event_errors
+            self.current = inflight
+            current_event.set(inflight)
+            self._started = time.perf_counter()
+            return EventBatch(events, raws, inflight)
+
+    def _split_batch(self, inflight: _InFlight) -> _InFlight:
+        """A batch's event failed: the events before it count as processed (once the
+        batch's sends are acknowledged), the events after it are handed out again, and the
+        failed one is returned for the error policy, as if it had come alone."""
+        batch = inflight.batch
+        assert batch is not None
+        failing = inflight.record
+        index = next((i for i, raw in enumerate(batch) if raw is failing), 0)
+        rest = batch[index + 1 :]
+        if rest:
+            if self._pos < len(self._chunk) and self._chunk_task is not None:
+                self._redo.append((self._chunk_task, self._chunk[self._pos :]))
+            self._redo.append((inflight.task, rest))
+            self._pos = len(self._chunk)
+        failed = _InFlight(batch[index], inflight.task, self.runtime, self)
+        if index:
+            inflight.batch = batch[:index]
+            # what the failed event sent before it raised is settled by its own policy
+            inflight.settled.add(id(batch[index]))
+            self.processed += index
+            self.runtime.complete(inflight)
+        return failed
+
     def _finish_current(self) -> None:
         current, self.current = self.current, None
         if current is not None:
+            if current.batch is not None:
+                self.processed += len(current.batch)
+                self._latency.observe(time.perf_counter() - self._started)
+                self.runtime.complete(current)
+                return
             self.processed += 1
             self._latency.observe(time.perf_counter() - self._started)
             if current.sends:
@@ -213,6 +358,8 @@ class AgentRunner:
                     raise AgentFailed(
                         f"agent {self.name} raised outside of event processing: {exc!r}"
                     ) from exc
+                if current.batch is not None and current.split_errors:
+                    current = self._split_batch(current)
                 await self._handle_failure(current, exc, "processing")
                 continue  # skip / dead_letter: restart the function on the same stream
             if self.runtime.stopping:
@@ -410,6 +557,8 @@ class AgentRuntime:
         for delivery in awaited:
             if not delivery.done():
                 pending += 1
+            elif _failed(delivery) and inflight.batch is not None:
+                self._batch_sends_failed(inflight, delivery)
             elif _failed(delivery):
                 failed = _failed_send(inflight, delivery)
                 if failed is not None:
@@ -439,7 +588,9 @@ class AgentRuntime:
         for inflight in events:
             if inflight.pending <= 0:
                 continue  # one of its sends failed already
-            if failed:
+            if failed and inflight.batch is not None:
+                self._batch_sends_failed(inflight, delivery)
+            elif failed:
                 sent = _failed_send(inflight, delivery)
                 if sent is not None:
                     inflight.pending = 0
@@ -456,8 +607,41 @@ class AgentRuntime:
         acknowledgements)."""
         task = inflight.task
         if task.accepts_acks:
-            raw = inflight.record
-            task.tracker.ack((raw.topic, raw.partition), raw.offset)
+            batch = inflight.batch
+            if batch is None:
+                raw = inflight.record
+                task.tracker.ack((raw.topic, raw.partition), raw.offset)
+                return
+            ack = task.tracker.ack
+            settled = inflight.settled
+            for raw in batch:
+                if not settled or id(raw) not in settled:
+                    ack((raw.topic, raw.partition), raw.offset)
+
+    def _batch_sends_failed(self, inflight: _InFlight, delivery: Delivery) -> None:
+        """Sends of a batch that ``delivery`` (failed) failed: the error policy applies to
+        the whole batch, or (``per_event_errors``) to each event that made one, as if it had
+        come alone; what it acknowledges is left out when the batch is acknowledged."""
+        settled = inflight.settled
+        batch = inflight.batch
+        assert batch is not None
+        if not inflight.split_errors:
+            # the batch is the unit: the policy applies to all of it, once
+            refused = next(
+                (s for s in inflight.sends if _acknowledged_by(s) is delivery and _failed(s)), None
+            )
+            rest = [raw for raw in batch if id(raw) not in settled]
+            if refused is None or not rest:
+                return
+            settled.update(map(id, rest))
+            whole = _InFlight(rest[0], inflight.task, self, inflight.runner)
+            whole.batch = rest
+            self._send_failed(whole, refused)
+            return
+        for sent, record in zip(inflight.sends, inflight.senders, strict=True):
+            if _acknowledged_by(sent) is delivery and _failed(sent) and id(record) not in settled:
+                settled.add(id(record))
+                self._send_failed(_InFlight(record, inflight.task, self, inflight.runner), sent)
 
     def _send_failed(self, inflight: _InFlight, sent: Delivery) -> None:
         self.counters.error("send")
@@ -496,15 +680,19 @@ class AgentRuntime:
     async def handle_failure(
         self, runner: AgentRunner, inflight: _InFlight, exc: BaseException, kind: str
     ) -> None:
+        """The agent's ``on_error`` for the event (or the whole batch) ``inflight``."""
         raw = inflight.record
-        where = f"{raw.topic}[{raw.partition}]@{raw.offset}"
+        records = [raw] if inflight.batch is None else inflight.batch
+        where = _where(records[0])
+        if len(records) > 1:
+            where = f"the batch of {len(records)} events {where} to {_where(records[-1])}"
         what = _WHAT.get(kind, "failed on")
         policy = runner.agent.on_error
         counters = self.counters
         counters.error(kind)
         if policy != "stop":
             failed = counters.skipped if policy == "skip" else counters.dead_lettered
-            failed[runner.agent.name] = failed.get(runner.agent.name, 0) + 1
+            failed[runner.agent.name] = failed.get(runner.agent.name, 0) + len(records)
         if policy == "stop":
             # one line, with where the agent raised; the traceback is at DEBUG
             log.error("agent %s %s %s: %s; stopping", runner.name, what, where, _say(exc))
@@ -518,22 +706,29 @@ class AgentRuntime:
             dlq = runner.agent.dead_letter
             if dlq is None:  # rejected when the agent is declared; kept for type narrowing
                 raise AgentFailed(f"agent {runner.name} has no dead-letter topic") from exc
-            headers = (
-                *raw.headers,
-                ("streamjoin-error", f"{kind}: {exc!r}"[:2000].encode()),
-                ("streamjoin-source", where.encode()),
-                ("streamjoin-agent", runner.agent.name.encode()),
-            )
-            future = await self.sender.send(
-                dlq.name,
-                raw.key,
-                raw.value,
-                partition=None,
-                headers=headers,
-                timestamp_ms=raw.timestamp,
-            )
+            error = ("streamjoin-error", f"{kind}: {exc!r}"[:2000].encode())
+            agent = ("streamjoin-agent", runner.agent.name.encode())
+            futures = []
+            for record in records:
+                headers = (
+                    *record.headers,
+                    error,
+                    ("streamjoin-source", _where(record).encode()),
+                    agent,
+                )
+                futures.append(
+                    await self.sender.send(
+                        dlq.name,
+                        record.key,
+                        record.value,
+                        partition=None,
+                        headers=headers,
+                        timestamp_ms=record.timestamp,
+                    )
+                )
             if not self.transactional:  # (exactly-once: the commit checks every send)
-                await future
+                for future in futures:
+                    await future
             log.warning(
                 "agent %s %s %s: %s; sent to dead-letter topic %s",
                 runner.name,
@@ -544,6 +739,10 @@ class AgentRuntime:
             )
             log.debug("traceback of the dead-lettered record %s", where, exc_info=exc)
         self.acknowledge(inflight)
+
+
+def _where(raw: RawRecord) -> str:
+    return f"{raw.topic}[{raw.partition}]@{raw.offset}"
 
 
 def _store_corrupted(exc: BaseException) -> StoreCorrupted | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -224,3 +225,78 @@ async def test_a_failing_commit_stops_the_worker_instead_of_leaving_it_in_the_gr
     finally:
         await app.stop()
     assert app.assignment == set()
+
+
+def _batch_app(
+    app_id: str, bootstrap: str, source_name: str, sink_name: str, state_dir: Path
+) -> tuple[streamjoin.App, list[int]]:
+    """``stream.take``: one summary record per batch and the batch's keys counted in a
+    table, both after the loop (a bulk write); a batch with a poison record is dead-lettered
+    as a whole."""
+    app = streamjoin.App(
+        app_id, broker=f"kafka://{bootstrap}", commit_interval=0.2, state_dir=state_dir
+    )
+    source = app.topic(source_name, key_serializer="str", value_serializer="str", partitions=4)
+    sink = app.topic(sink_name, key_serializer="str", value_serializer="json", partitions=1)
+    counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=source)
+    sizes: list[int] = []
+
+    @app.agent(source, on_error="dead_letter", name="batches")
+    async def batches(stream: Stream) -> None:
+        async for batch in stream.take(50, within=0.2):
+            sizes.append(len(batch))
+            keys = [key for key, _ in batch.items()]
+            if "poison" in (event.value for event in batch):
+                raise ValueError("poison record")
+            for key in keys:  # one task: every key of the batch is in its partition
+                counts[key] += 1
+            await sink.send(key="summary", value=keys)
+
+    return app, sizes
+
+
+async def _summarized(bootstrap: str, topic: str, at_least: int) -> list[str]:
+    """Every key in the summary records, once they cover at least ``at_least`` events."""
+    while True:
+        out = await read_all(bootstrap, topic, 1)
+        keys = [key for _, value, _ in out for key in json.loads(value)]
+        if len(keys) >= at_least:
+            return keys
+        await asyncio.sleep(0.2)
+
+
+async def test_batches_through_the_broker_count_every_record_once_across_a_restart(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    app_id, source_name, sink_name = unique_topic("app"), unique_topic("in"), unique_topic("out")
+    dead_letters = f"{app_id}-batches-dead-letters"
+    first = [(f"key-{i % 11}", f"v{i}") for i in range(600)]
+    first[300] = ("key-3", "poison")
+    second = [(f"key-{i % 11}", f"w{i}") for i in range(400)]
+
+    app, sizes = _batch_app(app_id, kafka_bootstrap, source_name, sink_name, tmp_path)
+    async with app:
+        await produce(kafka_bootstrap, source_name, first)
+        dead = await read_all(kafka_bootstrap, dead_letters, 1)
+        await _summarized(kafka_bootstrap, sink_name, len(first) - len(dead))
+        await asyncio.sleep(0.5)  # a commit interval
+    assert max(sizes) > 1  # batches, not single events
+    # a clean stop committed what was processed: the restarted app goes on from there
+    app, _ = _batch_app(app_id, kafka_bootstrap, source_name, sink_name, tmp_path)
+    async with app:
+        await produce(kafka_bootstrap, source_name, second)
+        keys = await _summarized(kafka_bootstrap, sink_name, len(first) + len(second) - len(dead))
+        await asyncio.sleep(0.5)
+        counted = {key: n for p in range(4) for key, n in app.tables["counts"].local_items(p)}
+    dead = await read_all(kafka_bootstrap, dead_letters, 1)
+    assert ("key-3", "poison") in [(k, v) for k, v, _ in dead]
+    assert all(b"poison record" in headers["streamjoin-error"] for _, _, headers in dead)
+    # every record exactly once: summarized, or dead-lettered with its batch
+    seen = sorted(keys + [k for k, _, _ in dead])
+    assert seen == sorted(k for k, _ in first + second)
+    summarized: dict[str, int] = {}
+    for key in keys:
+        summarized[key] = summarized.get(key, 0) + 1
+    assert counted == summarized
+    committed = await committed_offsets(kafka_bootstrap, app_id, source_name, 4)
+    assert sum(committed) == len(first) + len(second)
