@@ -150,7 +150,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "streamjoin_processing_latency_seconds",
         "histogram",
         "agent",
-        "Time an agent spent on one event.",
+        "Time an agent spent on one event (or one batch of stream.take).",
     ),
     _spec(
         "streamjoin_consumer_end_offset",

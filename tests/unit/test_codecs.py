@@ -743,6 +743,11 @@ def test_json_decodes_exactly_as_the_standard_library(obj: object) -> None:
         b"-9223372036854775809",
         b'{"id": "x", "n": [1, 2, 18446744073709551616], "t": 1700000000123}',
         b'{"big": 1234567890123456789012, "s": "' + b"0" * 40 + b'"}',
+        b'{"id": 7, "big": 18446744073709551616}',
+        b'{"id": 7, "small": -9223372036854775809, "ok": true}',
+        b"[1, 18446744073709551616]",
+        b'{"f": 0.12345678901234567890123, "n": 1}',
+        b"1.00000000000000000001",
     ],
 )
 def test_json_that_orjson_refuses_or_reads_differently_still_decodes_as_before(
