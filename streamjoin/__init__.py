@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from streamjoin.app import App
     from streamjoin.events import Event
     from streamjoin.runtime.streams import Stream
+    from streamjoin.stream import EventBatch
 
-__all__ = ["App", "Event", "Stream", "StreamjoinError", "__version__", "errors"]
+__all__ = ["App", "Event", "EventBatch", "Stream", "StreamjoinError", "__version__", "errors"]
 
 
 def __getattr__(name: str) -> Any:
@@ -36,4 +37,8 @@ def __getattr__(name: str) -> Any:
         from streamjoin.runtime.streams import Stream
 
         return Stream
+    if name == "EventBatch":
+        from streamjoin.stream import EventBatch
+
+        return EventBatch
     raise AttributeError(f"module 'streamjoin' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import streamjoin
 from streamjoin import App
 from streamjoin.errors import ConfigurationError, RecordRejected
 from streamjoin.events import RawRecord
@@ -45,7 +46,7 @@ async def test_batches_hold_one_partitions_events_in_order_and_all_count() -> No
     @app.agent(source)
     async def collect(stream: Stream) -> None:
         async for batch in stream.take(3):
-            assert isinstance(batch, EventBatch)
+            assert isinstance(batch, EventBatch) and isinstance(batch, streamjoin.EventBatch)
             batches.append([(event.partition, event.offset) for event in batch])
 
     async with TestDriver(app) as driver:
