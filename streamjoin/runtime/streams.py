@@ -217,8 +217,9 @@ class AgentRunner:
     async def _next_batch(
         self, max_events: int, within: float, per_event_errors: bool
     ) -> EventBatch:
-        self._since_yield = 0
-        await asyncio.sleep(0)  # the event loop's turn between batches (see YIELD_EVERY)
+        if self._since_yield >= YIELD_EVERY:
+            self._since_yield = 0
+            await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
         runtime = self.runtime
         decode = self._decode
         loop = asyncio.get_running_loop()
@@ -242,9 +243,11 @@ class AgentRunner:
                                 break
                             if deadline is None:
                                 deadline = loop.time() + within
+                            self._since_yield = 0
                             if await self.queue.wait_nonempty(deadline - loop.time()):
                                 continue
                             break
+                        self._since_yield = 0
                         current_event.set(None)
                         item = await self.queue.get()
                     if item is None:
@@ -284,6 +287,7 @@ class AgentRunner:
             inflight = _InFlight(raws[0], task, runtime, self)
             inflight.batch = raws
             inflight.split_errors = per_event_errors
+            self._since_yield += len(raws)
             self.current = inflight
             current_event.set(inflight)
             self._started = time.perf_counter()

@@ -411,3 +411,53 @@ def test_bad_take_arguments_are_refused(args: tuple[Any, ...], message: str) -> 
     stream = Stream(_Source())  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=message):
         stream.take(*args)
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, 10, 1000])
+async def test_a_backlog_gives_the_event_loop_a_turn_every_64_events(
+    batch_size: int | None,
+) -> None:
+    # without the turns, a backlog would starve the producer's sender and the commit loop
+    app = make_app()
+    source = app.topic("t", partitions=1)
+    processed: list[int] = []
+    all_done = asyncio.Event()
+
+    @app.agent(source)
+    async def busy(stream: Stream) -> None:
+        if batch_size is None:
+            async for event in stream:
+                processed.append(event.offset)
+                if len(processed) == 2_000:
+                    all_done.set()
+        else:
+            async for batch in stream.take(batch_size):
+                processed.extend(event.offset for event in batch)
+                if len(processed) == 2_000:
+                    all_done.set()
+
+    turns = 0
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    runtime = AgentRuntime(app.agents.values(), _ManualSender(), on_crash=pytest.fail)
+    _, task = one_task(app, "t")
+    runtime.start()
+    tick = asyncio.create_task(ticker())
+    try:
+        await runtime.dispatch_many(
+            [RawRecord("t", 0, offset, 0, None, b"0") for offset in range(2_000)], task
+        )
+        await asyncio.wait_for(all_done.wait(), 10)
+        assert processed == list(range(2_000))
+        # a turn once 64 events were handed out since the last one (batches: at the next
+        # batch, so up to 64 + one batch apart)
+        assert turns >= 2_000 // (64 + (batch_size or 0)) - 1
+        assert turns <= 2_000 // 8  # ...but not one per event
+    finally:
+        tick.cancel()
+        await runtime.stop(timeout=1)
