@@ -77,7 +77,7 @@ class Agent:
             if value is not None:
                 value = loads[1](value)
         except DecodeError as exc:
-            raise DecodeError(f"{raw.topic}[{raw.partition}]@{raw.offset}: {exc}") from exc
+            raise DecodeError(f"{raw.position}: {exc}") from exc
         return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
 
     def _loads_of(self, name: str) -> tuple[Callable[[bytes], Any], Callable[[bytes], Any]]:

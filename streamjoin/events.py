@@ -23,6 +23,11 @@ class RawRecord:
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
 
+    @property
+    def position(self) -> str:
+        """``topic[partition]@offset``, for logs and error messages."""
+        return _position(self.topic, self.partition, self.offset)
+
 
 @dataclass(slots=True)
 class Event:
@@ -42,4 +47,8 @@ class Event:
     @property
     def position(self) -> str:
         """``topic[partition]@offset``, for logs and error messages."""
-        return f"{self.topic}[{self.partition}]@{self.offset}"
+        return _position(self.topic, self.partition, self.offset)
+
+
+def _position(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}[{partition}]@{offset}"

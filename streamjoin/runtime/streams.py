@@ -163,20 +163,8 @@ class AgentRunner:
             chunk = self._chunk
             pos = self._pos
             if pos >= len(chunk):
-                if self._redo:
-                    self._chunk_task, self._chunk = self._redo.pop()
-                    self._pos = 0
-                    continue
-                ready, item = self.queue.get_nowait()  # no suspension while records are buffered
-                if not ready:
-                    self._since_yield = 0
-                    current_event.set(None)  # (an event's context is set when it is handed out)
-                    item = await self.queue.get()
-                if item is None:
-                    current_event.set(None)
-                    raise StopAsyncIteration
-                self._chunk_task, self._chunk = item
-                self._pos = 0
+                if not self._next_buffered_chunk():
+                    await self._wait_for_chunk()
                 continue
             if runtime.holding:
                 await runtime.barrier.wait()  # a transaction is taking its snapshot
@@ -205,6 +193,33 @@ class AgentRunner:
             self._started = time.perf_counter()
             return event
 
+    def _next_buffered_chunk(self) -> bool:
+        """Make the next buffered chunk the one walked, without suspending: the rest of a
+        batch whose event failed first, then the queue's; False when nothing is buffered."""
+        if self._redo:
+            self._walk(self._redo.pop())
+            return True
+        ready, item = self.queue.get_nowait()
+        if not ready:
+            return False
+        self._walk(item)
+        return True
+
+    async def _wait_for_chunk(self) -> None:
+        """Wait for the next chunk and make it the one walked."""
+        self._since_yield = 0
+        current_event.set(None)  # (an event's context is set when it is handed out)
+        self._walk(await self.queue.get())
+
+    def _walk(self, item: _Chunk) -> None:
+        if item is None:
+            # the end of the stream: records taken but not handed out (a batch being
+            # filled) were never acknowledged, so the partition's next owner reads them
+            current_event.set(None)
+            raise StopAsyncIteration
+        self._chunk_task, self._chunk = item
+        self._pos = 0
+
     def next_batch(
         self, max_events: int, within: float, per_event_errors: bool
     ) -> Awaitable[EventBatch]:
@@ -232,31 +247,18 @@ class AgentRunner:
                 chunk = self._chunk
                 pos = self._pos
                 if pos >= len(chunk):
-                    if self._redo:
-                        self._chunk_task, self._chunk = self._redo.pop()
-                        self._pos = 0
+                    if self._next_buffered_chunk():
                         continue
-                    ready, item = self.queue.get_nowait()
-                    if not ready:
-                        if raws:
-                            if not within:
-                                break
-                            if deadline is None:
-                                deadline = loop.time() + within
-                            self._since_yield = 0
-                            if await self.queue.wait_nonempty(deadline - loop.time()):
-                                continue
+                    if raws:
+                        if not within:
                             break
+                        if deadline is None:
+                            deadline = loop.time() + within
                         self._since_yield = 0
-                        current_event.set(None)
-                        item = await self.queue.get()
-                    if item is None:
-                        # the end of the stream: what was collected was never acknowledged,
-                        # so the partition's next owner reads it again
-                        current_event.set(None)
-                        raise StopAsyncIteration
-                    self._chunk_task, self._chunk = item
-                    self._pos = 0
+                        if await self.queue.wait_nonempty(deadline - loop.time()):
+                            continue
+                        break
+                    await self._wait_for_chunk()
                     continue
                 chunk_task = self._chunk_task
                 if chunk_task is None or chunk_task.state is not _RUNNING:
@@ -660,7 +662,7 @@ class AgentRuntime:
             return
         self._on_crash(
             AgentFailed(
-                f"a record sent while processing {raw.topic}[{raw.partition}]@{raw.offset} "
+                f"a record sent while processing {raw.position} "
                 f"was not acknowledged: {exc!r}; stopping without committing past it"
             )
         )
@@ -687,9 +689,9 @@ class AgentRuntime:
         """The agent's ``on_error`` for the event (or the whole batch) ``inflight``."""
         raw = inflight.record
         records = [raw] if inflight.batch is None else inflight.batch
-        where = _where(records[0])
+        where = records[0].position
         if len(records) > 1:
-            where = f"the batch of {len(records)} events {where} to {_where(records[-1])}"
+            where = f"the batch of {len(records)} events {where} to {records[-1].position}"
         what = _WHAT.get(kind, "failed on")
         policy = runner.agent.on_error
         counters = self.counters
@@ -717,7 +719,7 @@ class AgentRuntime:
                 headers = (
                     *record.headers,
                     error,
-                    ("streamjoin-source", _where(record).encode()),
+                    ("streamjoin-source", record.position.encode()),
                     agent,
                 )
                 futures.append(
@@ -743,10 +745,6 @@ class AgentRuntime:
             )
             log.debug("traceback of the dead-lettered record %s", where, exc_info=exc)
         self.acknowledge(inflight)
-
-
-def _where(raw: RawRecord) -> str:
-    return f"{raw.topic}[{raw.partition}]@{raw.offset}"
 
 
 def _store_corrupted(exc: BaseException) -> StoreCorrupted | None:
