@@ -13,18 +13,9 @@ from streamjoin.errors import ArgumentTypeError, ConfigurationError, RecordRejec
 from streamjoin.events import RawRecord
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
-from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.runtime.worker import WorkerTables
 from streamjoin.testing.driver import TestDriver
-
-
-def _one_task(app: App, topic: str, partition: int = 0) -> tuple[TaskManager, Task]:
-    """A task manager holding the running task of ``topic[partition]``."""
-    manager = TaskManager(app.topology())
-    manager.assign([(topic, partition)])
-    task = manager.task_for(topic, partition)
-    assert task is not None and task.running
-    return manager, task
+from tests.unit.runtime.agent_support import ManualSender, one_task
 
 
 def make_app(**kwargs: Any) -> App:
@@ -232,30 +223,6 @@ async def test_agent_that_returns_is_an_error() -> None:
             await driver.drain()
 
 
-class _ManualSender:
-    """Sends whose acknowledgements the test releases by hand."""
-
-    def __init__(self) -> None:
-        self.futures: list[asyncio.Future[Any]] = []
-
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Sequence[tuple[str, bytes]],
-        timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.futures.append(future)
-        return future
-
-    async def partition_count(self, topic: str) -> int:
-        return 1
-
-
 async def test_offsets_wait_for_send_acknowledgements() -> None:
     app = make_app()
     source = app.topic("in", partitions=1)
@@ -266,10 +233,10 @@ async def test_offsets_wait_for_send_acknowledgements() -> None:
         async for event in stream:
             await sink.send(value=event.value)
 
-    sender = _ManualSender()
+    sender = ManualSender()
     crashes: list[BaseException] = []
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
-    manager, task = _one_task(app, "in")
+    manager, task = one_task(app, "in")
     app.runtime_link.connect(sender, WorkerTables(manager, None))
     runtime.start()
     try:
@@ -370,7 +337,7 @@ async def test_events_are_acknowledged_by_record_batch_with_one_callback_per_bat
     sender = _BatchingSender()
     crashes: list[BaseException] = []
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
-    manager, task = _one_task(app, "in")
+    manager, task = one_task(app, "in")
     app.runtime_link.connect(sender, WorkerTables(manager, None))
     runtime.start()
 
@@ -427,9 +394,9 @@ async def test_revoke_drops_buffered_records() -> None:
             await gate.wait()
             seen.append(event.offset)
 
-    sender = _ManualSender()
+    sender = ManualSender()
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=lambda e: None)
-    manager, task = _one_task(app, "t")
+    manager, task = one_task(app, "t")
     runtime.start()
     try:
         for offset in range(5):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiokafka import TopicPartition
 
 import streamjoin
@@ -79,7 +81,9 @@ def _fail(exc: BaseException) -> None:
     raise AssertionError(f"unexpected fatal error: {exc!r}")
 
 
-def _service(runtime: _Runtime) -> KafkaConsumerService:
+def _service(
+    runtime: _Runtime, consumer_options: dict[str, Any] | None = None
+) -> KafkaConsumerService:
     return KafkaConsumerService(
         "127.0.0.1:9",
         client_id="c",
@@ -90,7 +94,7 @@ def _service(runtime: _Runtime) -> KafkaConsumerService:
         membership=MembershipSettings(group_id="g"),
         commit_interval=1.0,
         client_options={},
-        consumer_options={},
+        consumer_options=consumer_options or {},
         on_fatal=_fail,
         aligned_groups=[("imp", "clk")],
     )
@@ -185,17 +189,5 @@ def test_fetches_are_held_at_most_100_ms_by_default_and_the_app_can_say_otherwis
     # aiokafka's 500 ms made a join stall after each alignment pause: the paused inputs,
     # once resumed, waited for a fetch the broker held for the idle ones
     assert _service(_Runtime())._options["fetch_max_wait_ms"] == FETCH_MAX_WAIT_MS == 100
-    chosen = KafkaConsumerService(
-        "127.0.0.1:9",
-        client_id="c",
-        runtime=_Runtime(),  # type: ignore[arg-type]
-        tasks=_tasks(),
-        sender=_Sender(),  # type: ignore[arg-type]
-        assignor=None,  # type: ignore[arg-type]
-        membership=MembershipSettings(group_id="g"),
-        commit_interval=1.0,
-        client_options={},
-        consumer_options={"fetch_max_wait_ms": 500},
-        on_fatal=_fail,
-    )
+    chosen = _service(_Runtime(), consumer_options={"fetch_max_wait_ms": 500})
     assert chosen._options["fetch_max_wait_ms"] == 500

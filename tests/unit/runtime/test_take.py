@@ -4,21 +4,20 @@ per-event error policies and acknowledgement of the whole batch once its sends a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 import streamjoin
 from streamjoin import App
-from streamjoin.errors import ConfigurationError, RecordRejected
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import RawRecord
 from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
-from streamjoin.runtime.tasks import Task, TaskManager
 from streamjoin.runtime.worker import WorkerTables
 from streamjoin.state.windows import TumblingWindows
 from streamjoin.stream import EventBatch
 from streamjoin.testing.driver import TestDriver
+from tests.unit.runtime.agent_support import ManualSender, one_task
 
 
 def make_app() -> App:
@@ -28,14 +27,6 @@ def make_app() -> App:
 async def settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
-
-
-def one_task(app: App, topic: str) -> tuple[TaskManager, Task]:
-    manager = TaskManager(app.topology())
-    manager.assign([(topic, 0)])
-    task = manager.task_for(topic, 0)
-    assert task is not None
-    return manager, task
 
 
 async def test_batches_hold_one_partitions_events_in_order_and_all_count() -> None:
@@ -257,42 +248,6 @@ async def test_without_within_a_batch_is_what_is_buffered() -> None:
         assert sizes == [1]
 
 
-class _ManualSender:
-    """Sends whose acknowledgements the test settles by hand; values sent to ``out`` that
-    start with ``bad`` are refused by the 'broker' when settled with :meth:`settle_all`."""
-
-    def __init__(self) -> None:
-        self.futures: list[tuple[bytes | None, asyncio.Future[Any]]] = []
-        self.topics: list[str] = []
-
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Sequence[tuple[str, bytes]],
-        timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.futures.append((value, future))
-        self.topics.append(topic)
-        return future
-
-    def settle_all(self) -> None:
-        for topic, (value, future) in zip(self.topics, self.futures, strict=True):
-            if future.done():
-                continue
-            if topic == "out" and value is not None and value.startswith(b'"bad'):
-                future.set_exception(RecordRejected(f"refused {value!r}", topic="out"))
-            else:
-                future.set_result(None)
-
-    async def partition_count(self, topic: str) -> int:
-        return 1
-
-
 async def test_a_batch_counts_once_every_send_it_made_is_acknowledged() -> None:
     app = make_app()
     source = app.topic("in", partitions=1)
@@ -305,7 +260,7 @@ async def test_a_batch_counts_once_every_send_it_made_is_acknowledged() -> None:
             batches.append(len(batch))
             await sink.send(value=sum(int(event.value) for event in batch))  # after the loop
 
-    sender = _ManualSender()
+    sender = ManualSender()
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=pytest.fail)
     manager, task = one_task(app, "in")
     app.runtime_link.connect(sender, WorkerTables(manager, None))
@@ -318,12 +273,17 @@ async def test_a_batch_counts_once_every_send_it_made_is_acknowledged() -> None:
         await settle()  # the next batch finishes the first one: its send is not yet acked
         assert batches == [5, 1]
         assert task.tracker.committable() == {}
-        sender.futures[0][1].set_result(None)
+        sender.futures[0].set_result(None)
         await settle()
         assert task.tracker.committable() == {("in", 0): 5}  # the whole first batch
     finally:
         await runtime.stop(timeout=1)
         app.runtime_link.disconnect()
+
+
+def _bad_output(topic: str, value: bytes | None) -> bool:
+    """The 'broker' refuses values sent to ``out`` that start with ``bad``."""
+    return topic == "out" and value is not None and value.startswith(b'"bad')
 
 
 @pytest.mark.parametrize("per_event", [True, False])
@@ -338,7 +298,7 @@ async def test_a_refused_send_gets_the_policy_for_its_event_or_its_batch(per_eve
             for event in batch:
                 await sink.send(value=event.value)
 
-    sender = _ManualSender()
+    sender = ManualSender()
     crashes: list[BaseException] = []
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
     manager, task = one_task(app, "in")
@@ -352,9 +312,9 @@ async def test_a_refused_send_gets_the_policy_for_its_event_or_its_batch(per_eve
         await runtime.dispatch_many([RawRecord("in", 0, 5, 0, None, b'"ok5"')], task)
         await settle()
         for _ in range(5):  # the refusals, then the dead letters they cause
-            sender.settle_all()
+            sender.settle_all(refuse=_bad_output)
             await settle()
-        dead = [v for t, (v, _) in zip(sender.topics, sender.futures, strict=True) if t != "out"]
+        dead = [value for topic, value in sender.sent if topic != "out"]
         if per_event:  # each event whose send was refused, alone
             assert dead == [b'"bad1"', b'"bad3"']
         else:  # the whole batch, once
@@ -377,7 +337,7 @@ async def test_a_revoked_tasks_collected_records_are_not_handed_out() -> None:
         async for batch in stream.take(10, within=30.0):
             seen.extend(event.offset for event in batch)
 
-    sender = _ManualSender()
+    sender = ManualSender()
     runtime = AgentRuntime(app.agents.values(), sender, on_crash=pytest.fail)
     manager, task = one_task(app, "t")
     runtime.start()
@@ -444,7 +404,7 @@ async def test_a_backlog_gives_the_event_loop_a_turn_every_64_events(
             turns += 1
             await asyncio.sleep(0)
 
-    runtime = AgentRuntime(app.agents.values(), _ManualSender(), on_crash=pytest.fail)
+    runtime = AgentRuntime(app.agents.values(), ManualSender(), on_crash=pytest.fail)
     _, task = one_task(app, "t")
     runtime.start()
     tick = asyncio.create_task(ticker())

@@ -1,0 +1,61 @@
+"""What the agent runtime's unit tests share: one running task, and a sender whose
+acknowledgements the test settles by hand."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from streamjoin import App
+from streamjoin.errors import RecordRejected
+from streamjoin.runtime.tasks import Task, TaskManager
+
+
+def one_task(app: App, topic: str, partition: int = 0) -> tuple[TaskManager, Task]:
+    """A task manager holding the running task of ``topic[partition]``."""
+    manager = TaskManager(app.topology())
+    manager.assign([(topic, partition)])
+    task = manager.task_for(topic, partition)
+    assert task is not None and task.running
+    return manager, task
+
+
+class ManualSender:
+    """Sends whose acknowledgements the test releases by hand: ``futures[i]`` is the i-th
+    send's, ``sent[i]`` its ``(topic, value)``."""
+
+    def __init__(self) -> None:
+        self.futures: list[asyncio.Future[Any]] = []
+        self.sent: list[tuple[str, bytes | None]] = []
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        self.sent.append((topic, value))
+        return future
+
+    def settle_all(
+        self, refuse: Callable[[str, bytes | None], bool] = lambda topic, value: False
+    ) -> None:
+        """Acknowledge every unsettled send, except those ``refuse`` says the broker
+        refuses (:class:`RecordRejected`)."""
+        for (topic, value), future in zip(self.sent, self.futures, strict=True):
+            if future.done():
+                continue
+            if refuse(topic, value):
+                future.set_exception(RecordRejected(f"refused {value!r}", topic=topic))
+            else:
+                future.set_result(None)
+
+    async def partition_count(self, topic: str) -> int:
+        return 1
