@@ -4,12 +4,15 @@ acknowledgements the test settles by hand."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from streamjoin import App
 from streamjoin.errors import RecordRejected
+from streamjoin.runtime.streams import AgentRuntime
 from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.worker import WorkerTables
 
 
 def one_task(app: App, topic: str, partition: int = 0) -> tuple[TaskManager, Task]:
@@ -59,3 +62,20 @@ class ManualSender:
 
     async def partition_count(self, topic: str) -> int:
         return 1
+
+
+@contextlib.asynccontextmanager
+async def running(
+    app: App, sender: Any, topic: str, on_crash: Callable[[BaseException], None]
+) -> AsyncIterator[tuple[AgentRuntime, TaskManager, Task]]:
+    """The app's agents running over ``sender`` with the task of ``topic[0]`` assigned (the
+    app's topics and tables reach them); stopped on exit."""
+    runtime = AgentRuntime(app.agents.values(), sender, on_crash=on_crash)
+    manager, task = one_task(app, topic)
+    app.runtime_link.connect(sender, WorkerTables(manager, None))
+    runtime.start()
+    try:
+        yield runtime, manager, task
+    finally:
+        await runtime.stop(timeout=1)
+        app.runtime_link.disconnect()

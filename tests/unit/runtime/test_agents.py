@@ -12,10 +12,9 @@ from streamjoin import App
 from streamjoin.errors import ArgumentTypeError, ConfigurationError, RecordRejected
 from streamjoin.events import RawRecord
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
-from streamjoin.runtime.worker import WorkerTables
+from streamjoin.runtime.streams import AgentFailed, Stream
 from streamjoin.testing.driver import TestDriver
-from tests.unit.runtime.agent_support import ManualSender, one_task
+from tests.unit.runtime.agent_support import ManualSender, running
 
 
 def make_app(**kwargs: Any) -> App:
@@ -235,11 +234,7 @@ async def test_offsets_wait_for_send_acknowledgements() -> None:
 
     sender = ManualSender()
     crashes: list[BaseException] = []
-    runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
-    manager, task = one_task(app, "in")
-    app.runtime_link.connect(sender, WorkerTables(manager, None))
-    runtime.start()
-    try:
+    async with running(app, sender, "in", crashes.append) as (runtime, _manager, task):
         for offset in range(3):
             await runtime.dispatch_many([RawRecord("in", 0, offset, 0, None, b"1")], task)
         for _ in range(10):
@@ -256,9 +251,6 @@ async def test_offsets_wait_for_send_acknowledgements() -> None:
         await asyncio.sleep(0)
         assert crashes and "was not acknowledged" in str(crashes[0])
         assert task.tracker.committable() == {("in", 0): 2}
-    finally:
-        await runtime.stop(timeout=1)
-        app.runtime_link.disconnect()
 
 
 class _BatchedSend:
@@ -336,16 +328,12 @@ async def test_events_are_acknowledged_by_record_batch_with_one_callback_per_bat
 
     sender = _BatchingSender()
     crashes: list[BaseException] = []
-    runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
-    manager, task = one_task(app, "in")
-    app.runtime_link.connect(sender, WorkerTables(manager, None))
-    runtime.start()
 
     async def settle() -> None:
         for _ in range(10):
             await asyncio.sleep(0)
 
-    try:
+    async with running(app, sender, "in", crashes.append) as (runtime, _manager, task):
         records = [RawRecord("in", 0, offset, 0, None, str(offset).encode()) for offset in range(6)]
         await runtime.dispatch_many(records[:2], task)  # 0 and 1: batch 0
         await settle()
@@ -377,9 +365,6 @@ async def test_events_are_acknowledged_by_record_batch_with_one_callback_per_bat
         lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
         assert len(lines) == 2 and "refused b'4'" in lines[0] and "refused b'5'" in lines[1]
         assert not crashes
-    finally:
-        await runtime.stop(timeout=1)
-        app.runtime_link.disconnect()
 
 
 async def test_revoke_drops_buffered_records() -> None:
@@ -395,10 +380,7 @@ async def test_revoke_drops_buffered_records() -> None:
             seen.append(event.offset)
 
     sender = ManualSender()
-    runtime = AgentRuntime(app.agents.values(), sender, on_crash=lambda e: None)
-    manager, task = one_task(app, "t")
-    runtime.start()
-    try:
+    async with running(app, sender, "t", lambda e: None) as (runtime, manager, task):
         for offset in range(5):
             await runtime.dispatch_many([RawRecord("t", 0, offset, 0, None, b"0")], task)
         await asyncio.sleep(0)
@@ -414,8 +396,6 @@ async def test_revoke_drops_buffered_records() -> None:
         assert seen == [0]  # nothing new reaches a suspended task
         manager.close([task])
         assert manager.task_for("t", 0) is None
-    finally:
-        await runtime.stop(timeout=1)
 
 
 async def test_put_raw_partitions_by_the_key_like_everything_else() -> None:

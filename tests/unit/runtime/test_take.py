@@ -12,12 +12,11 @@ import streamjoin
 from streamjoin import App
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import RawRecord
-from streamjoin.runtime.streams import AgentFailed, AgentRuntime, Stream
-from streamjoin.runtime.worker import WorkerTables
+from streamjoin.runtime.streams import AgentFailed, Stream
 from streamjoin.state.windows import TumblingWindows
 from streamjoin.stream import EventBatch
 from streamjoin.testing.driver import TestDriver
-from tests.unit.runtime.agent_support import ManualSender, one_task
+from tests.unit.runtime.agent_support import ManualSender, running
 
 
 def make_app() -> App:
@@ -261,11 +260,7 @@ async def test_a_batch_counts_once_every_send_it_made_is_acknowledged() -> None:
             await sink.send(value=sum(int(event.value) for event in batch))  # after the loop
 
     sender = ManualSender()
-    runtime = AgentRuntime(app.agents.values(), sender, on_crash=pytest.fail)
-    manager, task = one_task(app, "in")
-    app.runtime_link.connect(sender, WorkerTables(manager, None))
-    runtime.start()
-    try:
+    async with running(app, sender, "in", pytest.fail) as (runtime, _manager, task):
         raws = [RawRecord("in", 0, offset, 0, None, b"1") for offset in range(5)]
         await runtime.dispatch_many(raws, task)
         await settle()
@@ -276,9 +271,6 @@ async def test_a_batch_counts_once_every_send_it_made_is_acknowledged() -> None:
         sender.futures[0].set_result(None)
         await settle()
         assert task.tracker.committable() == {("in", 0): 5}  # the whole first batch
-    finally:
-        await runtime.stop(timeout=1)
-        app.runtime_link.disconnect()
 
 
 def _bad_output(topic: str, value: bytes | None) -> bool:
@@ -300,11 +292,7 @@ async def test_a_refused_send_gets_the_policy_for_its_event_or_its_batch(per_eve
 
     sender = ManualSender()
     crashes: list[BaseException] = []
-    runtime = AgentRuntime(app.agents.values(), sender, on_crash=crashes.append)
-    manager, task = one_task(app, "in")
-    app.runtime_link.connect(sender, WorkerTables(manager, None))
-    runtime.start()
-    try:
+    async with running(app, sender, "in", crashes.append) as (runtime, _manager, task):
         values = ["ok0", "bad1", "ok2", "bad3", "ok4"]
         raws = [RawRecord("in", 0, i, 0, None, f'"{v}"'.encode()) for i, v in enumerate(values)]
         await runtime.dispatch_many(raws, task)
@@ -322,9 +310,6 @@ async def test_a_refused_send_gets_the_policy_for_its_event_or_its_batch(per_eve
         assert task.tracker.committable() == {("in", 0): 6}  # both batches, each offset once
         assert sum(runtime.counters.dead_lettered.values()) == len(dead)
         assert not crashes
-    finally:
-        await runtime.stop(timeout=1)
-        app.runtime_link.disconnect()
 
 
 async def test_a_revoked_tasks_collected_records_are_not_handed_out() -> None:
@@ -338,10 +323,7 @@ async def test_a_revoked_tasks_collected_records_are_not_handed_out() -> None:
             seen.extend(event.offset for event in batch)
 
     sender = ManualSender()
-    runtime = AgentRuntime(app.agents.values(), sender, on_crash=pytest.fail)
-    manager, task = one_task(app, "t")
-    runtime.start()
-    try:
+    async with running(app, sender, "t", pytest.fail) as (runtime, manager, task):
         await runtime.dispatch_many([RawRecord("t", 0, 0, 0, None, b"0")], task)
         await settle()  # collected, waiting within 30 s for more
         manager.suspend([task])
@@ -350,8 +332,6 @@ async def test_a_revoked_tasks_collected_records_are_not_handed_out() -> None:
         await settle()
         assert seen == []
         assert manager.committable([task]) == {}
-    finally:
-        await runtime.stop(timeout=1)
 
 
 @pytest.mark.parametrize(
@@ -404,20 +384,18 @@ async def test_a_backlog_gives_the_event_loop_a_turn_every_64_events(
             turns += 1
             await asyncio.sleep(0)
 
-    runtime = AgentRuntime(app.agents.values(), ManualSender(), on_crash=pytest.fail)
-    _, task = one_task(app, "t")
-    runtime.start()
     tick = asyncio.create_task(ticker())
-    try:
-        await runtime.dispatch_many(
-            [RawRecord("t", 0, offset, 0, None, b"0") for offset in range(2_000)], task
-        )
-        await asyncio.wait_for(all_done.wait(), 10)
-        assert processed == list(range(2_000))
-        # a turn once 64 events were handed out since the last one (batches: at the next
-        # batch, so up to 64 + one batch apart)
-        assert turns >= 2_000 // (64 + (batch_size or 0)) - 1
-        assert turns <= 2_000 // 8  # ...but not one per event
-    finally:
-        tick.cancel()
-        await runtime.stop(timeout=1)
+
+    async with running(app, ManualSender(), "t", pytest.fail) as (runtime, _, task):
+        try:
+            await runtime.dispatch_many(
+                [RawRecord("t", 0, offset, 0, None, b"0") for offset in range(2_000)], task
+            )
+            await asyncio.wait_for(all_done.wait(), 10)
+            assert processed == list(range(2_000))
+            # a turn once 64 events were handed out since the last one (batches: at the next
+            # batch, so up to 64 + one batch apart)
+            assert turns >= 2_000 // (64 + (batch_size or 0)) - 1
+            assert turns <= 2_000 // 8  # ...but not one per event
+        finally:
+            tick.cancel()
