@@ -28,7 +28,7 @@ from streamjoin.state.keys import encode_uint64, length_prefixed, window_key
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.window_layout import DATA, INDEX
 from streamjoin.state.window_layout import STREAM_TIME_KEY as STREAM_TIME
-from streamjoin.state.windows import WindowSpec
+from streamjoin.state.windows import WindowSpec, may_start_between
 from streamjoin.tables import Table, TableAccessError
 
 _U32 = struct.Struct(">I").pack
@@ -69,12 +69,23 @@ class WindowedTable(Table):
     _context: tuple[RawRecord, TablePartition, list[tuple[int, int]]] | None = field(
         default=None, init=False, repr=False
     )
-    #: (record, partition, windows, key, its data key, the window existed) of the last read
-    #: of the current window: ``table[key] = ...`` right after (``+=``) in the same event
-    #: (the same record) reuses them
-    _last_read: tuple[RawRecord, TablePartition, list[tuple[int, int]], Any, bytes, bool] | None = (
-        field(default=None, init=False, repr=False)
+    #: (record, partition, windows, key, its data key, the window existed, the key's bytes)
+    #: of the last read of the current window: ``table[key] = ...`` right after (``+=``) in
+    #: the same event (the same record) reuses them
+    _last_read: (
+        tuple[RawRecord, TablePartition, list[tuple[int, int]], Any, bytes, bool, bytes] | None
+    ) = field(default=None, init=False, repr=False)
+
+    #: partition -> (its view, the cutoff of its last expiry pass): that view holds no
+    #: window starting at or before the cutoff, so the next pass scans only if a window can
+    #: start between the two cutoffs (stream time crossed a window start) or a window that
+    #: old was created since (see _index_window)
+    _expired_through: dict[int, tuple[TablePartition, int]] = field(
+        default_factory=dict, init=False, repr=False
     )
+    #: the largest of those cutoffs: a window created starting at or before it may be one
+    #: its partition's last pass would have removed
+    _expiry_floor: int = field(default=-1, init=False, repr=False)
 
     def _spec(self) -> WindowSpec:
         if self.windows is None:
@@ -99,7 +110,9 @@ class WindowedTable(Table):
         context = self._context
         if context is not None and context[0] is record:
             return context
-        view = self._state(None, writing=False)
+        view = event.table_partition(self.name)
+        if view is None:
+            view = self._state(None, writing=False)  # (raises, naming the problem)
         _advance_stream_time(view, record.timestamp)
         windows = self._spec().windows_for(record.timestamp)
         context = self._context = (record, view, windows)
@@ -111,9 +124,10 @@ class WindowedTable(Table):
         Remembers what it read, so that ``table[key] = ...`` right after (``+=``) knows
         the window exists without reading it again."""
         record, view, windows = self._event_context()
-        data_key = _data_key_of(self._encode_key(key), windows[-1][0])
-        raw = view.get(data_key)
-        self._last_read = (record, view, windows, key, data_key, raw is not None)
+        key_bytes = self._encode_key(key)
+        data_key = _data_key_of(key_bytes, windows[-1][0])
+        raw = view.lookup(data_key)
+        self._last_read = (record, view, windows, key, data_key, raw is not None, key_bytes)
         return raw
 
     def __getitem__(self, key: Any) -> Any:
@@ -160,11 +174,12 @@ class WindowedTable(Table):
         ):
             # ``+=``: the key was just read in this window (type too: 1 == True == 1.0)
             view, windows = last_read[1], last_read[2]
-            data_key, existed = last_read[4], last_read[5]
+            data_key, existed, key_bytes = last_read[4], last_read[5], last_read[6]
             index_key = None  # packed below only if the window is new
         else:
             _, view, windows = self._event_context()
-            data_key, index_key = _keys_of(self._encode_key(key), windows[0][0])
+            key_bytes = self._encode_key(key)
+            data_key, index_key = _keys_of(key_bytes, windows[0][0])
             existed = False
         if len(windows) != 1:
             raise TableAccessError(
@@ -179,8 +194,8 @@ class WindowedTable(Table):
         if not existed:
             # a new window (or not known to exist): index it for expiry
             if index_key is None:
-                index_key = _keys_of(self._encode_key(key), windows[0][0])[1]
-            view.put(index_key, b"")
+                index_key = _keys_of(key_bytes, windows[0][0])[1]
+            self._index_window(view, index_key, windows[0][0])
 
     def update(self, key: Any, fn: Callable[[Any], Any]) -> None:
         """Replace the value of ``key`` in every window of the current event by ``fn(old)``."""
@@ -200,7 +215,15 @@ class WindowedTable(Table):
             else:
                 view.put(data_key, encoded)
                 if raw is None:
-                    view.put(index_key, b"")
+                    self._index_window(view, index_key, start)
+
+    def _index_window(self, view: TablePartition, index_key: bytes, start: int) -> None:
+        """Index a window just created, for expiry."""
+        view.put(index_key, b"")
+        if start <= self._expiry_floor:
+            # a late event in a window as old as one its partition expired already: the
+            # next expiry pass scans (and removes it, if it is past retention)
+            self._expired_through.pop(view.partition, None)
 
     def windows_of(self, key: Any, from_ms: int, to_ms: int) -> list[tuple[int, Any]]:
         """(window start, value) of ``key`` for windows starting in [from_ms, to_ms]."""
@@ -246,11 +269,16 @@ class WindowedTable(Table):
         cutoff = stream_time - spec.size_ms - spec.retention_ms
         if cutoff < 0:
             return 0
+        last = self._expired_through.get(view.partition)
+        if last is not None and last[0] is view and not may_start_between(spec, last[1], cutoff):
+            return 0  # nothing expired since the last pass (it scanned everything up to it)
         expired = list(view.scan(*layout.index_range(cutoff + 1)))
         for index_key, _ in expired:
             start, prefixed_key = layout.split_index_key(index_key)
             view.delete(layout.data_key(layout.strip_length_prefix(prefixed_key), start))
             view.delete(index_key)
+        self._expired_through[view.partition] = (view, cutoff)
+        self._expiry_floor = max(self._expiry_floor, cutoff)
         return len(expired)
 
 
@@ -278,7 +306,7 @@ def _stream_time(view: TablePartition) -> int | None:
 def _advance_stream_time(view: TablePartition, timestamp_ms: int) -> None:
     # once per event: stored u64s compare as bytes as their values do, so the common case
     # (a stored 8-byte time) needs no decoding
-    raw = view.get(STREAM_TIME)
+    raw = view.lookup(STREAM_TIME)
     if raw is not None and len(raw) == 8 and 0 <= timestamp_ms < 1 << 64:
         encoded = _U64(timestamp_ms)
         if raw < encoded:

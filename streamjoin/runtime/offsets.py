@@ -12,12 +12,24 @@ out of order.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 from streamjoin.errors import OffsetTrackingError as OffsetTrackingError
 
 TopicPartition = tuple[str, int]
+
+
+class Position(Protocol):
+    """Where a record was read (a :class:`~streamjoin.events.RawRecord`, say)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
 
 
 @dataclass
@@ -28,6 +40,12 @@ class _PartitionLedger:
     #: next offset to commit once everything before it is acknowledged
     position: int | None = None
     committed: int | None = None
+
+
+class _At(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
 
 
 class OffsetTracker:
@@ -82,19 +100,33 @@ class OffsetTracker:
 
     def ack(self, tp: TopicPartition, offset: int) -> None:
         """One agent finished ``offset`` of ``tp`` (processing and its sends)."""
-        ledger = self._ledgers.get(tp)
-        entry = None if ledger is None else ledger.index.get(offset)
-        if ledger is None or entry is None:
-            raise OffsetTrackingError(f"{tp[0]}[{tp[1]}]@{offset} acknowledged but not pending")
-        entry[1] -= 1
-        if entry[1] == 0:
-            del ledger.index[offset]
-            pending = ledger.pending
-            if pending[0] is entry:  # in order (the usual case): it and what follows is done
-                pending.popleft()
-                ledger.position = offset + 1
-                while pending and pending[0][1] == 0:
-                    ledger.position = pending.popleft()[0] + 1
+        self.ack_records((_At(tp[0], tp[1], offset),))
+
+    def ack_records(self, records: Iterable[Position]) -> None:
+        """:meth:`ack` of each record's offset, in one call (an actor acknowledges the events
+        it finished together; consecutive records of one partition share its ledger)."""
+        topic = ""
+        partition = -1
+        ledger: _PartitionLedger | None = None
+        for record in records:
+            if record.partition != partition or record.topic != topic:
+                topic, partition = record.topic, record.partition
+                ledger = self._ledgers.get((topic, partition))
+            offset = record.offset
+            entry = None if ledger is None else ledger.index.get(offset)
+            if ledger is None or entry is None:
+                raise OffsetTrackingError(
+                    f"{topic}[{partition}]@{offset} acknowledged but not pending"
+                )
+            entry[1] -= 1
+            if entry[1] == 0:
+                del ledger.index[offset]
+                pending = ledger.pending
+                if pending[0] is entry:  # in order (the usual case): it and what follows is done
+                    pending.popleft()
+                    ledger.position = offset + 1
+                    while pending and pending[0][1] == 0:
+                        ledger.position = pending.popleft()[0] + 1
 
     @staticmethod
     def _advance(ledger: _PartitionLedger) -> None:

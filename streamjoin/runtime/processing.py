@@ -194,6 +194,7 @@ class TaskProcessing:
             # Positions first, then the writes, with no await in between: every write taken
             # belongs to an event at or before a committed position, or to an event still in
             # flight (only a crash before the next commit replays those on top).
+            self.runtime.ack_finished()
             positions = self.tasks.committable(chosen)
             if self._flush_tables is not None:
                 # State and changelog first, then the source offsets (at-least-once).
@@ -233,6 +234,7 @@ class TaskProcessing:
                 while not await self.runtime.quiesce(self.revoke_timeout):
                     pass
             try:
+                # (every actor is between two events, so it acknowledged what it finished)
                 positions = self.tasks.committable(tasks)
                 taken = take_writes(
                     (state for task in tasks for state in task.tables.values()),

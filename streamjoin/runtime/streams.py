@@ -127,6 +127,10 @@ class AgentRunner:
         #: this agent's processing-time histogram, and when the current event was handed out
         self._latency = runtime.counters.latency_of(agent.name)
         self._started = 0.0
+        #: finished events of ``_done_task`` that sent nothing, not yet acknowledged: they
+        #: are acknowledged together (see :meth:`ack_finished`)
+        self._done: list[RawRecord] = []
+        self._done_task: Task | None = None
 
     @property
     def name(self) -> str:
@@ -149,14 +153,41 @@ class AgentRunner:
 
     def next_event(self) -> Awaitable[Event]:
         """The next event (marks the previous one processed); what ``async for`` awaits."""
-        if self.current is not None:
-            self._finish_current()
+        current = self.current
+        if current is not None:
+            if current.sends or current.batch is not None:
+                self._finish_current()
+            else:
+                # the usual case, inline: an event that sent nothing is done now, and its
+                # acknowledgement joins the others' (see ack_finished)
+                self.current = None
+                self.processed += 1
+                self._latency.observe(time.perf_counter() - self._started)
+                if current.task is not self._done_task:
+                    self.ack_finished()
+                    self._done_task = current.task
+                self._done.append(current.record)
+                self._spare = current
         return self._next()
+
+    def ack_finished(self) -> None:
+        """Acknowledge the finished events that sent nothing, in one call to their task's
+        ledger instead of one per event. Done before the actor waits for anything (so while
+        it is idle, or held by a transaction's snapshot, none is left), when the next such
+        event is another task's, and by :meth:`AgentRuntime.ack_finished` before a commit
+        reads the ledgers (an agent may be inside an event that awaits)."""
+        done = self._done
+        if done:
+            self._done = []
+            task = self._done_task
+            if task is not None and task.accepts_acks:
+                task.tracker.ack_records(done)
 
     async def _next(self) -> Event:
         self._since_yield += 1
         if self._since_yield >= YIELD_EVERY:
             self._since_yield = 0
+            self.ack_finished()
             await asyncio.sleep(0)
         runtime = self.runtime
         while True:
@@ -164,9 +195,11 @@ class AgentRunner:
             pos = self._pos
             if pos >= len(chunk):
                 if not self._next_buffered_chunk():
+                    self.ack_finished()
                     await self._wait_for_chunk()
                 continue
             if runtime.holding:
+                self.ack_finished()
                 await runtime.barrier.wait()  # a transaction is taking its snapshot
                 continue
             # From here to handing the event out nothing awaits: a snapshot or a revocation
@@ -186,6 +219,7 @@ class AgentRunner:
             try:
                 event = self._decode(raw)
             except DecodeError as exc:
+                self.ack_finished()
                 await self._handle_failure(inflight, exc, "decode")
                 continue
             self.current = inflight
@@ -227,6 +261,7 @@ class AgentRunner:
         ``async for batch in stream.take(...)`` awaits."""
         if self.current is not None:
             self._finish_current()
+        self.ack_finished()  # (events taken one at a time before)
         return self._next_batch(max_events, within, per_event_errors)
 
     async def _next_batch(
@@ -354,6 +389,7 @@ class AgentRunner:
             except Exception as exc:
                 current, self.current = self.current, None
                 current_event.set(None)
+                self.ack_finished()
                 corrupted = _store_corrupted(exc)
                 if current is not None and corrupted is not None:
                     # Not the record's fault: its task's store is rebuilt and the record is
@@ -370,6 +406,7 @@ class AgentRunner:
                 continue  # skip / dead_letter: restart the function on the same stream
             if self.runtime.stopping:
                 self._finish_current()
+                self.ack_finished()
                 return
             raise AgentFailed(
                 f"agent {self.name} returned; an agent must keep iterating over its stream"
@@ -488,6 +525,12 @@ class AgentRuntime:
             if _stopped(task):
                 return  # revocation began while waiting for room: the rest is read again
             await runner.queue.put((task, chunk), len(chunk))
+
+    def ack_finished(self) -> None:
+        """Acknowledge every actor's finished events still waiting to be acknowledged
+        together (see :meth:`AgentRunner.ack_finished`): before a commit reads the ledgers."""
+        for runner in self.runners:
+            runner.ack_finished()
 
     def busy_with(self, tasks: Iterable[Task]) -> list[str]:
         """Actors processing an event of one of ``tasks`` right now."""
@@ -615,14 +658,12 @@ class AgentRuntime:
         if task.accepts_acks:
             batch = inflight.batch
             if batch is None:
-                raw = inflight.record
-                task.tracker.ack((raw.topic, raw.partition), raw.offset)
+                task.tracker.ack_records((inflight.record,))
                 return
-            ack = task.tracker.ack
             settled = inflight.settled
-            for raw in batch:
-                if not settled or id(raw) not in settled:
-                    ack((raw.topic, raw.partition), raw.offset)
+            task.tracker.ack_records(
+                batch if not settled else [raw for raw in batch if id(raw) not in settled]
+            )
 
     def _batch_sends_failed(self, inflight: _InFlight, delivery: Delivery) -> None:
         """Sends of a batch that ``delivery`` (failed) failed: the error policy applies to

@@ -137,7 +137,13 @@ class TablePartition:
 
     def put(self, key: bytes, value: bytes | None) -> None:
         pending = self.pending
-        if key not in pending and (not self.flushing or key not in self.flushing):
+        if (
+            (self._sorted is not None or self._group_of is not None)
+            and key not in pending
+            and (not self.flushing or key not in self.flushing)
+        ):
+            # (without a group index or a sorted list there is nothing to index: the usual
+            # case between two flushes of a table that is not a join buffer)
             self._index(key)
         pending[key] = value
 

@@ -19,6 +19,7 @@ __all__ = [
     "TumblingWindows",
     "WindowError",
     "WindowSpec",
+    "may_start_between",
 ]
 
 
@@ -37,6 +38,19 @@ class WindowSpec(Protocol):
     def windows_for(self, timestamp_ms: int) -> list[tuple[int, int]]: ...
 
     def expired(self, window_end_ms: int, stream_time_ms: int) -> bool: ...
+
+
+def may_start_between(spec: WindowSpec, low: int, high: int) -> bool:
+    """Whether a window of ``spec`` can start in ``(low, high]``: windows start at multiples
+    of their step, so an expiry pass whose cutoff moved less than that finds nothing new.
+    True for a spec of another kind (nothing known about its starts)."""
+    if isinstance(spec, TumblingWindows):
+        step = spec.size_ms
+    elif isinstance(spec, HoppingWindows):
+        step = spec.step_ms
+    else:
+        return True
+    return high >= 0 and high - high % step > low  # (windows start at 0 or later)
 
 
 def _positive_int(name: str, value: int) -> None:

@@ -267,6 +267,7 @@ class TestDriver:
 
     def committable(self) -> dict[tuple[str, int], int]:
         """Per source partition, the offset a worker would commit now."""
+        self._require().ack_finished()
         return self._require_tasks().committable()
 
     # -- lifecycle

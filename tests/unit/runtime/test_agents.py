@@ -367,6 +367,37 @@ async def test_events_are_acknowledged_by_record_batch_with_one_callback_per_bat
         assert not crashes
 
 
+async def test_a_commit_counts_the_events_finished_before_one_that_awaits() -> None:
+    """Finished events that sent nothing are acknowledged together, when the actor next
+    waits for records; a commit made while the agent awaits inside a later event still
+    counts the events before it."""
+    app = make_app()
+    topic = app.topic("t", partitions=1)
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    @app.agent(topic)
+    async def work(stream: Stream) -> None:
+        async for event in stream:
+            if event.value == "wait":
+                inside.set()
+                await release.wait()
+
+    async with TestDriver(app) as driver:
+        runtime = driver.runtime
+        assert runtime is not None
+        task = driver.tasks.task_for("t", 0) if driver.tasks is not None else None
+        assert task is not None
+        # six records in one chunk: the actor takes them without waiting in between
+        raws = [RawRecord("t", 0, offset, 0, None, b'"x"') for offset in range(5)]
+        raws.append(RawRecord("t", 0, 5, 0, None, b'"wait"'))
+        await runtime.dispatch_many(raws, task)
+        await asyncio.wait_for(inside.wait(), 5)
+        assert await driver.commit() == {("t", 0): 5}
+        release.set()
+        await driver.drain()
+        assert driver.committable() == {("t", 0): 6}
+
+
 async def test_revoke_drops_buffered_records() -> None:
     app = make_app()
     topic = app.topic("t", partitions=1)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjoin.events import RawRecord
 from streamjoin.runtime.offsets import OffsetTracker, OffsetTrackingError
 
 TP = ("orders", 0)
@@ -135,3 +136,40 @@ def test_a_batch_registered_behind_later_offsets_is_refused() -> None:
     tracker.register_many(TP, [5, 6], 1)
     with pytest.raises(OffsetTrackingError, match="registered after 6"):
         tracker.register_many(TP, [4, 7], 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    consumers=st.lists(st.integers(min_value=1, max_value=2), min_size=1, max_size=30),
+    data=st.data(),
+)
+def test_acknowledging_records_together_is_acknowledging_each(
+    consumers: list[int], data: st.DataObject
+) -> None:
+    """An actor acknowledges the events it finished in one call, possibly of two
+    partitions: the same ledger as acknowledging them one by one."""
+    other = ("orders", 1)
+    one_by_one, together = OffsetTracker(), OffsetTracker()
+    acks: list[tuple[tuple[str, int], int]] = []
+    for offset, n in enumerate(consumers):
+        tp = TP if offset % 3 else other
+        for tracker in (one_by_one, together):
+            tracker.register(tp, offset, n)
+        acks.extend([(tp, offset)] * n)
+    acks = data.draw(st.permutations(acks))
+    while acks:
+        size = data.draw(st.integers(1, len(acks)))
+        group, acks = acks[:size], acks[size:]
+        for tp, offset in group:
+            one_by_one.ack(tp, offset)
+        together.ack_records([RawRecord(tp[0], tp[1], o, 0, None, None) for tp, o in group])
+        assert together.committable() == one_by_one.committable()
+        assert together.in_flight(TP) == one_by_one.in_flight(TP)
+
+
+def test_acknowledging_a_record_not_pending_names_it() -> None:
+    tracker = OffsetTracker()
+    tracker.register(TP, 0, 1)
+    tracker.ack_records([RawRecord("orders", 0, 0, 0, None, None)])
+    with pytest.raises(OffsetTrackingError, match=r"orders\[0\]@0 acknowledged but not pending"):
+        tracker.ack_records([RawRecord("orders", 0, 0, 0, None, None)])

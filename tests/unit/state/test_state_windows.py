@@ -12,7 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamjoin.state.windows import HoppingWindows, TumblingWindows, WindowError
+from streamjoin.state.windows import (
+    HoppingWindows,
+    TumblingWindows,
+    WindowError,
+    may_start_between,
+)
 
 # ------------------------------------------------------------------ arithmetic
 
@@ -96,3 +101,41 @@ def test_tumbling_windows_are_hopping_windows_with_a_step_of_their_size(ts: int,
 def test_tumbling_windows_refuse_bad_timestamps(bad: object) -> None:
     with pytest.raises(WindowError):
         TumblingWindows(10, 10).windows_for(bad)  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    step=st.integers(1, 50),
+    size_steps=st.integers(1, 4),
+    low=st.integers(-100, 1_000),
+    span=st.integers(0, 120),
+    tumbling=st.booleans(),
+)
+def test_may_start_between_is_whether_a_window_starts_in_the_interval(
+    step: int, size_steps: int, low: int, span: int, tumbling: bool
+) -> None:
+    """An expiry pass skips its scan only when no window can start in (last cutoff, cutoff]:
+    checked against the windows themselves (each start is the start of some timestamp's
+    window)."""
+    spec: TumblingWindows | HoppingWindows = (
+        TumblingWindows(step, retention_ms=step)
+        if tumbling
+        else HoppingWindows(step * size_steps, step, retention_ms=step * size_steps)
+    )
+    high = low + span
+    starts = {start for ts in range(0, high + 1) for start, _ in spec.windows_for(ts)}
+    assert may_start_between(spec, low, high) == any(low < s <= high for s in starts)
+
+
+def test_may_start_between_knows_nothing_of_other_specs() -> None:
+    class Custom:
+        size_ms = 10
+        retention_ms = 10
+
+        def windows_for(self, timestamp_ms: int) -> list[tuple[int, int]]:
+            return [(timestamp_ms, timestamp_ms + 10)]
+
+        def expired(self, window_end_ms: int, stream_time_ms: int) -> bool:
+            return stream_time_ms >= window_end_ms + 10
+
+    assert may_start_between(Custom(), 5, 5)

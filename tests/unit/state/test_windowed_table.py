@@ -198,6 +198,49 @@ async def test_expiry_reads_only_the_expired_index_entries(
         assert index_rows == 2  # the two windows starting at 980, nothing else
 
 
+async def test_expiry_scans_only_once_stream_time_crossed_a_window_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every flush runs an expiry pass; it reads the index only when a window can have
+    expired since the last one that did (stream time crossed a window start). A late event
+    creating a window that old makes the next pass read it again, and removes it."""
+    app, table = counting_app(size_ms=10, retention_ms=10)
+    index_scans = 0
+    real_scan = TablePartition.scan
+
+    def counting_scan(
+        view: TablePartition, start: bytes, end: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        nonlocal index_scans
+        if start.startswith(layout.INDEX):
+            index_scans += 1
+        return real_scan(view, start, end)
+
+    monkeypatch.setattr(TablePartition, "scan", counting_scan)
+
+    async def at(ts: int, key: str = "a") -> None:
+        await driver.put("clicks", key=key, value=1, timestamp_ms=ts)
+        await driver.drain()  # (flushes: an expiry pass)
+
+    async with TestDriver(app) as driver:
+        await at(1_000)
+        assert index_scans == 1  # the first pass (cutoff 980) knows nothing yet
+        for ts in range(1_001, 1_010):
+            await at(ts)  # cutoffs 981..989: no window starts in (980, 989]
+        assert index_scans == 1
+        await at(1_010)  # cutoff 990: the window starting at 990 may have expired
+        assert index_scans == 2
+        await at(1_011)
+        assert index_scans == 2
+        # late: [970, 980) expired long ago (970 + 10 + 10 <= 1011), and is created again
+        await at(975, key="late")
+        assert index_scans == 3
+        assert table.windows_of("late", 0, 10_000) == []
+        assert table.windows_of("a", 0, 10_000) == [(1_000, 10), (1_010, 2)]
+        await at(1_012)
+        assert index_scans == 3
+
+
 async def test_windowed_tables_and_join_buffers_share_the_namespaces() -> None:
     app, table = counting_app()
     async with TestDriver(app) as driver:
