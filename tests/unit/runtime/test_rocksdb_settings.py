@@ -53,3 +53,38 @@ def test_other_values_are_refused_by_name() -> None:
         app.configure(rocksdb="small")
     app.configure(rocksdb=RocksDBOptions(read_cache_bytes=0))
     assert app.config.rocksdb == RocksDBOptions(read_cache_bytes=0)
+
+
+def _options_file(store_dir: Path) -> str:
+    """The OPTIONS file RocksDB writes into a store: what it actually runs with."""
+    newest = max(store_dir.rglob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    return newest.read_text()
+
+
+@pytest.mark.parametrize(("bits", "filtered"), [(10, True), (0, False)])
+def test_stores_have_bloom_filters_unless_turned_off(
+    tmp_path: Path, bits: int, filtered: bool
+) -> None:
+    """Whole-key bloom filters in SST files and memtables (by default): a read of a key the
+    store does not hold skips the files instead of searching each."""
+    app = streamjoin.App(
+        "rocks", state_dir=tmp_path, rocksdb=RocksDBOptions(bloom_filter_bits=bits)
+    )
+    counts = app.table("counts", default=int, partitions=1)
+    stores = TableStores(app.tables, app.config.state_path, app.config.rocksdb)
+    store = stores.open(counts, 0)
+    try:
+        assert isinstance(store, RocksDBStorePartition)
+        store.write({b"k": b"1"}, None)
+        assert store.get(b"k") == b"1" and store.get(b"absent") is None
+        written = _options_file(stores.path("counts", 0))
+    finally:
+        stores.close(counts, 0)
+    assert ("filter_policy=bloomfilter\n" in written) is filtered
+    assert ("memtable_whole_key_filtering=true" in written) is filtered
+    assert ("memtable_prefix_bloom_size_ratio=0.010000" in written) is filtered
+
+
+def test_bloom_filter_bits_must_be_an_int_of_at_least_zero() -> None:
+    with pytest.raises(ConfigurationError, match="bloom_filter_bits must be an int >= 0"):
+        RocksDBOptions(bloom_filter_bits=-1)
