@@ -9,10 +9,12 @@ of the buffered keys:
   its events by side and key) are indexed per group, unsorted. A scan inside one
   group (every partner of an event: one per event) sorts that group's few buffered
   keys in range and never touches the others;
-- every other key goes into one sorted list, built at the first scan that needs it
-  (an expiry scan, say) and kept from then on: keys buffered after it wait in an
+- every other key goes into one sorted list, built at the second scan that needs it
+  since the last flush and kept from then on: keys buffered after it wait in an
   unsorted tail that the next such scan sorts in (join expiry keys arrive nearly in
-  time order, so that is a short sort and an append, not an insertion per write).
+  time order, so that is a short sort and an append, not an insertion per write). The
+  first such scan (a windowed table's expiry pass runs one per flush) only picks the
+  buffered keys in its range, which costs less than sorting them all.
 
 Writers that know more about a key say so, and save work: :meth:`TablePartition.insert`
 (a key absent from the partition, with its group) needs no group computed and, deleted
@@ -57,6 +59,7 @@ class TablePartition:
         "_group_low",
         "_group_of",
         "_groups",
+        "_scanned",
         "_sorted",
         "_stored_deletes",
         "_tail",
@@ -93,6 +96,9 @@ class TablePartition:
         self._sorted: list[bytes] | None = None
         #: keys of no group buffered since ``_sorted`` was last brought up to date
         self._tail: list[bytes] = []
+        #: a scan outside one group ran since the index was last reset: the next one sorts
+        #: the keys into ``_sorted`` (the first one only picks those in its range)
+        self._scanned = False
         #: pending keys put by insert() (absent from flushing and the store)
         self._fresh: set[bytes] = set()
         #: keys remove() dropped from both layers but left in the index (reading them finds
@@ -222,6 +228,11 @@ class TablePartition:
                 return self._scan_keys(self._groups.get(group, ()), start, end)
         if not self.pending and not self.flushing:
             return self.store.items(start, end)
+        if self._sorted is None and not self._scanned:
+            # the first such scan since the last flush (a windowed table's expiry pass, once
+            # per flush): picking the buffered keys in range costs less than sorting them all
+            self._scanned = True
+            return _merge(self._newest(self._buffered_in(start, end)), self.store.items(start, end))
         ordered = self._ordered()
         low = bisect_left(ordered, start)
         high = len(ordered) if end is None else bisect_left(ordered, end, low)
@@ -229,6 +240,17 @@ class TablePartition:
         if self._groups and self._may_hold_groups(start, end):
             keys = sorted([*keys, *self._grouped_in(start, end)])
         return _merge(self._newest(keys), self.store.items(start, end))
+
+    def _buffered_in(self, start: bytes, end: bytes | None) -> list[bytes]:
+        """The buffered keys in [start, end), sorted, without the index."""
+        pending, flushing = self.pending, self.flushing
+        keys = [k for k in pending if start <= k and (end is None or k < end)]
+        if flushing:
+            keys += [
+                k for k in flushing if k not in pending and start <= k and (end is None or k < end)
+            ]
+        keys.sort()
+        return keys
 
     # ------------------------------------------------------------ the index of buffered keys
 
@@ -284,6 +306,7 @@ class TablePartition:
         return ordered
 
     def _reindex(self) -> None:
+        self._scanned = False
         self._groups = {}
         self._group_low = self._group_high = None
         self._sorted = None

@@ -401,3 +401,26 @@ def test_removing_a_key_while_its_flush_runs_sends_its_tombstone_without_a_looku
     assert dict(store.items()) == {key: b"v"}
     asyncio.run(flush())
     assert log.compacted == {} == dict(store.items())
+
+
+def test_the_first_scan_since_a_flush_sorts_only_the_keys_in_its_range() -> None:
+    """A windowed table's expiry pass scans a short range once per flush: it picks the
+    buffered keys in range instead of sorting them all; a second scan builds the sorted
+    list that later scans keep up to date."""
+    view = TablePartition("t", 0, MemoryStorePartition())
+    for i in range(1000):
+        view.put(i.to_bytes(2, "big"), b"v")
+    low, high = (10).to_bytes(2, "big"), (13).to_bytes(2, "big")
+    assert [k for k, _ in view.scan(low, high)] == [i.to_bytes(2, "big") for i in (10, 11, 12)]
+    assert view._sorted is None
+    assert [k for k, _ in view.scan(low, high)] == [i.to_bytes(2, "big") for i in (10, 11, 12)]
+    assert view._sorted is not None and len(view._sorted) == 1000
+    view.take_pending()
+    view.finish_flush(1)  # the index starts again
+    view.put(b"\x00\x0b", b"w")
+    assert list(view.scan(low, high)) == [
+        (b"\x00\x0a", b"v"),
+        (b"\x00\x0b", b"w"),
+        (b"\x00\x0c", b"v"),
+    ]
+    assert view._sorted is None
