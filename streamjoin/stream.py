@@ -22,6 +22,8 @@ class EventSource(Protocol):
 
     def next_event(self) -> Awaitable[Event]: ...
 
+    def events(self) -> AsyncIterator[Event]: ...
+
     def next_batch(
         self, max_events: int, within: float, per_event_errors: bool
     ) -> Awaitable[EventBatch]: ...
@@ -85,8 +87,9 @@ class Stream:
     def __init__(self, source: EventSource) -> None:
         self._source = source
 
-    def __aiter__(self) -> Stream:
-        return self
+    def __aiter__(self) -> AsyncIterator[Event]:
+        # the source's own iterator: it hands out buffered events without a coroutine each
+        return self._source.events()
 
     def __anext__(self) -> Awaitable[Event]:
         # the source's awaitable itself, not a coroutine wrapping it: one frame less per event

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from streamjoin.agents import Agent
@@ -131,6 +131,8 @@ class AgentRunner:
         #: are acknowledged together (see :meth:`ack_finished`)
         self._done: list[RawRecord] = []
         self._done_task: Task | None = None
+        #: the actor's events (see _walk_events)
+        self._events = self._walk_events()
 
     @property
     def name(self) -> str:
@@ -152,23 +154,85 @@ class AgentRunner:
         )
 
     def next_event(self) -> Awaitable[Event]:
-        """The next event (marks the previous one processed); what ``async for`` awaits."""
-        current = self.current
-        if current is not None:
-            if current.sends or current.batch is not None:
-                self._finish_current()
-            else:
-                # the usual case, inline: an event that sent nothing is done now, and its
-                # acknowledgement joins the others' (see ack_finished)
-                self.current = None
-                self.processed += 1
-                self._latency.observe(time.perf_counter() - self._started)
-                if current.task is not self._done_task:
+        """The next event (marks the previous one processed); what ``anext(stream)`` awaits."""
+        return self._events.__anext__()
+
+    def events(self) -> AsyncIterator[Event]:
+        """What ``async for event in stream`` iterates (see :meth:`_walk_events`)."""
+        return self._events
+
+    async def _walk_events(self) -> AsyncIterator[Event]:
+        """The actor's events, one at a time: one async generator for the actor's lifetime
+        (an agent function restarted after an error goes on with it). A step that finds the
+        next event buffered costs no coroutine and no call: the steps are spelled out here.
+        Asking for the next event marks the one being processed done."""
+        runtime = self.runtime
+        decode = self._decode
+        latency = self._latency
+        perf_counter = time.perf_counter
+        set_current = current_event.set
+        while True:
+            current = self.current
+            if current is not None:
+                if current.sends or current.batch is not None:
+                    self._finish_current()
+                else:
+                    # the usual case: an event that sent nothing is done now, and its
+                    # acknowledgement joins the others' (see ack_finished)
+                    self.current = None
+                    self.processed += 1
+                    latency.observe(perf_counter() - self._started)
+                    if current.task is not self._done_task:
+                        self.ack_finished()
+                        self._done_task = current.task
+                    self._done.append(current.record)
+                    self._spare = current
+            while True:
+                if self._since_yield >= YIELD_EVERY:
+                    self._since_yield = 0
+                    self.ack_finished()  # (before anything else runs, here and below)
+                    await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
+                    continue
+                if runtime.holding:
                     self.ack_finished()
-                    self._done_task = current.task
-                self._done.append(current.record)
-                self._spare = current
-        return self._next()
+                    await runtime.barrier.wait()  # a transaction is taking its snapshot
+                    continue
+                chunk = self._chunk
+                pos = self._pos
+                if pos >= len(chunk):
+                    try:
+                        if not self._next_buffered_chunk():
+                            self.ack_finished()
+                            await self._wait_for_chunk()
+                    except StopAsyncIteration:
+                        return  # the end of the stream (a generator must not raise it)
+                    continue
+                # From here to handing the event out nothing awaits: a snapshot or a
+                # revocation sees this record either still buffered or being processed.
+                raw = chunk[pos]
+                self._pos = pos + 1
+                task = self._chunk_task
+                if task is None or task.state is not _RUNNING:
+                    continue  # revocation began: its next owner reads it again
+                inflight = self._spare
+                if inflight is None:
+                    inflight = _InFlight(raw, task, runtime, self)
+                else:
+                    self._spare = None
+                    inflight.record = raw
+                    inflight.task = task
+                try:
+                    event = decode(raw)
+                except DecodeError as exc:
+                    self.ack_finished()
+                    await self._handle_failure(inflight, exc, "decode")
+                    continue
+                break
+            self._since_yield += 1
+            self.current = inflight
+            set_current(inflight)
+            self._started = perf_counter()
+            yield event
 
     def ack_finished(self) -> None:
         """Acknowledge the finished events that sent nothing, in one call to their task's
@@ -182,50 +246,6 @@ class AgentRunner:
             task = self._done_task
             if task is not None and task.accepts_acks:
                 task.tracker.ack_records(done)
-
-    async def _next(self) -> Event:
-        self._since_yield += 1
-        if self._since_yield >= YIELD_EVERY:
-            self._since_yield = 0
-            self.ack_finished()
-            await asyncio.sleep(0)
-        runtime = self.runtime
-        while True:
-            chunk = self._chunk
-            pos = self._pos
-            if pos >= len(chunk):
-                if not self._next_buffered_chunk():
-                    self.ack_finished()
-                    await self._wait_for_chunk()
-                continue
-            if runtime.holding:
-                self.ack_finished()
-                await runtime.barrier.wait()  # a transaction is taking its snapshot
-                continue
-            # From here to handing the event out nothing awaits: a snapshot or a revocation
-            # sees this record either still buffered or being processed.
-            raw = chunk[pos]
-            self._pos = pos + 1
-            task = self._chunk_task
-            if task is None or task.state is not _RUNNING:
-                continue  # revocation began: its next owner reads it again
-            inflight = self._spare
-            if inflight is None:
-                inflight = _InFlight(raw, task, runtime, self)
-            else:
-                self._spare = None
-                inflight.record = raw
-                inflight.task = task
-            try:
-                event = self._decode(raw)
-            except DecodeError as exc:
-                self.ack_finished()
-                await self._handle_failure(inflight, exc, "decode")
-                continue
-            self.current = inflight
-            current_event.set(inflight)
-            self._started = time.perf_counter()
-            return event
 
     def _next_buffered_chunk(self) -> bool:
         """Make the next buffered chunk the one walked, without suspending: the rest of a
