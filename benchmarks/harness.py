@@ -419,8 +419,18 @@ async def run_to_completion(
 
 
 #: systems of the workload benchmarks; "streamjoin-2w" is two streamjoin worker processes
-WORKLOAD_SYSTEMS = ("streamjoin", "streamjoin-2w", "streamjoin-base", "quix", "faust")
+WORKLOAD_SYSTEMS = (
+    "streamjoin",
+    "streamjoin-take",
+    "streamjoin-2w",
+    "streamjoin-base",
+    "quix",
+    "faust",
+)
 
+#: ``streamjoin-take``: the window count's agent takes batches of this many events
+#: (``stream.take``) instead of one event at a time
+TAKE_BATCH = 64
 #: environment variable naming the source tree ``streamjoin-base`` runs (set by --baseline-tree)
 BASELINE_TREE = "STREAMJOIN_BENCH_BASELINE_TREE"
 
@@ -491,6 +501,8 @@ def workload_commands(
             BENCH_OUTPUT=topics.output or "",
             STREAMJOIN_BROKER=f"kafka://{bootstrap}",
         )
+        if system == "streamjoin-take":
+            env["BENCH_TAKE"] = str(TAKE_BATCH)
         workers = 2 if system == "streamjoin-2w" else 1
         python_cmd = baseline_worker(env) if system == "streamjoin-base" else [sys.executable]
         return [

@@ -6,7 +6,9 @@
         python -m streamjoin.cli worker -A benchmarks.workload_streamjoin_app:app
 
 * ``count``: a windowed table of 1-minute tumbling windows (retention 1 hour, so nothing
-  expires during a run), ``counts[event.key] += 1`` per event. When this process has
+  expires during a run), ``counts[event.key] += 1`` per event (``BENCH_TAKE=N``: the
+  agent takes batches of up to N events with ``stream.take``, the harness's
+  ``streamjoin-take`` system). When this process has
   processed a partition's last offset it writes that partition's windows to
   ``<marks>.dump.p<partition>`` as JSON lines ``[key, window start ms, count]``.
 * ``enrich``: ``app.topic_table(table topic)`` and a left stream-table join of the input
@@ -60,11 +62,24 @@ if WORKLOAD == "count":
 
     marks = Marks(MARKS_PATH, parse_last_offsets(os.environ.get("BENCH_LAST_OFFSETS", "")), _dump)
 
-    @app.agent(source)
-    async def count(stream: Any) -> None:
-        async for event in stream:
-            counts[event.key] += 1
-            marks.seen(event.topic, event.partition, event.offset)
+    take = int(os.environ.get("BENCH_TAKE") or 0)
+
+    if take:
+
+        @app.agent(source)
+        async def count(stream: Any) -> None:
+            async for batch in stream.take(take):
+                for event in batch:
+                    counts[event.key] += 1
+                    marks.seen(event.topic, event.partition, event.offset)
+
+    else:
+
+        @app.agent(source)
+        async def count(stream: Any) -> None:
+            async for event in stream:
+                counts[event.key] += 1
+                marks.seen(event.topic, event.partition, event.offset)
 
 elif WORKLOAD == "enrich":
     rows = app.topic(
