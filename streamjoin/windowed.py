@@ -28,7 +28,7 @@ from streamjoin.state.keys import encode_uint64, length_prefixed, window_key
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.window_layout import DATA, INDEX
 from streamjoin.state.window_layout import STREAM_TIME_KEY as STREAM_TIME
-from streamjoin.state.windows import WindowSpec, may_start_between
+from streamjoin.state.windows import TumblingWindows, WindowSpec, may_start_between
 from streamjoin.tables import Table, TableAccessError
 
 _U32 = struct.Struct(">I").pack
@@ -76,6 +76,9 @@ class WindowedTable(Table):
         tuple[RawRecord, TablePartition, list[tuple[int, int]], Any, bytes, bool, bytes] | None
     ) = field(default=None, init=False, repr=False)
 
+    #: partition -> [its view, the latest event timestamp seen there]: the partition's
+    #: stream time is written once per flush (before expiry reads it), not once per event
+    _latest: dict[int, list[Any]] = field(default_factory=dict, init=False, repr=False)
     #: partition -> (its view, the cutoff of its last expiry pass): that view holds no
     #: window starting at or before the cutoff, so the next pass scans only if a window can
     #: start between the two cutoffs (stream time crossed a window start) or a window that
@@ -96,8 +99,11 @@ class WindowedTable(Table):
         """The current event's record, table partition and windows.
 
         Computed once per event: ``counts[k] += 1`` reads and writes the table, and each
-        access would otherwise look up the partition, read and decode the stream time and
-        compute the windows again (kept with the record, so another event recomputes).
+        access would otherwise look up the partition and compute the windows again (kept
+        with the record, so another event recomputes; the tumbling window of the previous
+        event is reused while the timestamp falls in it). The event's timestamp moves the
+        partition's stream time in memory (``_latest``): it is written to the partition
+        once per flush, by the expiry pass that reads it.
         """
         event = current_event.get()
         if event is None:
@@ -113,8 +119,22 @@ class WindowedTable(Table):
         view = event.table_partition(self.name)
         if view is None:
             view = self._state(None, writing=False)  # (raises, naming the problem)
-        _advance_stream_time(view, record.timestamp)
-        windows = self._spec().windows_for(record.timestamp)
+        timestamp = record.timestamp
+        if (
+            context is not None
+            and type(timestamp) is int
+            and context[2][0][0] <= timestamp < context[2][0][1]
+            and type(self.windows) is TumblingWindows
+        ):
+            windows = context[2]  # the previous event's one window holds this one too
+        else:
+            windows = self._spec().windows_for(timestamp)  # (refuses a bad timestamp)
+        seen = self._latest.get(view.partition)
+        if seen is None or seen[0] is not view:
+            _stream_time(view)  # (refuses state of an earlier layout, at its first event)
+            self._latest[view.partition] = [view, timestamp]
+        elif timestamp > seen[1]:
+            seen[1] = timestamp
         context = self._context = (record, view, windows)
         return context
 
@@ -257,7 +277,10 @@ class WindowedTable(Table):
         # it may delete the window a read remembered: the next write indexes it again
         self._last_read = None
         spec = self._spec()
+        seen = self._latest.get(view.partition)
         try:
+            if seen is not None and seen[0] is view:
+                _advance_stream_time(view, seen[1])
             stream_time = _stream_time(view)
         except layout.IncompatibleWindowState as exc:
             raise layout.IncompatibleWindowState(

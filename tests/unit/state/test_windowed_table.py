@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import streamjoin
 from streamjoin.errors import TableAccessError
@@ -72,6 +74,50 @@ async def test_hopping_windows_need_update() -> None:
         await driver.drain()
         # windows [0,10s), [5s,15s), [10s,20s)
         assert sliding.windows_of("k", 0, 20_000) == [(0, 2), (5_000, 3), (10_000, 1)]  # type: ignore[attr-defined]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    timestamps=st.lists(st.integers(0, 200), min_size=1, max_size=40),
+    hopping=st.booleans(),
+    flush_every=st.integers(1, 10),
+)
+async def test_counts_and_expiry_match_a_model_whatever_the_timestamps(
+    timestamps: list[int], hopping: bool, flush_every: int
+) -> None:
+    """Each event counts once in each of its windows, and a flush removes exactly the
+    windows past retention of the largest timestamp so far, in order or not: the windows
+    of the previous event are reused only while they are the event's, and the stream time
+    kept in memory between flushes is their largest timestamp."""
+    spec: TumblingWindows | HoppingWindows = (
+        HoppingWindows(size_ms=20, step_ms=10, retention_ms=30)
+        if hopping
+        else TumblingWindows(size_ms=20, retention_ms=30)
+    )
+    app = streamjoin.App("win-model")
+    clicks = app.topic("clicks", key_serializer="str", partitions=1)
+    table = app.table(
+        "counts", default=int, key_serializer="str", window=spec, copartitioned_with=clicks
+    )
+    assert isinstance(table, WindowedTable)
+
+    @app.agent(clicks)
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            table.update(event.key, lambda n: n + 1)
+
+    model: dict[int, int] = {}
+    async with TestDriver(app) as driver:
+        for i, ts in enumerate(timestamps, start=1):
+            await driver.put("clicks", key="k", value=1, timestamp_ms=ts)
+            for start, _ in spec.windows_for(ts):
+                model[start] = model.get(start, 0) + 1
+            if i % flush_every == 0 or i == len(timestamps):
+                await driver.drain()  # (flushes: an expiry pass)
+                stream_time = max(timestamps[:i])
+                for start in [s for s in model if s + 20 + 30 <= stream_time]:
+                    del model[start]
+                assert table.windows_of("k", 0, 1_000) == sorted(model.items())
 
 
 async def test_hopping_item_assignment_is_refused() -> None:
