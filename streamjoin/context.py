@@ -64,6 +64,19 @@ class Sender(Protocol):
     ) -> Delivery:
         """Enqueue a record; what it returns resolves once the broker acknowledged it."""
 
+    def send_now(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Headers,
+        timestamp_ms: int | None,
+    ) -> Delivery | None:
+        """:meth:`send` when it needs no wait (the record joins an open batch at once);
+        None when it would wait or cannot tell: then ``await send(...)`` instead."""
+
     async def send_many(
         self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
     ) -> Awaitable[int]:

@@ -99,3 +99,39 @@ class Topic:
         if event is not None:
             event.track_send(sent)
         return sent
+
+    def try_send(
+        self,
+        *,
+        key: Any = None,
+        value: Any = None,
+        headers: Headers = (),
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> Delivery | None:
+        """:meth:`send` without awaiting, when the record can join an open batch at once
+        (the usual case while records flow); None when it cannot (the first record of a
+        batch, a full batch, a topic whose partition count is not known yet, a transaction
+        ending): then ``await send(...)`` the same record. No coroutine per record: the
+        framework's joins send their outputs this way. Errors are those of :meth:`send`."""
+        timestamp_ms = check_timestamp_ms(timestamp_ms, None, self._send_where)
+        sender = self.link.require_sender(self.name)
+        key_bytes = self.key_codec.dumps(key)
+        value_bytes = self.value_codec.dumps(value)
+        if partition is None and key_bytes is not None:
+            if not self.partitions:
+                return None
+            partition = partition_for_key(key_bytes, self.partitions)
+        sent = sender.send_now(
+            self.name,
+            key_bytes,
+            value_bytes,
+            partition=partition,
+            headers=list(headers) if headers else (),
+            timestamp_ms=timestamp_ms,
+        )
+        if sent is not None:
+            event = current_event.get()
+            if event is not None:
+                event.track_send(sent)
+        return sent

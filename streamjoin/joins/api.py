@@ -201,7 +201,9 @@ class StreamStreamJoinDecl:
             right = right_loads(out.right) if out.right is not None else None
             result = await fun(key, left, right) if is_async else await _call(fun, key, left, right)
             if result is not None and output is not None:
-                await output.send(key=key, value=result, timestamp_ms=out.timestamp_ms)
+                at = out.timestamp_ms
+                if output.try_send(key=key, value=result, timestamp_ms=at) is None:
+                    await output.send(key=key, value=result, timestamp_ms=at)
             counters.emitted += 1
 
 
@@ -337,7 +339,9 @@ def _stream_table(
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             result = await result
         if result is not None and output is not None:
-            await output.send(key=event.key, value=result, timestamp_ms=event.timestamp)
+            key, timestamp = event.key, event.timestamp
+            if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
+                await output.send(key=key, value=result, timestamp_ms=timestamp)
 
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
     if app.read_in_order(table, stream, enrich, join=name, on_error=on_error):

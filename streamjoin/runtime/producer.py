@@ -168,6 +168,25 @@ class KafkaSender(Service):
         out[topic] = out.get(topic, 0) + 1
         return sent
 
+    def send_now(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Headers,
+        timestamp_ms: int | None,
+    ) -> Delivery | None:
+        """:meth:`send` without awaiting when the record joins an open batch at once (None:
+        the caller awaits :meth:`send`, which takes the long way)."""
+        self.limits.check(topic, key, value, headers)
+        sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
+        if sent is not None:
+            out = self.counters.records_out
+            out[topic] = out.get(topic, 0) + 1
+        return sent
+
     def _append_now(
         self,
         topic: str,

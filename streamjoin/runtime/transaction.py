@@ -237,6 +237,22 @@ class TransactionalSender(KafkaSender):
             sent = await self._append(topic, key, value, partition, headers, timestamp_ms)
         return sent
 
+    def send_now(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Headers,
+        timestamp_ms: int | None,
+    ) -> Delivery | None:
+        if not self._open.is_set():
+            return None  # a commit is ending the transaction: send() holds the record
+        return super().send_now(
+            topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
+        )
+
     async def _send_held(self) -> None:
         """Send what was held while the last transaction ended, in order, into this one."""
         while self._held:

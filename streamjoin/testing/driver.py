@@ -111,6 +111,19 @@ class TestDriver:
         future.set_result(RecordMetadata(topic, partition, raw.offset, timestamp))
         return future
 
+    def send_now(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> None:
+        """Never at once: a record sent here may be delivered to agents, which awaits."""
+        return None
+
     async def send_many(
         self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
     ) -> Awaitable[int]:

@@ -8,11 +8,13 @@ from collections.abc import Callable
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from streamjoin.codecs import JsonCodec, StrCodec
 from streamjoin.errors import ConfigurationError, RecordTooLargeError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
 from streamjoin.runtime.out_batches import Sent
 from streamjoin.runtime.producer import KafkaSender
+from streamjoin.topics import Topic
 
 
 async def _read_partition(
@@ -141,3 +143,49 @@ async def test_sends_of_one_turn_share_a_batch_and_each_reads_its_own_metadata(
 
 async def _await(sent: Sent) -> object:
     return await sent
+
+
+async def test_try_send_appends_at_once_or_leaves_the_record_to_send(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    """``topic.try_send`` appends a record to its partition's open batch without awaiting;
+    the first record of a batch, a full batch or an unknown partition count take the long
+    way (``await topic.send``). Mixed, 2,000 keyed records arrive once each, in order."""
+    name = unique_topic("try-send")
+    await ensure_topics(kafka_bootstrap, [TopicSpec(name, 2)])
+    unknown = Topic(name, StrCodec(), JsonCodec())
+    topic = Topic(name, StrCodec(), JsonCodec(), partitions=2)
+    sender = KafkaSender(
+        kafka_bootstrap,
+        client_options={},
+        producer_options={"max_batch_size": 4096},  # 2,000 records take many batches
+        client_id="try-send-test",
+    )
+    await sender.start()
+    try:
+        for declared in (unknown, topic):
+            declared.link.connect(sender, None)  # type: ignore[arg-type]  (no tables)
+        assert unknown.partitions is None
+        assert unknown.try_send(key="u0", value=0, timestamp_ms=1) is None  # count unknown
+        deliveries = []
+        at_once = 0
+        for i in range(2000):
+            key, value = f"u{i % 50}", {"n": i}
+            sent = topic.try_send(key=key, value=value, timestamp_ms=1_000 + i)
+            if sent is None:
+                sent = await topic.send(key=key, value=value, timestamp_ms=1_000 + i)
+            else:
+                at_once += 1
+            deliveries.append(sent)
+        assert 1_800 < at_once < 2_000  # most join an open batch; each batch's first does not
+        metas = [await sent for sent in deliveries]
+    finally:
+        await sender.stop()
+    expected: dict[int, list[tuple[bytes, bytes]]] = {0: [], 1: []}
+    for i in range(2000):
+        key = f"u{i % 50}".encode()
+        expected[partition_for_key(key, 2)].append((key, b'{"n":%d}' % i))
+    for partition in (0, 1):
+        got = await _read_partition(kafka_bootstrap, TopicPartition(name, partition))
+        assert [(k, v) for _, k, v in got] == expected[partition]
+        assert sorted(m.offset for m in metas if m.partition == partition) == [o for o, _, _ in got]

@@ -47,6 +47,18 @@ class ManualSender:
         self.sent.append((topic, value))
         return future
 
+    def send_now(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> None:
+        return None  # every send goes through send(), which the test settles by hand
+
     def settle_all(
         self, refuse: Callable[[str, bytes | None], bool] = lambda topic, value: False
     ) -> None:
