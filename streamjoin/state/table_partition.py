@@ -154,10 +154,7 @@ class TablePartition:
         pending[key] = value
 
     def delete(self, key: bytes) -> None:
-        pending = self.pending
-        if key not in pending and (not self.flushing or key not in self.flushing):
-            self._index(key)
-        pending[key] = None
+        self.put(key, None)
 
     def insert(self, key: bytes, value: bytes, group: bytes | None) -> None:
         """:meth:`put` of a key the caller knows is absent (``get`` would return None),
