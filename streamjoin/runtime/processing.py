@@ -224,25 +224,29 @@ class TaskProcessing:
                 # behind (refused: every task lost). The transaction stays open until the
                 # first commit after the rebalance.
                 return {}
-            tasks = self.tasks.live()
-            if not await self.runtime.quiesce(self.revoke_timeout):
-                log.warning(
-                    "commit waits for agents still inside an event after %.0fs: %s",
-                    self.revoke_timeout,
-                    ", ".join(self.runtime.inside_events()),
-                )
-                while not await self.runtime.quiesce(self.revoke_timeout):
-                    pass
             try:
-                # (every actor is between two events, so it acknowledged what it finished)
-                positions = self.tasks.committable(tasks)
-                taken = take_writes(
-                    (state for task in tasks for state in task.tables.values()),
-                    transaction.tables,
-                )
-                transaction.close_sends()
+                await self._settle_shared()
+                tasks = self.tasks.live()
+                if not await self.runtime.quiesce(self.revoke_timeout):
+                    log.warning(
+                        "commit waits for agents still inside an event after %.0fs: %s",
+                        self.revoke_timeout,
+                        ", ".join(self.runtime.inside_events()),
+                    )
+                    while not await self.runtime.quiesce(self.revoke_timeout):
+                        pass
+                try:
+                    # (every actor is between two events, so it acknowledged what it finished)
+                    positions = self.tasks.committable(tasks)
+                    taken = take_writes(
+                        (state for task in tasks for state in task.tables.values()),
+                        transaction.tables,
+                    )
+                    transaction.close_sends()
+                finally:
+                    self.runtime.resume()
             finally:
-                self.runtime.resume()
+                self.runtime.open_dispatch()
             if not positions and not taken and not transaction.has_data:
                 await transaction.reopen()  # nothing happened: the transaction goes on
                 return {}
@@ -259,6 +263,17 @@ class TaskProcessing:
             self.tasks.mark_committed(positions)
             self._report_corruption(tasks)
             return positions
+
+    async def _settle_shared(self) -> None:
+        """Agents reading one topic caught up with each other (see
+        :meth:`AgentRuntime.settle_shared`), however long it takes."""
+        while not await self.runtime.settle_shared(self.revoke_timeout):
+            log.warning(
+                "commit waits for agents sharing a topic to process what they were given "
+                "after %.0fs: %s",
+                self.revoke_timeout,
+                ", ".join(self.runtime.sharing_behind()),
+            )
 
     def _report_corruption(self, tasks: Iterable[Task]) -> None:
         """Stores a flush found corrupted go to the rebuild path (once each)."""

@@ -133,6 +133,9 @@ class AgentRunner:
         self._done_task: Task | None = None
         #: the actor's events (see _walk_events)
         self._events = self._walk_events()
+        #: waiting for more records to fill a batch (``stream.take(within=...)``): records
+        #: taken from the queue but not handed out yet
+        self.forming = False
 
     @property
     def name(self) -> str:
@@ -310,7 +313,12 @@ class AgentRunner:
                         if deadline is None:
                             deadline = loop.time() + within
                         self._since_yield = 0
-                        if await self.queue.wait_nonempty(deadline - loop.time()):
+                        self.forming = True
+                        try:
+                            more = await self.queue.wait_nonempty(deadline - loop.time())
+                        finally:
+                            self.forming = False
+                        if more:
                             continue
                         break
                     await self._wait_for_chunk()
@@ -474,6 +482,20 @@ class AgentRuntime:
             self.runners.extend(actors)
             for topic in agent.topics:
                 self._routes.setdefault(topic.name, []).append(actors)
+        #: actors of agents that read a topic another agent reads too (see settle_shared)
+        self._sharing = [
+            runner
+            for agents_of_topic in self._routes.values()
+            if len(agents_of_topic) > 1
+            for actors in agents_of_topic
+            for runner in actors
+        ]
+        #: cleared while a transaction's snapshot waits for those actors: nothing new is
+        #: handed to any actor
+        self._dispatch_open = asyncio.Event()
+        self._dispatch_open.set()
+        #: dispatch_many calls past that gate, not finished yet
+        self._dispatching = 0
 
     @property
     def topics(self) -> set[str]:
@@ -518,8 +540,17 @@ class AgentRuntime:
         at a time), then queued as one chunk per actor (may wait while an actor's queue is
         full). Nothing is handed over once the task stopped running (the records are read
         again by its next owner)."""
+        if not self._dispatch_open.is_set():
+            await self._dispatch_open.wait()  # a transaction's snapshot (see settle_shared)
         if not task.running or not raws:
             return
+        self._dispatching += 1
+        try:
+            await self._dispatch(raws, task)
+        finally:
+            self._dispatching -= 1
+
+    async def _dispatch(self, raws: Sequence[RawRecord], task: Task) -> None:
         routes = self._routes
         register = task.tracker.register_many
         chunks: dict[AgentRunner, list[RawRecord]] = {}
@@ -545,6 +576,41 @@ class AgentRuntime:
             if _stopped(task):
                 return  # revocation began while waiting for room: the rest is read again
             await runner.queue.put((task, chunk), len(chunk))
+
+    async def settle_shared(self, timeout: float) -> bool:
+        """Hand nothing new to any actor, and wait until the actors of agents that share a
+        topic (two agents reading one topic) have processed everything handed to them;
+        False if some had not after ``timeout`` seconds. Call :meth:`open_dispatch` after
+        the snapshot.
+
+        A partition's offset counts a record only once every agent reading it processed
+        it, but each agent's table writes and sends go into the transaction as it goes:
+        a snapshot taken while one agent is ahead of another on the same partition would
+        commit the faster agent's effects of records whose offset is not committed, and a
+        restart would apply them twice. Caught up, both are at the same offset."""
+        if not self._sharing:
+            return True
+        self._dispatch_open.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._dispatching or self.sharing_behind():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.001)
+        return True
+
+    def open_dispatch(self) -> None:
+        """Hand records to the actors again (after :meth:`settle_shared`)."""
+        self._dispatch_open.set()
+
+    def sharing_behind(self) -> list[str]:
+        """Actors of agents sharing a topic that still have records to process (an actor
+        whose function ended has none)."""
+        return [
+            r.name
+            for r in self._sharing
+            if (r.busy() or r.forming) and r.task is not None and not r.task.done()
+        ]
 
     def ack_finished(self) -> None:
         """Acknowledge every actor's finished events still waiting to be acknowledged

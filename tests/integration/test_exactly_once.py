@@ -12,7 +12,8 @@ they find the fault the exactly-once variants guard against.
    and restarted with the same instance id (so the same transactional id), while
    traffic flows. A ``read_committed`` reader of the outputs must find every expected
    join once and nothing else, and per counted key the updates "<key>=1" ... "<key>=n",
-   each once and in order, n the true number of events. ``SOAK_SCALE`` (default 1)
+   each once and in order, n the true number of events; the same for a second counting
+   agent that takes its events in batches (``stream.take``). ``SOAK_SCALE`` (default 1)
    multiplies its duration for a larger run (``soak_size``, ``run_soak``).
 2. ``test_zombie_commits_nothing_after_its_partitions_moved``: a worker frozen (SIGSTOP)
    past its 6 s session timeout while processing a backlog; its partitions move to the
@@ -341,6 +342,8 @@ class SoakOutcome:
     size: SoakSize
     joins: JoinCheck
     counts: CountCheck
+    #: the same count by an agent taking batches of events (``stream.take``)
+    batch_counts: CountCheck
     kills: list[str]
     crashes: list[str]
     seconds: float  #: wall time, from the first record produced to the outputs read
@@ -348,17 +351,20 @@ class SoakOutcome:
 
     @property
     def exact(self) -> bool:
-        return self.joins.exact and self.counts.exact and not self.crashes
+        return (
+            self.joins.exact and self.counts.exact and self.batch_counts.exact and not self.crashes
+        )
 
     @property
     def duplicates(self) -> int:
-        return self.joins.duplicates + self.counts.repeated
+        return self.joins.duplicates + self.counts.repeated + self.batch_counts.repeated
 
     def __str__(self) -> str:
         return (
             f"{self.guarantee} soak, {len(self.kills)} kills in {self.size.seconds:.0f}s of "
             f"traffic ({self.seconds:.0f}s in all, {self.drain_seconds:.1f}s to commit "
-            f"the rest): {self.joins}; {self.counts}; workers that exited on their own: "
+            f"the rest): {self.joins}; {self.counts}; batch agent's {self.batch_counts}; "
+            f"workers that exited on their own: "
             f"{self.crashes or 'none'}; kills: {', '.join(self.kills)}"
         )
 
@@ -435,10 +441,18 @@ async def run_soak(
     seed: int = 5,
 ) -> SoakOutcome:
     """The kill -9 soak under ``guarantee``: what a ``read_committed`` reader finds."""
-    workers = eos_workers(bootstrap, unique_topic, log_dir, PARTITIONS, SJT_GUARANTEE=guarantee)
+    workers = eos_workers(
+        bootstrap,
+        unique_topic,
+        log_dir,
+        PARTITIONS,
+        SJT_GUARANTEE=guarantee,
+        SJT_BATCH_COUNTS=unique_topic("batch-counts"),
+    )
     try:
         env = workers.env
         await create_topics(bootstrap, env)
+        await ensure_topics(bootstrap, [TopicSpec(env["SJT_BATCH_COUNTS"], PARTITIONS)])
         traffic = generate(int(size.auctions_per_s * size.seconds), seed=seed)
         for name in ("w1", "w2", "w3"):
             workers.start(name)
@@ -467,8 +481,19 @@ async def run_soak(
             await read_to_end(bootstrap, env["SJT_OUTPUT"], PARTITIONS), traffic.expected_joins
         )
         counts = CountCheck.of(await read_to_end(bootstrap, env["SJT_COUNTS"], PARTITIONS), truth)
+        batch_counts = CountCheck.of(
+            await read_to_end(bootstrap, env["SJT_BATCH_COUNTS"], PARTITIONS), truth
+        )
         return SoakOutcome(
-            guarantee, size, joins, counts, kills, crashes, time.monotonic() - started, drain
+            guarantee,
+            size,
+            joins,
+            counts,
+            batch_counts,
+            kills,
+            crashes,
+            time.monotonic() - started,
+            drain,
         )
     finally:
         workers.close()
@@ -509,6 +534,7 @@ async def test_at_least_once_soak_sees_the_duplicates_of_kill_9(
     )
     assert not outcome.joins.missing and not outcome.joins.unexpected, str(outcome)
     assert not outcome.counts.undercounted, str(outcome)
+    assert not outcome.batch_counts.undercounted, str(outcome)
 
 
 # --------------------------------------------------------------------------- 2: zombie

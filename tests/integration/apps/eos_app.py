@@ -6,6 +6,8 @@
 * A counter: events of $SJT_EVENTS counted per key in the table ``counts``; every update
   is sent to $SJT_COUNTS as "<key>=<count>", so a reader sees the whole sequence of
   counts per key (exactly 1..n under exactly-once).
+* If $SJT_BATCH_COUNTS is set, the same count again by an agent that takes its events in
+  batches (``stream.take``), into the table ``batch-counts`` and that topic.
 
 Both run in every worker, so one worker's commit (one transaction under exactly-once)
 covers join outputs, join-state changelogs, the table's changelog and the offsets of
@@ -98,3 +100,21 @@ async def count(stream: Stream) -> None:
             _work()
         counts[event.key] += 1
         await count_updates.send(key=event.key, value=f"{event.key}={counts[event.key]}")
+
+
+if "SJT_BATCH_COUNTS" in os.environ:
+    # The same count by an agent that takes its events in batches (``stream.take``): a
+    # batch's events count as processed together, so a crash inside one must replay all of
+    # it and a commit must never split it.
+    batch_counts = app.table(
+        "batch-counts", default=int, key_serializer="str", copartitioned_with=events
+    )
+    batch_count_updates = _topic("SJT_BATCH_COUNTS", "str")
+
+    @app.agent(events, name="count-batches")
+    async def count_batches(stream: Stream) -> None:
+        async for batch in stream.take(16, within=0.05):
+            for event in batch:
+                batch_counts[event.key] += 1
+                update = f"{event.key}={batch_counts[event.key]}"
+                await batch_count_updates.send(key=event.key, value=update)

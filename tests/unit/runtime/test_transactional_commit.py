@@ -240,3 +240,63 @@ async def test_a_failing_part_of_the_commit_cancels_the_other_before_raising() -
         await gather_or_cancel(flush(), add_offsets())
     assert offsets_request_ended.is_set() and cancelled == [True]
     assert await gather_or_cancel(asyncio.sleep(0, "a"), asyncio.sleep(0, "b")) == ["a", "b"]
+
+
+def _two_agents_on_one_topic(
+    name: str, *, take: bool = False
+) -> tuple[streamjoin.App, asyncio.Event, list[int]]:
+    """A counting agent and a second agent on the same topic that waits for ``release``
+    before each event (or batch): the counter runs ahead of it."""
+    app = streamjoin.App(name, broker="kafka://127.0.0.1:1", topic_partitions=1)
+    clicks = app.topic("clicks", key_serializer="str", value_serializer="json")
+    counts = app.table("counts", default=int, key_serializer="str", copartitioned_with=clicks)
+    release = asyncio.Event()
+    slow_seen: list[int] = []
+
+    @app.agent(clicks, name="counter")
+    async def counter(stream: Stream) -> None:
+        async for event in stream:
+            counts[event.key] += 1
+
+    if take:
+
+        @app.agent(clicks, name="slow")
+        async def slow_batches(stream: Stream) -> None:
+            async for batch in stream.take(2, within=0.05):
+                await release.wait()
+                slow_seen.extend(event.offset for event in batch)
+
+    else:
+
+        @app.agent(clicks, name="slow")
+        async def slow(stream: Stream) -> None:
+            async for event in stream:
+                await release.wait()
+                slow_seen.append(event.offset)
+
+    return app, release, slow_seen
+
+
+@pytest.mark.parametrize("take", [False, True], ids=["one at a time", "stream.take"])
+async def test_agents_sharing_a_topic_commit_their_writes_with_their_offsets(take: bool) -> None:
+    """The counter is three events ahead of the other agent on the same partition when the
+    commit starts: the snapshot must not hold counts of events whose offset it does not
+    commit (a restart would count them again). The commit waits for the slow agent to
+    process what it was given, then commits all of it."""
+    app, release, slow_seen = _two_agents_on_one_topic(f"txn-shared-{take}", take=take)
+    async with TestDriver(app) as driver:
+        processing, txn, _ = _transactional(driver)
+        await _process(driver, 3)
+        (task,) = processing.tasks.live()
+        assert task.tables["counts"].lookup(b"a") == b"3" and slow_seen == []
+        commit = asyncio.create_task(processing.commit())
+        await asyncio.sleep(0.05)
+        assert not commit.done(), "committed while an agent on the topic was behind"
+        release.set()
+        positions = await commit
+        assert slow_seen == [0, 1, 2]
+        assert positions == {("clicks", 0): 3} and txn.committed == [positions]
+        assert task.tables["counts"].store.get(b"a") == b"3"
+        # records put meanwhile were handed out once the snapshot was taken
+        await _process(driver, 2)
+        assert slow_seen == [0, 1, 2, 3, 4]
