@@ -53,11 +53,13 @@ async def test_embedded_app_processes_every_record_exactly_once(
 
 
 async def test_existing_topic_with_wrong_partition_count_is_a_startup_error(
-    kafka_bootstrap: str, unique_topic: Callable[..., str]
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     name = unique_topic("in")
     await ensure_topics(kafka_bootstrap, [TopicSpec(name, 3)])
-    app = streamjoin.App(unique_topic("app"), broker=f"kafka://{kafka_bootstrap}")
+    app = streamjoin.App(
+        unique_topic("app"), broker=f"kafka://{kafka_bootstrap}", state_dir=tmp_path / "state"
+    )
     topic = app.topic(name, partitions=5)
 
     @app.agent(topic)

@@ -9,6 +9,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,13 +91,16 @@ def canonical(items: Any) -> Counter[str]:
 
 
 async def test_stream_table_backfill_agrees_with_a_worker_and_survives_a_late_start(
-    kafka_bootstrap: str, unique_topic: Callable[..., str]
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     from streamjoin.spark import KafkaSink, KafkaSource, backfill
     from streamjoin.spark.testing import shared_test_session
 
     app = streamjoin.App(
-        unique_topic("st"), broker=f"kafka://{kafka_bootstrap}", commit_interval=0.2
+        unique_topic("st"),
+        broker=f"kafka://{kafka_bootstrap}",
+        commit_interval=0.2,
+        state_dir=tmp_path / "state",
     )
     clicks = app.topic(unique_topic("clicks"), key_serializer="str", partitions=PARTITIONS)
     profiles = app.topic(unique_topic("profiles"), key_serializer="str", partitions=PARTITIONS)
@@ -163,13 +167,16 @@ async def test_stream_table_backfill_agrees_with_a_worker_and_survives_a_late_st
 
 
 async def test_table_table_backfill_emits_the_workers_changes(
-    kafka_bootstrap: str, unique_topic: Callable[..., str]
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     from streamjoin.spark import KafkaSink, KafkaSource, backfill
     from streamjoin.spark.testing import shared_test_session
 
     app = streamjoin.App(
-        unique_topic("tt"), broker=f"kafka://{kafka_bootstrap}", commit_interval=0.2
+        unique_topic("tt"),
+        broker=f"kafka://{kafka_bootstrap}",
+        commit_interval=0.2,
+        state_dir=tmp_path / "state",
     )
     profiles = app.topic(unique_topic("profiles"), key_serializer="str", partitions=PARTITIONS)
     scores = app.topic(unique_topic("scores"), key_serializer="str", partitions=PARTITIONS)
