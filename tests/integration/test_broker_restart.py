@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import RecordMetadata
 
 from streamjoin.runtime.admin import TopicSpec, ensure_topics
@@ -165,6 +165,9 @@ class Outcome:
     broken_sequences: dict[str, list[int]]  #: keys whose output counts are not 1..n
     table_wrong: dict[str, tuple[int, int]]  #: key -> (table count, true count) if different
     acked_not_in_topic: int  #: acknowledged but not in the input topic: the broker lost it
+    #: where the missing outputs are in the log read uncommitted (id -> partition, offset;
+    #: absent: never written): written but not committed means an aborted transaction
+    missing_uncommitted: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         over = {k: v for k, v in self.table_wrong.items() if v[0] > v[1]}
@@ -177,7 +180,8 @@ class Outcome:
             f"(e.g. {dict(list(self.broken_sequences.items())[:2])}), table counts: "
             f"{len(over)} keys over (e.g. {dict(list(over.items())[:3])}), {len(under)} under "
             f"(e.g. {dict(list(under.items())[:3])}); {self.acked_not_in_topic} acknowledged "
-            f"inputs not in the input topic"
+            f"inputs not in the input topic; missing outputs found uncommitted: "
+            f"{dict(list(self.missing_uncommitted.items())[:12])}"
         )
 
 
@@ -194,10 +198,11 @@ async def outcome_of(bootstrap: str, env: dict[str, str], traffic: AckedTraffic)
         answered[record["id"]] += 1
         sequences.setdefault(key, []).append(record["count"])
     table = {key: json.loads(value) for key, value in changelog}  # the last value per key
+    missing = sorted(set(traffic.acked) - set(answered))
     return Outcome(
         acked=len(traffic.acked),
         inputs=len(inputs),
-        missing=sorted(set(traffic.acked) - set(answered)),
+        missing=missing,
         duplicates=sum(n - 1 for n in answered.values()),
         unknown=sum(n for record_id, n in answered.items() if record_id not in in_topic),
         broken_sequences={
@@ -211,7 +216,41 @@ async def outcome_of(bootstrap: str, env: dict[str, str], traffic: AckedTraffic)
             if table.get(k, 0) != truth[k]
         },
         acked_not_in_topic=len(set(traffic.acked) - in_topic),
+        missing_uncommitted=(
+            await uncommitted_places(bootstrap, env["SJT_OUTPUT"], set(missing)) if missing else {}
+        ),
     )
+
+
+async def uncommitted_places(
+    bootstrap: str, topic: str, ids: set[str]
+) -> dict[str, tuple[int, int]]:
+    """Where outputs answering ``ids`` are in ``topic`` read uncommitted (for the report)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_uncommitted",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    places: dict[str, tuple[int, int]] = {}
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                for record in records:
+                    record_id = json.loads(record.value)["id"]
+                    if record_id in ids:
+                        places[record_id] = (record.partition, record.offset)
+            if all([await consumer.position(tp) >= ends[tp] for tp in tps]):
+                break
+    finally:
+        await consumer.stop()
+    return places
 
 
 def ledger_workers(
