@@ -518,14 +518,14 @@ class App:
         self,
         table: Table,
         stream: Topic,
-        handler: Callable[[Event], Awaitable[None]],
+        handler: Callable[[Event], Awaitable[object] | None],
         *,
         join: str,
         on_error: OnError,
     ) -> bool:
         """Have ``handler`` called for each event of ``stream`` by the agent of the topic
-        table ``table``, in timestamp order with the table's rows; False (nothing done)
-        when ``table`` is not a topic table."""
+        table ``table``, in timestamp order with the table's rows (what it returns, if not
+        None, is awaited); False (nothing done) when ``table`` is not a topic table."""
         feed = self._feeds.get(table.name)
         if feed is None:
             return False

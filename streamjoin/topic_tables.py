@@ -26,8 +26,9 @@ __all__ = ["TopicTableFeed"]
 
 #: called with each key written to the table (table-table joins recompute it)
 UpdateListener = Callable[[Any], Awaitable[None]]
-#: a stream-table join's work for one event of its stream
-EventHandler = Callable[[Event], Awaitable[None]]
+#: a stream-table join's work for one event of its stream: None when it is done, or what
+#: is left to await (most events need no coroutine)
+EventHandler = Callable[[Event], Awaitable[object] | None]
 
 
 @dataclass(eq=False)
@@ -87,4 +88,6 @@ class TopicTableFeed:
                 if event.topic == source:
                     await self.apply(event)
                 for _, handler in readers.get(event.topic, ()):
-                    await handler(event)
+                    pending = handler(event)
+                    if pending is not None:
+                        await pending

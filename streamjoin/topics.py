@@ -114,14 +114,19 @@ class Topic:
         batch, a full batch, a topic whose partition count is not known yet, a transaction
         ending): then ``await send(...)`` the same record. No coroutine per record: the
         framework's joins send their outputs this way. Errors are those of :meth:`send`."""
-        timestamp_ms = check_timestamp_ms(timestamp_ms, None, self._send_where)
-        sender = self.link.require_sender(self.name)
+        # (the checks of send(), with their common outcomes first: once per record)
+        if timestamp_ms is not None and (type(timestamp_ms) is not int or timestamp_ms < 0):
+            timestamp_ms = check_timestamp_ms(timestamp_ms, None, self._send_where)
+        sender = self.link.sender
+        if sender is None:
+            sender = self.link.require_sender(self.name)
         key_bytes = self.key_codec.dumps(key)
         value_bytes = self.value_codec.dumps(value)
         if partition is None and key_bytes is not None:
-            if not self.partitions:
+            partitions = self.partitions
+            if not partitions:
                 return None
-            partition = partition_for_key(key_bytes, self.partitions)
+            partition = partition_for_key(key_bytes, partitions)
         sent = sender.send_now(
             self.name,
             key_bytes,

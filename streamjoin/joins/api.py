@@ -58,6 +58,13 @@ def _ms(value: timedelta | int | float) -> int:
 _PLAIN_RESULTS = frozenset((dict, list, tuple, str, bytes, int, float, bool, type(None)))
 
 
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """A join function's result, computed but not yet sent."""
+
+    value: Any
+
+
 async def _call(fun: JoinFunction, key: Any, left: Any, right: Any) -> Any:
     result = fun(key, left, right)
     if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
@@ -89,7 +96,7 @@ class Declarations(Protocol):
         self,
         table: Table,
         stream: Topic,
-        handler: Callable[[Event], Awaitable[None]],
+        handler: Callable[[Event], Awaitable[object] | None],
         *,
         join: str,
         on_error: Any,
@@ -122,14 +129,16 @@ class StreamStreamJoinDecl:
     left_timestamp: TimestampExtractor | None = None
     right_timestamp: TimestampExtractor | None = None
 
-    async def handle(self, side: Literal["left", "right"], event: Event) -> None:
+    def handle(self, side: Literal["left", "right"], event: Event) -> Awaitable[None] | None:
+        """Join one event: None when done, or what is left to await (an async join function,
+        an output waiting for room); most events need no coroutine."""
         context = current_event.get()
         if context is None:
             raise TableAccessError(f"join {self.name!r}: join sides run inside agents")
         record = context.record
         if record.key is None:
             log.warning("join %s: %s has no key; it cannot join", self.name, event.position)
-            return
+            return None
         extractor = self.left_timestamp if side == "left" else self.right_timestamp
         timestamp = extractor(event) if extractor is not None else event.timestamp
         core = context.task_values.get(self._key)
@@ -161,7 +170,8 @@ class StreamStreamJoinDecl:
                 ),
             )
         if outputs:
-            await self._emit(outputs, self._counters(context))
+            return self._emit(outputs, self._counters(context))
+        return None
 
     def _counters(self, context: EventContext) -> JoinStats:
         """This worker's counters of this join."""
@@ -187,23 +197,57 @@ class StreamStreamJoinDecl:
         view.group_keys_by(BUFFER_GROUP_OF)  # partner scans read one key's buffered writes
         return StreamStreamJoin(self.spec, view)
 
-    async def _emit(self, outputs: list[JoinOutput], counters: JoinStats) -> None:
-        """Call the join function on each result (in order) and send what it returns."""
+    def _emit(self, outputs: list[JoinOutput], counters: JoinStats) -> Awaitable[None] | None:
+        """Call the join function on each result (in order) and send what it returns; None
+        when all of it is done, else a coroutine that does the rest from the first result
+        that needs an await."""
+        if self._is_async:
+            return self._emit_from(outputs, 0, counters, None)
         key_loads = self.left.key_codec.loads
         left_loads, right_loads = self.left.value_codec.loads, self.right.value_codec.loads
-        fun, output, is_async = self.fun, self.output, self._is_async
+        fun, output = self.fun, self.output
         key_bytes: bytes | None = None
         key: Any = None
-        for out in outputs:
+        for index, out in enumerate(outputs):
             if out.key != key_bytes:  # an event's matches share its key: decoded once
                 key_bytes, key = out.key, key_loads(out.key)
             left = left_loads(out.left) if out.left is not None else None
             right = right_loads(out.right) if out.right is not None else None
-            result = await fun(key, left, right) if is_async else await _call(fun, key, left, right)
+            result = fun(key, left, right)
+            if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+                return self._emit_from(outputs, index, counters, result)
             if result is not None and output is not None:
                 at = out.timestamp_ms
                 if output.try_send(key=key, value=result, timestamp_ms=at) is None:
-                    await output.send(key=key, value=result, timestamp_ms=at)
+                    return self._emit_from(outputs, index, counters, _Ready(result))
+            counters.emitted += 1
+        return None
+
+    async def _emit_from(
+        self,
+        outputs: list[JoinOutput],
+        start: int,
+        counters: JoinStats,
+        first: Awaitable[Any] | _Ready | None,
+    ) -> None:
+        """:meth:`_emit` from ``outputs[start]`` on, awaiting where needed; ``first`` is that
+        output's result if the caller already has it (awaitable or ready to send)."""
+        key_loads = self.left.key_codec.loads
+        left_loads, right_loads = self.left.value_codec.loads, self.right.value_codec.loads
+        fun, output, is_async = self.fun, self.output, self._is_async
+        for index in range(start, len(outputs)):
+            out = outputs[index]
+            key = key_loads(out.key)
+            if index == start and first is not None:
+                result = first.value if isinstance(first, _Ready) else await first
+            else:
+                left = left_loads(out.left) if out.left is not None else None
+                right = right_loads(out.right) if out.right is not None else None
+                result = (
+                    await fun(key, left, right) if is_async else await _call(fun, key, left, right)
+                )
+            if result is not None and output is not None:
+                await output.send(key=key, value=result, timestamp_ms=out.timestamp_ms)
             counters.emitted += 1
 
 
@@ -309,7 +353,9 @@ def _stream_stream(
         handle = decl.handle
         async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
             for event in batch:
-                await handle("left" if event.topic == left_name else "right", event)
+                pending = handle("left" if event.topic == left_name else "right", event)
+                if pending is not None:
+                    await pending
 
     app.agent([left, right], name=name, on_error=on_error)(run)
     return decl
@@ -331,17 +377,25 @@ def _stream_table(
     source = app.table_sources.get(table.name)
     app.joins[name] = StreamTableJoinDecl(name, stream, table, source, how, output, fun)
 
-    async def enrich(event: Event) -> None:
+    def enrich(event: Event) -> Awaitable[object] | None:
+        """One event's join: done at once (None) unless the function is async or the output
+        must wait for room; then what is left to await (no coroutine for the usual case)."""
         current = table.get(event.key)
         if current is None and how == "inner":
-            return
+            return None
         result = fun(event.key, event.value, current)  # (_call inlined: once per event)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            result = await result
+            return _emit_awaited(event, result)
         if result is not None and output is not None:
             key, timestamp = event.key, event.timestamp
             if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
-                await output.send(key=key, value=result, timestamp_ms=timestamp)
+                return output.send(key=key, value=result, timestamp_ms=timestamp)
+        return None
+
+    async def _emit_awaited(event: Event, pending: Awaitable[Any]) -> None:
+        result = await pending
+        if result is not None and output is not None:
+            await output.send(key=event.key, value=result, timestamp_ms=event.timestamp)
 
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
     if app.read_in_order(table, stream, enrich, join=name, on_error=on_error):
@@ -351,7 +405,9 @@ def _stream_table(
     async def run(events: Stream) -> None:
         async for batch in events.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
             for event in batch:
-                await enrich(event)
+                pending = enrich(event)
+                if pending is not None:
+                    await pending
 
     app.agent(stream, name=f"{name}.stream", on_error=on_error)(run)
 

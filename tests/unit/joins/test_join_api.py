@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 import streamjoin
 from streamjoin.app import CopartitioningError
 from streamjoin.errors import ConfigurationError
+from streamjoin.events import RawRecord
 from streamjoin.testing.driver import TestDriver
 
 MIN = 60_000
@@ -322,3 +324,112 @@ async def test_a_table_in_a_stream_table_and_a_table_table_join_updates_both() -
         assert [e.value for e in driver.records("enriched")] == [
             {"click": 7, "user": {"name": "ann"}}
         ]
+
+
+# ---------------------------------------------------------------- join functions that await
+
+
+def _sends_now_every_other(driver: TestDriver) -> list[str]:
+    """Make the driver take every other output record at once (as a worker's producer does
+    while a batch has room) and decline the others (then sent the long way, awaited): a
+    join must emit in order across both paths. Returns the topics taken at once."""
+    taken: list[str] = []
+    calls = 0
+
+    def send_now(topic: str, key: Any, value: Any, **options: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if topic not in ("attributed", "enriched") or calls % 2 == 0:
+            return None
+        partition = options["partition"]
+        log = driver._logs.setdefault(topic, {}).setdefault(partition, [])
+        log.append(RawRecord(topic, partition, len(log), options["timestamp_ms"], key, value))
+        taken.append(topic)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    driver.send_now = send_now  # type: ignore[method-assign]
+    return taken
+
+
+@pytest.mark.parametrize("kind", ["async def", "returns an awaitable"])
+async def test_a_stream_stream_join_awaits_its_function_and_keeps_the_order(kind: str) -> None:
+    app = streamjoin.App("joins-unit")
+    impressions = app.topic("impressions", key_serializer="str", partitions=1)
+    clicks = app.topic("clicks", key_serializer="str", partitions=1)
+    out = app.topic("attributed", key_serializer="str", partitions=1)
+
+    async def pair(key: Any, impression: Any, click: Any) -> Any:
+        await asyncio.sleep(0)
+        return [impression, click]
+
+    if kind == "async def":
+        app.join(impressions, clicks, window=timedelta(minutes=10), output=out)(pair)
+    else:
+
+        def pair_later(key: Any, impression: Any, click: Any) -> Any:
+            return pair(key, impression, click)
+
+        app.join(impressions, clicks, window=timedelta(minutes=10), output=out)(pair_later)
+    async with TestDriver(app) as driver:
+        taken = _sends_now_every_other(driver)
+        for i in range(3):
+            await driver.put("impressions", key="a", value=f"imp{i}", timestamp_ms=i)
+        await driver.put("clicks", key="a", value="click", timestamp_ms=5)
+        await driver.drain()
+        got = [e.value for e in driver.records("attributed")]
+    assert got == [[f"imp{i}", "click"] for i in range(3)]
+    assert taken == []  # awaited results go the long way
+
+
+async def test_a_stream_stream_join_emits_in_order_when_a_send_must_wait() -> None:
+    """One click matching four impressions: the first result joins the open batch at once,
+    the second must wait (the rest of the event's results follow it, in order)."""
+    app, calls = ad_app()
+    async with TestDriver(app) as driver:
+        taken = _sends_now_every_other(driver)
+        for i in range(4):
+            await driver.put("impressions", key="a", value=f"imp{i}", timestamp_ms=i)
+        await driver.put("clicks", key="a", value="click", timestamp_ms=5)
+        await driver.drain()
+        got = [e.value["imp"] for e in driver.records("attributed")]
+    assert got == [f"imp{i}" for i in range(4)]
+    assert len(calls) == 4
+    assert taken == ["attributed"]  # the first at once, the rest after the one that waited
+
+
+async def test_a_stream_table_join_awaits_an_async_function() -> None:
+    app = streamjoin.App("joins-unit")
+    ads = app.topic("ads", key_serializer="str", partitions=1)
+    views = app.topic("views", key_serializer="str", partitions=1)
+    out = app.topic("enriched", key_serializer="str", partitions=1)
+
+    @app.join(views, app.topic_table(ads), how="left", output=out)
+    async def enrich(key: Any, view: Any, ad: Any) -> Any:
+        await asyncio.sleep(0)
+        return {"view": view, "ad": ad}
+
+    async with TestDriver(app) as driver:
+        taken = _sends_now_every_other(driver)
+        await driver.put("ads", key="ad1", value="shoes", timestamp_ms=1)
+        for i in range(3):
+            await driver.put("views", key="ad1", value=i, timestamp_ms=2 + i)
+        await driver.drain()
+        got = [e.value for e in driver.records("enriched")]
+    assert got == [{"view": i, "ad": "shoes"} for i in range(3)]
+    assert taken == []
+
+
+async def test_a_stream_table_join_sends_at_once_or_the_long_way_in_order() -> None:
+    app, _ = _enrich_app(ads=1, views=1)
+    app.topics["enriched"].partitions = 1
+    async with TestDriver(app) as driver:
+        taken = _sends_now_every_other(driver)
+        await driver.put("ads", key="ad1", value="shoes", timestamp_ms=1)
+        for i in range(5):
+            await driver.put("views", key="ad1", value=i, timestamp_ms=2 + i)
+        await driver.drain()
+        got = [e.value["view"] for e in driver.records("enriched")]
+    assert got == list(range(5))
+    assert taken == ["enriched"] * 3
