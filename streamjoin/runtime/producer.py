@@ -196,8 +196,9 @@ class KafkaSender(Service):
         headers: Headers,
         timestamp_ms: int | None,
     ) -> Sent | None:
-        """The common case without awaiting: a partition already sent to, whose open batch
-        has room (None: :meth:`_append` handles the rest)."""
+        """The common case without awaiting: a partition already sent to (None:
+        :meth:`_append` handles the rest: a new partition, a producer being replaced, too
+        many full batches waiting, a record without key or partition starting a batch)."""
         if self._replacing is not None:
             return None
         if partition is None:
@@ -210,19 +211,26 @@ class KafkaSender(Service):
                 outbox = self._outboxes.get((topic, partition_for_key(key, count)))
         else:
             outbox = self._outboxes.get((topic, partition))
-        if outbox is None:
+        if outbox is None or self._check_each_size:
             return None
-        batch = outbox.open
-        if batch is None or not batch.records or self._check_each_size:
-            return None  # a batch's first record (and the size check) take the long way
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
         listed = headers if type(headers) is list else list(headers) if headers else _NO_HEADERS
+        batch = outbox.open
         if (
-            batch.builder.append(timestamp=timestamp_ms, key=key, value=value, headers=listed)
+            batch is None
+            or not batch.records
+            or batch.builder.append(timestamp=timestamp_ms, key=key, value=value, headers=listed)
             is None
         ):
-            return None  # full
+            # a batch's first record, or a full batch: a new one opens (a record with neither
+            # key nor partition picks its partition again, the long way)
+            producer = self._producer
+            if producer is None or (partition is None and key is None):
+                return None
+            return self._append_to(
+                producer, outbox, topic, key, value, headers, listed, timestamp_ms
+            )
         records = batch.records
         records.append((key, value, headers, timestamp_ms))
         return Sent(topic, batch, len(records) - 1)
@@ -251,9 +259,30 @@ class KafkaSender(Service):
                 outbox = await self._outbox(producer, topic, partition)
             if self._replacing is not None:  # (began while waiting for metadata)
                 continue  # type: ignore[unreachable]
+            sent = self._append_to(
+                producer, outbox, topic, key, value, headers, listed, timestamp_ms
+            )
+            if sent is not None:
+                return sent
+            await self._room(outbox)
+
+    def _append_to(
+        self,
+        producer: AIOKafkaProducer,
+        outbox: Outbox,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        listed: list[tuple[str, bytes]],
+        timestamp_ms: int,
+    ) -> Sent | None:
+        """Append to ``outbox``'s open batch, opening one if needed (a full batch waits for
+        its turn, the record starts the next one); None when too many full batches wait
+        already (the caller waits for room)."""
+        while True:
             if len(outbox.full) >= MAX_WAITING_BATCHES:
-                await self._room(outbox)
-                continue
+                return None
             batch = outbox.open
             if batch is None or not batch.records:
                 self._check_size(topic, key, value, headers)
@@ -265,7 +294,6 @@ class KafkaSender(Service):
             ):
                 if not batch.records:
                     raise InternalError(f"an empty record batch refused a record for {topic!r}")
-                # full: it waits for its turn, the record starts the next one
                 outbox.full.append(batch)
                 outbox.open = None
                 continue
