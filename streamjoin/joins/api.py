@@ -238,7 +238,9 @@ class StreamStreamJoinDecl:
         for index in range(start, len(outputs)):
             out = outputs[index]
             key = key_loads(out.key)
+            declined = False  # try_send declined this result already
             if index == start and first is not None:
+                declined = isinstance(first, _Ready)
                 result = first.value if isinstance(first, _Ready) else await first
             else:
                 left = left_loads(out.left) if out.left is not None else None
@@ -247,7 +249,9 @@ class StreamStreamJoinDecl:
                     await fun(key, left, right) if is_async else await _call(fun, key, left, right)
                 )
             if result is not None and output is not None:
-                await output.send(key=key, value=result, timestamp_ms=out.timestamp_ms)
+                at = out.timestamp_ms
+                if declined or output.try_send(key=key, value=result, timestamp_ms=at) is None:
+                    await output.send(key=key, value=result, timestamp_ms=at)
             counters.emitted += 1
 
 
@@ -395,7 +399,9 @@ def _stream_table(
     async def _emit_awaited(event: Event, pending: Awaitable[Any]) -> None:
         result = await pending
         if result is not None and output is not None:
-            await output.send(key=event.key, value=result, timestamp_ms=event.timestamp)
+            key, timestamp = event.key, event.timestamp
+            if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
+                await output.send(key=key, value=result, timestamp_ms=timestamp)
 
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
     if app.read_in_order(table, stream, enrich, join=name, on_error=on_error):
