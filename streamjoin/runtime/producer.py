@@ -115,6 +115,9 @@ class KafkaSender(Service):
             )
             self._options["max_batch_size"] = smallest
         self._producer: AIOKafkaProducer | None = None
+        #: counts the times records not yet sent were dropped (an aborted transaction): a
+        #: send that was waiting meanwhile is dropped too, not appended to what comes next
+        self.drops = 0
         #: a new producer being started after a refusal (sends wait for it)
         self._replacing: asyncio.Future[None] | None = None
         #: producers replaced after a refusal: what they fail afterwards is sent again
@@ -164,6 +167,8 @@ class KafkaSender(Service):
         sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
         if sent is None:
             sent = await self._append(topic, key, value, partition, headers, timestamp_ms)
+            if sent is None:
+                return dropped_delivery()
         out = self.counters.records_out
         out[topic] = out.get(topic, 0) + 1
         return sent
@@ -243,11 +248,14 @@ class KafkaSender(Service):
         partition: int | None,
         headers: Headers,
         timestamp_ms: int | None,
-    ) -> Sent:
-        """Append a record that passed :meth:`RecordLimits.check` (the long way)."""
+    ) -> Sent | None:
+        """Append a record that passed :meth:`RecordLimits.check` (the long way); None when
+        what was not yet sent was dropped while this waited (:attr:`drops`): the record
+        is dropped too."""
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
         listed = list(headers) if headers else _NO_HEADERS
+        drops = self.drops
         while True:
             if self._replacing is not None:
                 await self._replacing
@@ -259,12 +267,16 @@ class KafkaSender(Service):
                 outbox = await self._outbox(producer, topic, partition)
             if self._replacing is not None:  # (began while waiting for metadata)
                 continue  # type: ignore[unreachable]
+            if self.drops != drops:
+                return None
             sent = self._append_to(
                 producer, outbox, topic, key, value, headers, listed, timestamp_ms
             )
             if sent is not None:
                 return sent
             await self._room(outbox)
+            if self.drops != drops:
+                return None
 
     def _append_to(
         self,
@@ -449,11 +461,14 @@ class KafkaSender(Service):
     async def _resend(self, topic: str, batch: OutBatch) -> None:
         """The batch's records appended again, in order, for the new producer; the batch
         settles once they all did (each :class:`Sent` reads its record's new place)."""
+        moved: list[Sent] = []
         try:
-            moved = [
-                await self._append(topic, key, value, batch.partition, headers, timestamp)
-                for key, value, headers, timestamp in batch.records
-            ]
+            for key, value, headers, timestamp in batch.records:
+                sent = await self._append(topic, key, value, batch.partition, headers, timestamp)
+                if sent is None:
+                    batch.future.cancel()
+                    return
+                moved.append(sent)
         except Exception as exc:
             _settle(batch.future, exc)
             return
@@ -568,6 +583,13 @@ class KafkaSender(Service):
 
 #: what a producer's later sends fail with once a refused batch broke its sequence numbers
 _AFTER_A_REFUSAL = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
+
+
+def dropped_delivery() -> asyncio.Future[Any]:
+    """The delivery of a record dropped before it was sent: cancelled."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.cancel()
+    return future
 
 
 def _wake(outbox: Outbox) -> None:

@@ -46,7 +46,7 @@ from streamjoin.context import Delivery
 from streamjoin.errors import TransactionError, TransactionFailed
 from streamjoin.runtime.liveness import BACKOFF_MAX, BACKOFF_START
 from streamjoin.runtime.out_batches import OutBatch, Outbox, Sent
-from streamjoin.runtime.producer import KafkaSender, started_producer
+from streamjoin.runtime.producer import KafkaSender, dropped_delivery, started_producer
 from streamjoin.runtime.record_limits import RecordLimits, is_rejection
 from streamjoin.runtime.state import Sending, TakenWrites, send_writes
 from streamjoin.runtime.txn_protocol import (
@@ -196,6 +196,7 @@ class TransactionalSender(KafkaSender):
 
     async def on_stop(self) -> None:
         self._open.clear()
+        self.drops += 1
         self._drop_held()
         await self._drop_unsent()  # (the transaction holding them is aborted below)
         producer = self._producer
@@ -231,10 +232,17 @@ class TransactionalSender(KafkaSender):
                 held = _HeldSend(topic, key, value, partition, headers, timestamp_ms)
                 self._held.append(held)
                 return held.future
+            drops = self.drops
             await self._open.wait()
+            if self.drops != drops:
+                return dropped_delivery()  # that transaction was aborted: its event is lost
         sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
         if sent is None:
+            # (an abort while this waits drops the record: its event's task was lost, and
+            # the record must not join the next transaction)
             sent = await self._append(topic, key, value, partition, headers, timestamp_ms)
+            if sent is None:
+                return dropped_delivery()
         return sent
 
     def send_now(
@@ -270,6 +278,9 @@ class TransactionalSender(KafkaSender):
                 except Exception as exc:
                     if self._failure is None:
                         self._failure = exc
+                    held.future.cancel()
+                    continue
+                if sent is None:
                     held.future.cancel()
                     continue
                 _chain(sent, held.future)
@@ -423,6 +434,7 @@ class TransactionalSender(KafkaSender):
         or failed, is replaced: initialising the transactional id again aborts it), then
         begin the next one."""
         self._open.clear()
+        self.drops += 1  # (first: a send waiting for room is woken by the drop below)
         self._drop_held()
         await self._drop_unsent()
         self.aborts += 1

@@ -1,0 +1,91 @@
+"""The transactional sender's records around an abort, over a fake aiokafka producer (the
+broker tests are in tests/integration/test_exactly_once*.py and test_broker_restart.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka.producer.message_accumulator import BatchBuilder
+
+from streamjoin.runtime.transaction import TransactionalSender
+
+
+class FakeProducer:
+    """Enough of AIOKafkaProducer for the sender: batches are kept, never sent; topic
+    metadata waits for ``metadata`` (a topic the sender has not written to yet)."""
+
+    def __init__(self) -> None:
+        self.metadata = asyncio.Event()
+        self.batches: list[tuple[str, int, BatchBuilder]] = []
+        self.transactions: list[str] = []
+
+    def create_batch(self) -> BatchBuilder:
+        return BatchBuilder(16384, 0, is_transactional=True)
+
+    async def send_batch(self, builder: BatchBuilder, topic: str, *, partition: int) -> Any:
+        self.batches.append((topic, partition, builder))
+        return asyncio.get_running_loop().create_future()  # never acknowledged here
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        await self.metadata.wait()
+        return {0, 1}
+
+    async def begin_transaction(self) -> None:
+        self.transactions.append("begin")
+
+    async def abort_transaction(self) -> None:
+        self.transactions.append("abort")
+
+
+def _sender(producer: FakeProducer) -> TransactionalSender:
+    sender = TransactionalSender(
+        "127.0.0.1:1",
+        client_options={},
+        producer_options={},
+        client_id="test",
+        transactional_id="test-txn",
+        transaction_timeout_ms=10_000,
+        group_id="test-group",
+    )
+    sender._producer = producer  # type: ignore[assignment]
+    sender._open.set()
+    return sender
+
+
+async def test_a_send_waiting_across_an_abort_is_dropped_not_put_in_the_next_transaction() -> None:
+    """An agent's send waits (the topic's metadata) while the transaction is aborted: its
+    event's task is lost and will be processed again, so the record must not land in the
+    transaction that begins next (it would be committed twice)."""
+    producer = FakeProducer()
+    sender = _sender(producer)
+    waiting = asyncio.create_task(
+        sender.send("out", b"k", b"v", partition=0, headers=(), timestamp_ms=1)
+    )
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    await sender.abort()
+    assert producer.transactions == ["abort", "begin"]
+    producer.metadata.set()
+    delivery = await waiting
+    assert delivery.cancelled()
+    await sender.send("out", b"k2", b"v2", partition=1, headers=(), timestamp_ms=2)
+    await sender._submit_all()
+    sent = [
+        (topic, partition, builder.record_count()) for topic, partition, builder in producer.batches
+    ]
+    assert sent == [("out", 1, 1)], "the dropped record reached the next transaction"
+
+
+async def test_a_send_that_waited_without_an_abort_goes_into_the_transaction() -> None:
+    producer = FakeProducer()
+    sender = _sender(producer)
+    waiting = asyncio.create_task(
+        sender.send("out", b"k", b"v", partition=0, headers=(), timestamp_ms=1)
+    )
+    await asyncio.sleep(0.01)
+    producer.metadata.set()
+    delivery = await waiting
+    assert not delivery.cancelled()
+    await sender._submit_all()
+    assert [(t, p, b.record_count()) for t, p, b in producer.batches] == [("out", 0, 1)]
