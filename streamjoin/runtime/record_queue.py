@@ -80,6 +80,10 @@ class RecordQueue(Generic[T]):
             return bool(self._chunks)
         return bool(self._chunks)
 
+    def wake(self) -> None:
+        """End a :meth:`wait_nonempty` now (it answers whether a chunk is ready)."""
+        self._not_empty.set()
+
     async def get(self) -> T:
         """The next chunk, waiting for one if needed."""
         while not self._chunks:

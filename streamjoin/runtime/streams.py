@@ -308,8 +308,8 @@ class AgentRunner:
                     if self._next_buffered_chunk():
                         continue
                     if raws:
-                        if not within:
-                            break
+                        if not within or runtime.settling:
+                            break  # (a transaction's snapshot waits for this batch)
                         if deadline is None:
                             deadline = loop.time() + within
                         self._since_yield = 0
@@ -496,6 +496,8 @@ class AgentRuntime:
         self._dispatch_open.set()
         #: dispatch_many calls past that gate, not finished yet
         self._dispatching = 0
+        #: settle_shared is waiting: batches being filled are handed out as they are
+        self.settling = False
 
     @property
     def topics(self) -> set[str]:
@@ -583,6 +585,9 @@ class AgentRuntime:
         False if some had not after ``timeout`` seconds. Call :meth:`open_dispatch` after
         the snapshot.
 
+        A batch being filled (``stream.take(within=...)``) is handed out as it is rather
+        than after ``within``.
+
         A partition's offset counts a record only once every agent reading it processed
         it, but each agent's table writes and sends go into the transaction as it goes:
         a snapshot taken while one agent is ahead of another on the same partition would
@@ -591,13 +596,21 @@ class AgentRuntime:
         if not self._sharing:
             return True
         self._dispatch_open.clear()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self._dispatching or self.sharing_behind():
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.001)
-        return True
+        # a batch being filled (stream.take(within=...)) is handed out as it is
+        self.settling = True
+        for runner in self._sharing:
+            if runner.forming:
+                runner.queue.wake()
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while self._dispatching or self.sharing_behind():
+                if loop.time() >= deadline:
+                    return False
+                await asyncio.sleep(0.001)
+            return True
+        finally:
+            self.settling = False
 
     def open_dispatch(self) -> None:
         """Hand records to the actors again (after :meth:`settle_shared`)."""

@@ -262,7 +262,7 @@ def _two_agents_on_one_topic(
 
         @app.agent(clicks, name="slow")
         async def slow_batches(stream: Stream) -> None:
-            async for batch in stream.take(2, within=0.05):
+            async for batch in stream.take(2, within=30):
                 await release.wait()
                 slow_seen.extend(event.offset for event in batch)
 
@@ -293,7 +293,8 @@ async def test_agents_sharing_a_topic_commit_their_writes_with_their_offsets(tak
         await asyncio.sleep(0.05)
         assert not commit.done(), "committed while an agent on the topic was behind"
         release.set()
-        positions = await commit
+        # (a batch being filled is handed out at once, not after its 30 s)
+        positions = await asyncio.wait_for(commit, 5)
         assert slow_seen == [0, 1, 2]
         assert positions == {("clicks", 0): 3} and txn.committed == [positions]
         assert task.tables["counts"].store.get(b"a") == b"3"
