@@ -109,11 +109,13 @@ class Topic:
         partition: int | None = None,
         timestamp_ms: int | None = None,
     ) -> Delivery | None:
-        """:meth:`send` without awaiting, when the record can join an open batch at once
-        (the usual case while records flow); None when it cannot (the first record of a
-        batch, a full batch, a topic whose partition count is not known yet, a transaction
-        ending): then ``await send(...)`` the same record. No coroutine per record: the
-        framework's joins send their outputs this way. Errors are those of :meth:`send`."""
+        """:meth:`send` without awaiting, when the record can join its partition's open
+        batch or open the next one at once (the usual case while records flow); None when
+        it cannot (a partition not written to yet, too many full batches waiting, a record
+        with neither key nor partition starting a batch, a topic whose partition count is
+        not known yet, a transaction ending): then ``await send(...)`` the same record. No
+        coroutine per record: the framework's joins send their outputs this way. Errors
+        are those of :meth:`send`."""
         # (the checks of send(), with their common outcomes first: once per record)
         if timestamp_ms is not None and (type(timestamp_ms) is not int or timestamp_ms < 0):
             timestamp_ms = check_timestamp_ms(timestamp_ms, None, self._send_where)
