@@ -30,7 +30,7 @@ batch is the committed transaction's own. After the restart the group's offsets 
 owner is still open``, then a warning every minute) rather than process events twice:
 the test would fail with "inputs never all committed". See docs/operations.md.
 
-The same broker fault also follows crashes, more rarely (once in about 60 crash runs): a
+The same broker fault also follows crashes, more rarely (twice in about 90 crashes): a
 transaction recorded committed after the restart with no marker on any of its partitions.
 Its outputs then go with the next marker of the producer on each partition (an ABORT after
 the outage): outputs missing (none duplicated, tables right), or offsets held for ever. A
