@@ -35,7 +35,9 @@ transaction recorded committed after the restart with no marker on any of its pa
 Its outputs then go with the next marker of the producer on each partition (an ABORT after
 the outage): outputs missing (none duplicated, tables right), or offsets held for ever. A
 failure of the exactly-once case reports whether each missing output is in the log read
-uncommitted (an aborted transaction) or was never written.
+uncommitted (an aborted transaction) or was never written. A run that fails with that
+signature (see BrokerLostMarkers) is run once more, on new topics: a fault of the worker
+fails the first run for any other reason, or both.
 
 The broker is this module's own (never the session's shared one), started once and
 restarted by every test.
@@ -311,10 +313,40 @@ async def sleep_alive(workers: Workers, name: str, seconds: float) -> None:
 CRASH, CONTROLLED_SHUTDOWN = "crash", "controlled_shutdown"
 
 
+class BrokerLostMarkers(AssertionError):
+    """The broker's fault described in the module docstring, recognized by its signature:
+    the worker waits for ever on offsets of a transaction the broker never ended, or
+    outputs are missing (none duplicated, tables right) while every one of them is in the
+    log, written and then aborted with a later transaction."""
+
+
 @pytest.mark.parametrize(
     ("guarantee", "restart"), [(EXACTLY_ONCE, CRASH), (AT_LEAST_ONCE, CONTROLLED_SHUTDOWN)]
 )
 async def test_a_broker_restart_loses_nothing_and_duplicates_only_at_least_once(
+    restartable_broker: RestartableBroker,
+    unique_topic: Callable[..., str],
+    tmp_path: Path,
+    guarantee: str,
+    restart: str,
+) -> None:
+    """Exactly-once gets a second run (new topics and group, same broker) when the first
+    fails with the broker's lost-marker signature, and only then: both runs must hit that
+    broker fault for the test to fail on it; any other failure fails at once."""
+    attempts = 2 if guarantee == EXACTLY_ONCE else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            await _broker_restart_run(
+                restartable_broker, unique_topic, tmp_path / f"run{attempt}", guarantee, restart
+            )
+            return
+        except BrokerLostMarkers as exc:
+            if attempt == attempts:
+                raise
+            print(f"run {attempt}: the broker lost a transaction's markers; running again\n{exc}")
+
+
+async def _broker_restart_run(
     restartable_broker: RestartableBroker,
     unique_topic: Callable[..., str],
     tmp_path: Path,
@@ -349,7 +381,13 @@ async def test_a_broker_restart_loses_nothing_and_duplicates_only_at_least_once(
         await sleep_alive(workers, "w", AFTER)
         traffic.stop()
         await producing
-        await wait_all_committed(bootstrap, workers, "w")
+        try:
+            await wait_all_committed(bootstrap, workers, "w")
+        except AssertionError as exc:
+            waiting = ("still held by an open transaction", "a previous owner is still open")
+            if guarantee == EXACTLY_ONCE and any(line in str(exc) for line in waiting):
+                raise BrokerLostMarkers(str(exc)) from exc
+            raise
         outcome = await outcome_of(bootstrap, env, traffic)
         log = workers.log_of("w")
         report = (
@@ -363,6 +401,13 @@ async def test_a_broker_restart_loses_nothing_and_duplicates_only_at_least_once(
         if LOGLEVEL == "info":  # (at debug the client lines replace the summary lines)
             assert "unreachable; retrying" in log and "reachable again" in log, report
         assert outcome.acked_not_in_topic == 0, report
+        if (
+            guarantee == EXACTLY_ONCE
+            and outcome.missing
+            and set(outcome.missing) <= set(outcome.missing_uncommitted)
+            and not (outcome.duplicates or outcome.table_wrong or outcome.unknown)
+        ):
+            raise BrokerLostMarkers(report)
         assert not outcome.missing, report
         assert outcome.unknown == 0, report
         if guarantee == EXACTLY_ONCE:
