@@ -390,6 +390,10 @@ def _stream_table(
         result = fun(event.key, event.value, current)  # (_call inlined: once per event)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             return _emit_awaited(event, result)
+        return _emit(event, result)
+
+    def _emit(event: Event, result: Any) -> Awaitable[object] | None:
+        """Send ``result`` for ``event``: at once, or (None from try_send) what to await."""
         if result is not None and output is not None:
             key, timestamp = event.key, event.timestamp
             if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
@@ -397,11 +401,9 @@ def _stream_table(
         return None
 
     async def _emit_awaited(event: Event, pending: Awaitable[Any]) -> None:
-        result = await pending
-        if result is not None and output is not None:
-            key, timestamp = event.key, event.timestamp
-            if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
-                await output.send(key=key, value=result, timestamp_ms=timestamp)
+        sending = _emit(event, await pending)
+        if sending is not None:
+            await sending
 
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
     if app.read_in_order(table, stream, enrich, join=name, on_error=on_error):

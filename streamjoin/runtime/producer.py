@@ -274,9 +274,7 @@ class KafkaSender(Service):
             )
             if sent is not None:
                 return sent
-            await self._room(outbox)
-            if self.drops != drops:
-                return None
+            await self._room(outbox)  # (then the checks above again, drops included)
 
     def _append_to(
         self,
