@@ -353,6 +353,16 @@ def _sends_now_every_other(driver: TestDriver) -> list[str]:
     return taken
 
 
+async def _one_click_after_impressions(driver: TestDriver, impressions: int) -> list[Any]:
+    """Put ``impressions`` impressions of key "a", then one click matching them all; the
+    values joined to "attributed", in order."""
+    for i in range(impressions):
+        await driver.put("impressions", key="a", value=f"imp{i}", timestamp_ms=i)
+    await driver.put("clicks", key="a", value="click", timestamp_ms=5)
+    await driver.drain()
+    return [e.value for e in driver.records("attributed")]
+
+
 @pytest.mark.parametrize("kind", ["async def", "returns an awaitable"])
 async def test_a_stream_stream_join_awaits_its_function_and_keeps_the_order(kind: str) -> None:
     app = streamjoin.App("joins-unit")
@@ -374,11 +384,7 @@ async def test_a_stream_stream_join_awaits_its_function_and_keeps_the_order(kind
         app.join(impressions, clicks, window=timedelta(minutes=10), output=out)(pair_later)
     async with TestDriver(app) as driver:
         taken = _sends_now_every_other(driver)
-        for i in range(3):
-            await driver.put("impressions", key="a", value=f"imp{i}", timestamp_ms=i)
-        await driver.put("clicks", key="a", value="click", timestamp_ms=5)
-        await driver.drain()
-        got = [e.value for e in driver.records("attributed")]
+        got = await _one_click_after_impressions(driver, 3)
     assert got == [[f"imp{i}", "click"] for i in range(3)]
     assert taken == ["attributed"] * 2  # the first and third at once, the second awaited
 
@@ -389,11 +395,7 @@ async def test_a_stream_stream_join_emits_in_order_when_a_send_must_wait() -> No
     app, calls = ad_app()
     async with TestDriver(app) as driver:
         taken = _sends_now_every_other(driver)
-        for i in range(4):
-            await driver.put("impressions", key="a", value=f"imp{i}", timestamp_ms=i)
-        await driver.put("clicks", key="a", value="click", timestamp_ms=5)
-        await driver.drain()
-        got = [e.value["imp"] for e in driver.records("attributed")]
+        got = [value["imp"] for value in await _one_click_after_impressions(driver, 4)]
     assert got == [f"imp{i}" for i in range(4)]
     assert len(calls) == 4
     assert taken == ["attributed"] * 2  # the first and third at once, the others awaited
