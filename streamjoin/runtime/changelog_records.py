@@ -60,6 +60,13 @@ class RecordBatch(Protocol):
     def __iter__(self) -> Any: ...
 
 
+class BatchReader(Protocol):
+    """aiokafka's ``MemoryRecords``: the batches of one partition's fetched bytes, in order."""
+
+    def has_next(self) -> bool: ...
+    def next_batch(self) -> RecordBatch | None: ...
+
+
 @dataclass
 class RecordSet:
     """The data batches of one partition's fetch answer, and where the next fetch starts."""
@@ -92,9 +99,21 @@ def scan_record_set(
     """
     if not data:
         return RecordSet(fetch_offset, [], fetch_offset)
+    return scan_batches(
+        MemoryRecords(data), fetch_offset, aborted_transactions, check_crcs=check_crcs
+    )
+
+
+def scan_batches(
+    records: BatchReader,
+    fetch_offset: int,
+    aborted_transactions: Iterable[tuple[int, int]] | None = None,
+    *,
+    check_crcs: bool = True,
+) -> RecordSet:
+    """:func:`scan_record_set` of bytes already wrapped by aiokafka (the main fetch path)."""
     aborted = sorted(aborted_transactions or (), key=lambda pair: pair[1])
     aborting: set[int] = set()
-    records = MemoryRecords(data)
     batches: list[RecordBatch] = []
     next_offset = fetch_offset
     while records.has_next():

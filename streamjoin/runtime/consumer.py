@@ -33,8 +33,9 @@ from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
 from streamjoin.errors import TransactionFailed
-from streamjoin.events import RawRecord
 from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.fetched_records import RAW_RECORDS, as_raw_records
+from streamjoin.runtime.fetched_records import install as install_raw_records
 from streamjoin.runtime.membership import (
     GroupAssignor,
     GroupMembership,
@@ -153,6 +154,7 @@ class KafkaConsumerService(Service):
             "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
             **client_options,
             **fetching,
+            "key_deserializer": RAW_RECORDS,  # hands out RawRecord (fetched_records)
         }
         self._consumer: AIOKafkaConsumer | None = None
         self._client: AIOKafkaClient | None = None
@@ -204,6 +206,7 @@ class KafkaConsumerService(Service):
         return set(self._assigned)
 
     async def on_start(self) -> None:
+        install_raw_records()
         self._consumer = AIOKafkaConsumer(**self._options)
         await self._consumer.start()
         settings = self.settings
@@ -301,19 +304,7 @@ class KafkaConsumerService(Service):
                     continue
                 self._delivered_to[tp] = records[-1].offset + 1
                 records_in[tp] = records_in.get(tp, 0) + len(records)
-                topic, partition = tp.topic, tp.partition
-                raws = [
-                    RawRecord(
-                        topic,
-                        partition,
-                        r.offset,
-                        r.timestamp,
-                        r.key,
-                        r.value,
-                        r.headers or (),  # aiokafka gives a tuple
-                    )
-                    for r in records
-                ]
+                raws = as_raw_records(tp.topic, tp.partition, records)
                 if await self.processing.deliver(task, raws) >= _ALIGN_HIGH:
                     self._pause(tp, "align")
             await self._release_aligned(consumer)
