@@ -119,8 +119,16 @@ class Table:
         return self._load_value(raw)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        key_bytes = self._encode_key(key)
-        raw = self._state(key_bytes, writing=False).lookup(key_bytes)
+        # (_encode_key and _state's usual path inlined: a stream-table join reads once per
+        # event)
+        key_bytes = self.key_codec.dumps(key)
+        if key_bytes is None:
+            key_bytes = self._encode_key(key)  # raises
+        event = current_event.get()
+        state = None if event is None else event.table_partition(self.name)
+        if state is None:
+            state = self._state(key_bytes, writing=False)  # outside agents, or raises
+        raw = state.lookup(key_bytes)
         return default if raw is None else self._load_value(raw)
 
     def __contains__(self, key: Any) -> bool:

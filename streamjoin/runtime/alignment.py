@@ -32,11 +32,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import groupby
+from operator import attrgetter
 
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import RawRecord
 
 TopicPartition = tuple[str, int]
+
+#: a record's (topic, partition), in C (records are grouped by it in runs)
+topic_partition_of: Callable[[RawRecord], TopicPartition] = attrgetter("topic", "partition")
 
 #: The most one ``release`` call adds to a group's waited time, whatever the gap since
 #: the previous call (a few fetch rounds' worth).
@@ -91,8 +96,13 @@ class TimestampAligner:
         return topic in self._group_of
 
     def add(self, records: Iterable[RawRecord]) -> None:
-        for record in records:
-            self._buffers.setdefault((record.topic, record.partition), deque()).append(record)
+        buffers = self._buffers
+        # (one fetched partition's records at a time: one run, one buffer lookup)
+        for tp, run in groupby(records, topic_partition_of):
+            buffer = buffers.get(tp)
+            if buffer is None:
+                buffer = buffers[tp] = deque()
+            buffer.extend(run)
 
     def buffered(self, tp: TopicPartition) -> int:
         buffer = self._buffers.get(tp)

@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from itertools import groupby
 from typing import Protocol
 
 from streamjoin.errors import TransactionFailed
 from streamjoin.events import RawRecord
-from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.alignment import TimestampAligner, topic_partition_of
 from streamjoin.runtime.offsets import TopicPartition
 from streamjoin.runtime.state import Sending, TakenWrites, apply_writes, take_writes
 from streamjoin.runtime.streams import AgentRuntime
@@ -141,14 +142,14 @@ class TaskProcessing:
         # dropped at once), so the current owner of each partition is the one they were
         # fetched for.
         by_task: dict[int, tuple[Task, list[RawRecord]]] = {}
-        for raw in released:
-            task = self.tasks.task_for(raw.topic, raw.partition)
+        for (topic, partition), run in groupby(released, topic_partition_of):
+            task = self.tasks.task_for(topic, partition)
             if task is None:
                 continue
             entry = by_task.get(id(task))
             if entry is None:
                 entry = by_task[id(task)] = (task, [])
-            entry[1].append(raw)
+            entry[1].extend(run)
         for task, raws in by_task.values():
             await self.runtime.dispatch_many(raws, task)
 

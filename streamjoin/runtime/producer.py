@@ -15,6 +15,7 @@ import contextlib
 import functools
 import logging
 import random
+import sys
 import time
 import weakref
 from collections.abc import Awaitable, Mapping, Sequence
@@ -57,6 +58,8 @@ DEFAULT_MAX_BATCH_SIZE = 256 * 1024
 MAX_WAITING_BATCHES = 2
 #: the headers of a record without any (the batch builder wants a list; it only reads it)
 _NO_HEADERS: list[tuple[str, bytes]] = []
+#: a topic without a size limit (RecordLimits.quick)
+_ANY = sys.maxsize
 
 
 async def started_producer(options: Mapping[str, Any]) -> AIOKafkaProducer:
@@ -185,7 +188,14 @@ class KafkaSender(Service):
     ) -> Delivery | None:
         """:meth:`send` without awaiting when the record joins an open batch at once (None:
         the caller awaits :meth:`send`, which takes the long way)."""
-        self.limits.check(topic, key, value, headers)
+        limits = self.limits
+        if (
+            key is None
+            or headers
+            or limits.rejected
+            or len(key) + (0 if value is None else len(value)) >= limits.quick.get(topic, _ANY)
+        ):
+            limits.check(topic, key, value, headers)
         sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
         if sent is not None:
             out = self.counters.records_out

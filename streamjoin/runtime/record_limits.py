@@ -91,11 +91,38 @@ class RecordLimits:
     """The written topics' limits, and the records the broker refused while running."""
 
     def __init__(self, topics: Mapping[str, TopicLimits], *, compressed: bool = False) -> None:
-        self.topics = dict(topics)
-        #: with compression the broker checks the compressed batch: sizes are not checked
-        #: here (a rejection is still learnt from the broker's answer)
-        self.compressed = compressed
-        self._rejected: OrderedDict[int, str] = OrderedDict()
+        self._topics = dict(topics)
+        #: per topic, a size below which a record with a key and without headers passes
+        #: :meth:`check` unless :attr:`rejected` holds anything (topics not listed: any
+        #: size). The sender tests this inline and calls :meth:`check` only past it.
+        self.quick: dict[str, int] = {}
+        self._compressed = compressed
+        self._refresh_quick()
+        #: fingerprints of records the broker refused, with why (see :meth:`remember`)
+        self.rejected: OrderedDict[int, str] = OrderedDict()
+
+    @property
+    def topics(self) -> Mapping[str, TopicLimits]:
+        return self._topics
+
+    @property
+    def compressed(self) -> bool:
+        """With compression the broker checks the compressed batch: sizes are not checked
+        here (a rejection is still learnt from the broker's answer)."""
+        return self._compressed
+
+    @compressed.setter
+    def compressed(self, compressed: bool) -> None:
+        self._compressed = compressed
+        self._refresh_quick()
+
+    def _refresh_quick(self) -> None:
+        # (the key and value far below the limit: see the margin in check)
+        self.quick = (
+            {}
+            if self._compressed
+            else {name: t.max_message_bytes - 1024 for name, t in self._topics.items()}
+        )
 
     def smallest_limit(self) -> int | None:
         """The smallest ``max.message.bytes`` of the written topics (a producer batch must
@@ -133,8 +160,8 @@ class RecordLimits:
                         size=size,
                         limit=known.max_message_bytes,
                     )
-        if self._rejected:
-            reason = self._rejected.get(_fingerprint(topic, key, value))
+        if self.rejected:
+            reason = self.rejected.get(_fingerprint(topic, key, value))
             if reason is not None:
                 raise RecordRejected(
                     f"the broker refused this record for topic {topic!r} before: {reason}",
@@ -146,10 +173,10 @@ class RecordLimits:
     ) -> None:
         """The broker refused this record: sending it again fails at once."""
         fingerprint = _fingerprint(topic, key, value)
-        self._rejected[fingerprint] = describe_rejection(topic, key, value, error, self)
-        self._rejected.move_to_end(fingerprint)
-        while len(self._rejected) > _REMEMBERED:
-            self._rejected.popitem(last=False)
+        self.rejected[fingerprint] = describe_rejection(topic, key, value, error, self)
+        self.rejected.move_to_end(fingerprint)
+        while len(self.rejected) > _REMEMBERED:
+            self.rejected.popitem(last=False)
 
 
 def describe_rejection(

@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamjoin.config import AppConfig
 from streamjoin.errors import ConfigurationError, RecordRejected, RecordTooLargeError
 from streamjoin.log_summary import Summary
 from streamjoin.runtime.liveness import BrokerWatch
+from streamjoin.runtime.producer import KafkaSender
 from streamjoin.runtime.record_limits import RecordLimits, TopicLimits, single_record_batch_size
 
 
@@ -56,6 +59,50 @@ def test_a_refused_record_is_refused_before_sending_the_next_time() -> None:
 
 def test_with_compression_sizes_are_left_to_the_broker() -> None:
     RecordLimits({"out": TopicLimits(100)}, compressed=True).check("out", b"k", b"x" * 1000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    limit=st.integers(1_100, 1_300),
+    key=st.one_of(st.none(), st.binary(max_size=40)),
+    below_limit=st.one_of(st.none(), st.integers(-50, 150), st.integers(150, 1_100)),
+    headers=st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=200)), max_size=2),
+    compacted=st.booleans(),
+    compressed=st.booleans(),
+    refused_before=st.booleans(),
+)
+def test_send_now_refuses_exactly_what_the_limits_refuse(
+    limit: int,
+    key: bytes | None,
+    below_limit: int | None,
+    headers: list[tuple[str, bytes]],
+    compacted: bool,
+    compressed: bool,
+    refused_before: bool,
+) -> None:
+    """The sender checks small records inline and asks RecordLimits.check only near a
+    limit: it must refuse exactly what check refuses, and let the rest through."""
+    # (the key and value together ``below_limit`` bytes under the topic's limit)
+    value = None if below_limit is None else b"v" * max(0, limit - below_limit - len(key or b""))
+    limits = RecordLimits({"out": TopicLimits(limit, compacted=compacted)})
+    sender = KafkaSender(
+        "127.0.0.1:1",
+        client_options={},
+        producer_options={"compression_type": "gzip"} if compressed else {},
+        client_id="test",
+        limits=limits,
+    )
+    if refused_before:
+        limits.remember("out", key, value, ValueError("refused"))
+    try:
+        limits.check("out", key, value, headers)
+    except (RecordRejected, RecordTooLargeError) as exc:
+        with pytest.raises(type(exc)):
+            sender.send_now("out", key, value, partition=0, headers=headers, timestamp_ms=1)
+    else:  # (no producer yet: the record is left to send(), not refused)
+        assert (
+            sender.send_now("out", key, value, partition=0, headers=headers, timestamp_ms=1) is None
+        )
 
 
 def test_broker_watch_swallows_connection_noise_and_reports_once_per_interval(
