@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
-import orjson
+import msgspec
 
 from streamjoin.errors import (
     ArgumentTypeError,
@@ -195,16 +195,18 @@ _ENCODER = json.JSONEncoder(
     allow_nan=False,
     default=_json_default,
 )
-#: types orjson writes byte for byte as the encoder above does (not float: orjson writes
-#: 1e-05 as 1e-5 and NaN as null; not subclasses, whose JSON form the encoder decides)
+#: types msgspec writes byte for byte as the encoder above does (not float: the encoder
+#: decides its form; not subclasses, whose JSON form the encoder decides)
 _PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
 #: what the encoder does with a str (ensure_ascii=False)
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
-#: 19 digits in a row: maybe an integer beyond 64 bits (below -2**63 takes 19), which
-#: orjson reads as a float. Found by mapping every digit to "0" and anything else to "x"
-#: (``bytes.translate``) and a substring search: both C passes, about 3x faster than a regex.
-_LONG_DIGITS = b"0" * 19
-_DIGITS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x78 for c in range(256))
+#: msgspec writes a dict with str keys sorted, compact, UTF-8 (not ASCII-escaped): the
+#: bytes of _ENCODER (a test compares them), several times faster; its bytes are sized to
+#: fit (orjson's kept a 4 KB buffer each, which table values and sends held until flushed)
+_fast_encode: Callable[[Any], bytes] = msgspec.json.Encoder(order="sorted").encode
+#: msgspec reads strict UTF-8 JSON as the standard parser does (integers of any size
+#: too), several times faster; what it refuses goes to the standard parser
+_fast_decode: Callable[[bytes], Any] = msgspec.json.Decoder().decode
 
 
 def _json_dumps(codec: str, obj: Any) -> bytes:
@@ -213,22 +215,26 @@ def _json_dumps(codec: str, obj: Any) -> bytes:
         return b"%d" % obj
     if kind is str:
         return _utf8(codec, _encode_str(obj))
-    # A dict (str keys) or list of scalars: orjson encodes it to exactly the bytes of
-    # _ENCODER (the key bytes decide partitions). Keys are not checked: orjson refuses any
-    # key that is not exactly a str (a subclass too) with a TypeError, and the encoder
-    # then decides. (Checked inline: this runs once per record sent.)
-    if kind is dict or kind is list:
-        for item in obj.values() if kind is dict else obj:
+    # A dict (str keys) or list of scalars: checked inline, as this runs once per record
+    # sent and per table write.
+    if kind is dict:
+        for key, item in obj.items():
+            if type(key) is not str or type(item) not in _PLAIN_SCALARS:
+                break
+        else:
+            try:
+                return _fast_encode(obj)
+            except (ValueError, msgspec.EncodeError):
+                pass  # a lone surrogate: the encoder words the error
+    elif kind is list:
+        for item in obj:
             if type(item) not in _PLAIN_SCALARS:
                 break
         else:
             try:
-                # copied: the bytes orjson returns keep a buffer of about 4 KB each, and
-                # table values wait in memory until the next flush (a join with an empty
-                # bytes makes an exact-size copy, about twice as fast as bytes(memoryview))
-                return b"".join((orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), b""))
-            except TypeError:
-                pass  # an int beyond 64 bits, a lone surrogate: the encoder decides (and why)
+                return _fast_encode(obj)
+            except (ValueError, msgspec.EncodeError):
+                pass
     try:
         text = _ENCODER.encode(obj)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -237,30 +243,14 @@ def _json_dumps(codec: str, obj: Any) -> bytes:
 
 
 def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
-    # orjson reads strict UTF-8 JSON as the standard parser does, several times faster;
-    # what it refuses (NaN, lone surrogate escapes, deep nesting, bad bytes) or might read
-    # differently (integers beyond 64 bits) goes to the standard parser, which also words
-    # the error.
+    # What msgspec refuses (NaN and Infinity, numbers out of a float's range, lone
+    # surrogate escapes, deep nesting, bad bytes) goes to the standard parser, which
+    # reads what JSON allows of it and words the error for the rest.
     if type(data) is bytes:
         try:
-            value = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            return _fast_decode(data)
+        except (ValueError, RecursionError):  # msgspec.DecodeError is a ValueError
             pass
-        else:
-            # orjson reads an integer beyond 64 bits as a float: a scalar, or a dict or list
-            # of scalars, without any float cannot hold one (a look at the result is about
-            # 3x cheaper than the search of the bytes below)
-            kind = type(value)
-            if kind in _PLAIN_SCALARS:
-                return value
-            if kind is dict or kind is list:
-                for item in value.values() if kind is dict else value:
-                    if type(item) not in _PLAIN_SCALARS:
-                        break
-                else:
-                    return value
-            if len(data) < 19 or _LONG_DIGITS not in data.translate(_DIGITS):
-                return value
     try:
         # Decode first: json.loads(bytes) would silently accept UTF-16/32 too.
         return json.loads(str(_check_bytes(codec, data), "utf-8"))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import orjson
+import msgspec
 
 from streamjoin.codecs import Codec
 from streamjoin.errors import (
@@ -320,10 +320,10 @@ def jsonable(value: Any) -> Any:
 
 
 def _dumps(body: dict[str, Any]) -> bytes:
-    """orjson, or the standard library for what orjson refuses (integers beyond 64 bits)."""
+    """msgspec, or the standard library for what msgspec refuses (a lone surrogate)."""
     try:
-        return orjson.dumps(body)
-    except TypeError:
+        return msgspec.json.encode(body)
+    except (TypeError, ValueError, msgspec.EncodeError):
         return json.dumps(body).encode()
 
 
