@@ -71,9 +71,11 @@ AREAS = (
         ),
     ),
     (
-        "fetch (runtime/consumer, alignment, record_queue, aiokafka consumer)",
+        "fetch (runtime/consumer, fetched_records, alignment, record_queue, aiokafka consumer)",
         (
             "runtime/consumer.py",
+            "runtime/fetched_records.py",
+            "runtime/changelog_records.py",
             "alignment.py",
             "record_queue.py",
             "aiokafka/consumer",
@@ -85,6 +87,8 @@ AREAS = (
         (
             "topics.py",
             "runtime/producer.py",
+            "runtime/out_batches.py",
+            "runtime/record_limits.py",
             "partitioner.py",
             "aiokafka/producer",
         ),

@@ -384,13 +384,19 @@ def _stream_table(
     def enrich(event: Event) -> Awaitable[object] | None:
         """One event's join: done at once (None) unless the function is async or the output
         must wait for room; then what is left to await (no coroutine for the usual case)."""
-        current = table.get(event.key)
+        key = event.key
+        current = table.get(key)
         if current is None and how == "inner":
             return None
-        result = fun(event.key, event.value, current)  # (_call inlined: once per event)
+        result = fun(key, event.value, current)  # (_call inlined: once per event)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             return _emit_awaited(event, result)
-        return _emit(event, result)
+        if result is None or output is None:  # (_emit inlined, as _call above)
+            return None
+        timestamp = event.timestamp
+        if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
+            return output.send(key=key, value=result, timestamp_ms=timestamp)
+        return None
 
     def _emit(event: Event, result: Any) -> Awaitable[object] | None:
         """Send ``result`` for ``event``: at once, or (None from try_send) what to await."""
