@@ -78,6 +78,19 @@ class Log:
     open: dict[int, int] = field(default_factory=dict)  # producer id -> first offset
     pending: dict[int, list[int]] = field(default_factory=dict)
 
+    @classmethod
+    def built(cls, plan: list[tuple[str, int, bool, int]]) -> Log:
+        """The log of a :data:`steps` plan; transactions left open are aborted at its end."""
+        log = cls()
+        for kind, n, flag, producer_id in plan:
+            if kind == "end":
+                log.end_txn(producer_id, flag)
+            else:
+                log.add_data(n, hole=flag and kind == "data", producer_id=producer_id)
+        for producer_id in sorted(log.open):
+            log.end_txn(producer_id, commit=False)
+        return log
+
     def add_data(self, n: int, hole: bool, producer_id: int = -1) -> None:
         base = self.end
         offsets = list(range(base, base + n))

@@ -134,14 +134,7 @@ def test_partition_answer_layouts_by_fetch_version() -> None:
 def test_reading_in_chunks_of_any_size_reads_exactly_the_log(
     plan: list[tuple[str, int, bool, int]], draw: st.DataObject
 ) -> None:
-    log = Log()
-    for kind, n, flag, producer_id in plan:
-        if kind == "end":
-            log.end_txn(producer_id, flag)
-        else:
-            log.add_data(n, hole=flag and kind == "data", producer_id=producer_id)
-    for producer_id in sorted(log.open):
-        log.end_txn(producer_id, commit=False)
+    log = Log.built(plan)
     start = draw.draw(st.integers(0, log.end), label="start")
     committed = draw.draw(st.booleans(), label="read_committed")
     expected = [

@@ -74,14 +74,7 @@ def fields(record: Any) -> tuple[Any, ...]:
 def test_the_same_records_and_positions_as_aiokafka(
     plan: list[tuple[str, int, bool, int]], draw: st.DataObject
 ) -> None:
-    log = Log()
-    for kind, n, flag, producer_id in plan:
-        if kind == "end":
-            log.end_txn(producer_id, flag)
-        else:
-            log.add_data(n, hole=flag and kind == "data", producer_id=producer_id)
-    for producer_id in sorted(log.open):
-        log.end_txn(producer_id, commit=False)
+    log = Log.built(plan)
     start = draw.draw(st.integers(0, log.end), label="start")
     committed = draw.draw(st.booleans(), label="read_committed")
     isolation = READ_COMMITTED if committed else READ_UNCOMMITTED
