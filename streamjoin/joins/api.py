@@ -391,12 +391,7 @@ def _stream_table(
         result = fun(key, event.value, current)  # (_call inlined: once per event)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             return _emit_awaited(event, result)
-        if result is None or output is None:  # (_emit inlined, as _call above)
-            return None
-        timestamp = event.timestamp
-        if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
-            return output.send(key=key, value=result, timestamp_ms=timestamp)
-        return None
+        return _emit(event, result)
 
     def _emit(event: Event, result: Any) -> Awaitable[object] | None:
         """Send ``result`` for ``event``: at once, or (None from try_send) what to await."""
