@@ -217,24 +217,24 @@ def _json_dumps(codec: str, obj: Any) -> bytes:
         return _utf8(codec, _encode_str(obj))
     # A dict (str keys) or list of scalars: checked inline, as this runs once per record
     # sent and per table write.
+    plain = False
     if kind is dict:
         for key, item in obj.items():
             if type(key) is not str or type(item) not in _PLAIN_SCALARS:
                 break
         else:
-            try:
-                return _fast_encode(obj)
-            except (ValueError, msgspec.EncodeError):
-                pass  # a lone surrogate: the encoder words the error
+            plain = True
     elif kind is list:
         for item in obj:
             if type(item) not in _PLAIN_SCALARS:
                 break
         else:
-            try:
-                return _fast_encode(obj)
-            except (ValueError, msgspec.EncodeError):
-                pass
+            plain = True
+    if plain:
+        try:
+            return _fast_encode(obj)
+        except (ValueError, msgspec.EncodeError):
+            pass  # a lone surrogate: the encoder words the error
     try:
         text = _ENCODER.encode(obj)
     except (TypeError, ValueError, RecursionError) as exc:
