@@ -79,7 +79,7 @@ from streamjoin.assignor.protocol import (
     encode_subscription,
     next_generation,
 )
-from streamjoin.runtime.assignor_adapter import (
+from streamjoin.runtime.group.assignor_adapter import (
     CONSUMER_PROTOCOL_VERSION,
     StreamjoinAssignor,
     Vetted,

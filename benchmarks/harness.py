@@ -700,7 +700,7 @@ async def run_workload(
     """Produce the records once, run every system (rounds interleaved), check each answer."""
     import uuid
 
-    from streamjoin.runtime.admin import TopicSpec, ensure_topics
+    from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
     progress = sayer(spec.bench)
     systems = chosen_systems(args)

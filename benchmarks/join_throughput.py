@@ -81,7 +81,7 @@ from benchmarks.harness import (
     wait_leaders,
 )
 from examples.ad_traffic import Traffic, generate
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
 PARTITIONS = 10
 SYSTEMS = ("streamjoin", "streamjoin-eos", "streamjoin-base", "faust", "faust-lookup", "quix")

@@ -44,7 +44,7 @@ import aiohttp
 from benchmarks.broker import broker
 from benchmarks.harness import load_average, sayer, stop_process, tree_commit
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.group_info import GroupInfo, describe_group
+from streamjoin.runtime.group.group_info import GroupInfo, describe_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 6

@@ -99,8 +99,8 @@ from benchmarks.rebalance_analysis import (
     runs,
     summarize_logs,
 )
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.group_info import describe_group
+from streamjoin.runtime.group.group_info import describe_group
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from tests.integration.support import Workers, tracker_workers
 
 #: what ``--protocol`` accepts: the rebalance protocol, "-ha" adding high availability

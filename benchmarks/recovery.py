@@ -115,7 +115,7 @@ async def produce(bootstrap: str, spec: DataSpec, app_id: str) -> Produced:
     from aiokafka import AIOKafkaProducer
 
     from streamjoin.partitioner import partition_for_key
-    from streamjoin.runtime.admin import TopicSpec, ensure_topics
+    from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
     topic = f"{app_id}-{TABLE}-changelog"
     await ensure_topics(
@@ -206,7 +206,7 @@ async def restore_streamjoin(
     bootstrap: str, data: Produced, partitions: int, state_root: Path, count_keys: bool = True
 ) -> Run:
     from streamjoin.app import App
-    from streamjoin.runtime.state import StateService, TableStores
+    from streamjoin.runtime.table_state.service import StateService, TableStores
 
     state_dir = Path(tempfile.mkdtemp(prefix="sj-restore-", dir=state_root))
     try:

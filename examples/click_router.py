@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 import streamjoin
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 
 
 @dataclass

@@ -24,8 +24,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from examples.ad_traffic import Traffic, generate
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.group_info import describe_group
+from streamjoin.runtime.group.group_info import describe_group
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.testing.kafka import LocalKafka
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from collections import Counter
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.testing.kafka import LocalKafka
 
 TOPIC = "page-views"

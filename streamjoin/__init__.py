@@ -18,7 +18,7 @@ __version__ = "0.3.0"
 if TYPE_CHECKING:
     from streamjoin.app import App
     from streamjoin.events import Event
-    from streamjoin.runtime.streams import Stream
+    from streamjoin.runtime.tasks.agent_runtime import Stream
     from streamjoin.stream import EventBatch
 
 __all__ = ["App", "Event", "EventBatch", "Stream", "StreamjoinError", "__version__", "errors"]
@@ -34,7 +34,7 @@ def __getattr__(name: str) -> Any:
 
         return Event
     if name == "Stream":
-        from streamjoin.runtime.streams import Stream
+        from streamjoin.runtime.tasks.agent_runtime import Stream
 
         return Stream
     if name == "EventBatch":

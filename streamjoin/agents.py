@@ -29,7 +29,7 @@ class Agent:
     ``concurrency`` actors each own a disjoint set of partitions
     (``partition % concurrency``), so events of one partition stay in order. An
     agent over several co-partitioned topics sees partition p of all of them in
-    one stream, in timestamp order (see ``runtime.alignment``): that is how joins
+    one stream, in timestamp order (see ``runtime.tasks.alignment``): that is how joins
     see both sides.
     """
 

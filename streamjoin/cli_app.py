@@ -14,8 +14,8 @@ from streamjoin.errors import AppImportError, ConfigurationError, StreamjoinErro
 from streamjoin.loader import AppNotFound, load_app
 
 if TYPE_CHECKING:
-    from streamjoin.runtime.group_info import GroupInfo
-    from streamjoin.runtime.offsets_admin import PartitionOffsets
+    from streamjoin.runtime.group.group_info import GroupInfo
+    from streamjoin.runtime.ops.offset_moves import PartitionOffsets
 
 app_option = click.option(
     "-A",
@@ -187,8 +187,8 @@ def assignment(app_spec: str, broker: str | None) -> None:
     """Show the app's consumer group: members (with the query address each advertises) and
     their active and standby partitions, and each source partition's owner, committed
     offset, end offset and lag."""
-    from streamjoin.runtime.group_info import describe_group
-    from streamjoin.runtime.offsets_admin import read_offsets
+    from streamjoin.runtime.group.group_info import describe_group
+    from streamjoin.runtime.ops.offset_moves import read_offsets
 
     app = _load(app_spec, broker)
     sources = sorted(app.topology().source_topics)

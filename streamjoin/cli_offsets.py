@@ -13,7 +13,7 @@ from streamjoin.cli_app import _load, _table, app_option, broker_option
 from streamjoin.errors import ConfigurationError, StreamjoinError
 
 if TYPE_CHECKING:
-    from streamjoin.runtime.offsets_admin import OffsetMove, PartitionOffsets
+    from streamjoin.runtime.ops.offset_moves import OffsetMove, PartitionOffsets
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def offsets_group() -> None:
 @click.option("--topic", "topics", multiple=True, help="Only this topic (repeatable).")
 def offsets_show(app_spec: str, broker: str | None, topics: tuple[str, ...]) -> None:
     """Committed offset, end offset and lag of each partition of the app's source topics."""
-    from streamjoin.runtime.offsets_admin import active_members, read_offsets
+    from streamjoin.runtime.ops.offset_moves import active_members, read_offsets
 
     app = _load(app_spec, broker)
     names = list(topics) or _source_topics(app)
@@ -81,7 +81,7 @@ def offsets_skip(
     Meant for a record that stops every worker (on_error="stop"): the group's next
     record must be OFFSET (where a stopped worker leaves it), or --force.
     """
-    from streamjoin.runtime.offsets_admin import (
+    from streamjoin.runtime.ops.offset_moves import (
         apply_moves,
         ensure_stopped,
         plan_skip,
@@ -128,7 +128,7 @@ def offsets_reset(
 ) -> None:
     """Move the app's committed offsets: every partition of its source topics, or --topic
     (and --partition). The workers must be stopped."""
-    from streamjoin.runtime.offsets_admin import (
+    from streamjoin.runtime.ops.offset_moves import (
         ResetTarget,
         apply_moves,
         ensure_stopped,

@@ -3,7 +3,7 @@
 :class:`TableClient` asks the workers' ``GET /tables/<table>/<key>`` endpoint;
 :meth:`streamjoin.App.locate` says where a key lives. The decisions are in
 :mod:`streamjoin.query.routing` (pure); the endpoint is
-:mod:`streamjoin.runtime.queries`. See docs/queries.md.
+:mod:`streamjoin.runtime.ops.query_endpoint`. See docs/queries.md.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from streamjoin.errors import ConfigurationError, ProvisioningError, StartupError
-from streamjoin.runtime.liveness import BrokerWatch
+from streamjoin.runtime.transport.liveness import BrokerWatch
 
 log = logging.getLogger("streamjoin.worker")
 

@@ -29,27 +29,27 @@ from mode import Service
 
 from streamjoin.config import AppConfig
 from streamjoin.context import RuntimeLink
-from streamjoin.runtime.admin import (
+from streamjoin.runtime.group.assignor_adapter import StreamjoinAssignor
+from streamjoin.runtime.group.group_info import describe_group
+from streamjoin.runtime.group.membership import MembershipSettings
+from streamjoin.runtime.group.transaction import TransactionalSender, transactional_id_for
+from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.ops.monitor import WorkerMonitor, collect
+from streamjoin.runtime.ops.query_endpoint import QueryService, advertised_host
+from streamjoin.runtime.table_state.service import StateService, TableStores, flush_partitions
+from streamjoin.runtime.table_state.state_dir import StateDirLock
+from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
+from streamjoin.runtime.tasks.task import Task, TaskManager
+from streamjoin.runtime.transport.consumer import KafkaConsumerService
+from streamjoin.runtime.transport.liveness import wait_for_broker
+from streamjoin.runtime.transport.producer import KafkaSender
+from streamjoin.runtime.transport.record_limits import RecordLimits
+from streamjoin.runtime.transport.topic_admin import (
     TopicSpec,
     ensure_topics,
     fetch_partition_counts,
     fetch_topic_limits,
 )
-from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
-from streamjoin.runtime.consumer import KafkaConsumerService
-from streamjoin.runtime.group_info import describe_group
-from streamjoin.runtime.liveness import wait_for_broker
-from streamjoin.runtime.membership import MembershipSettings
-from streamjoin.runtime.metrics import WorkerCounters
-from streamjoin.runtime.monitor import WorkerMonitor, collect
-from streamjoin.runtime.producer import KafkaSender
-from streamjoin.runtime.queries import QueryService, advertised_host
-from streamjoin.runtime.record_limits import RecordLimits
-from streamjoin.runtime.state import StateService, TableStores, flush_partitions
-from streamjoin.runtime.state_dir import StateDirLock
-from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import Task, TaskManager
-from streamjoin.runtime.transaction import TransactionalSender, transactional_id_for
 from streamjoin.state.base import StoreCorrupted, StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import Topology
@@ -179,7 +179,7 @@ class Worker(Service):
         return {"transactions-committed": sender.commits, "transactions-aborted": sender.aborts}
 
     def metrics(self) -> dict[str, Any]:
-        """Metrics and status as a plain dict (see :func:`streamjoin.runtime.monitor.collect`)."""
+        """Metrics and status as a plain dict (:func:`streamjoin.runtime.ops.monitor.collect`)."""
         return collect(self)
 
     @property

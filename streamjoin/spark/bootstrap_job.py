@@ -119,7 +119,7 @@ def bootstrap(
     """
     from pyspark.sql import functions as F
 
-    from streamjoin.runtime.admin import TopicSpec
+    from streamjoin.runtime.transport.topic_admin import TopicSpec
     from streamjoin.spark.kafka_io import (
         _run,
         commit_group_offsets,
@@ -177,7 +177,7 @@ def bootstrap(
 
     # the changelog must exist with the same count, and be empty
     changelog = table.changelog
-    from streamjoin.runtime.admin import ensure_topics
+    from streamjoin.runtime.transport.topic_admin import ensure_topics
 
     _run(
         ensure_topics(

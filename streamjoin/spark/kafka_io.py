@@ -14,7 +14,11 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
+from streamjoin.runtime.transport.topic_admin import (
+    TopicSpec,
+    ensure_topics,
+    fetch_partition_counts,
+)
 
 __all__ = [
     "TaskProducer",

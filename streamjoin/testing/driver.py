@@ -12,7 +12,7 @@ tracked exactly as in the worker, so at-least-once behaviour can be tested.
 
 It runs the worker's own task manager, agent runtime, timestamp alignment of
 co-partitioned inputs, table flushing and commit/revocation sequencing
-(:class:`~streamjoin.runtime.processing.TaskProcessing`) over in-memory
+(:class:`~streamjoin.runtime.tasks.processing.TaskProcessing`) over in-memory
 transports: every task is assigned to it, every table partition is an in-memory
 store, ready at once, and every partition counts as caught up (what was put is
 delivered). :meth:`TestDriver.revoke` takes tasks through the worker's
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 from streamjoin.errors import ConfigurationError, InternalError, LifecycleError, UnknownTopicError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.alignment import TimestampAligner
-from streamjoin.runtime.processing import TaskProcessing
-from streamjoin.runtime.state import TableStores, flush_partitions
-from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.table_state.service import TableStores, flush_partitions
+from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
+from streamjoin.runtime.tasks.alignment import TimestampAligner
+from streamjoin.runtime.tasks.processing import TaskProcessing
+from streamjoin.runtime.tasks.task import Task, TaskManager
 from streamjoin.runtime.worker import WorkerTables
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topics import check_timestamp_ms

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from streamjoin.runtime.group_info import GroupInfo, MemberInfo, describe_group
+from streamjoin.runtime.group.group_info import GroupInfo, MemberInfo, describe_group
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import streamjoin
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from tests.integration.support import (
     Workers,
     active_by_instance,

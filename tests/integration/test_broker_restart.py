@@ -58,7 +58,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import RecordMetadata
 
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.testing.kafka import LocalKafka, free_port
 from tests.integration.support import (
     Workers,

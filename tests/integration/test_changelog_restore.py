@@ -18,10 +18,17 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from streamjoin.app import App
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.changelog_reader import ChangelogOffsetOutOfRange, ChangelogReader
-from streamjoin.runtime.changelog_records import READ_COMMITTED, READ_UNCOMMITTED, Record
-from streamjoin.runtime.state import StateService, TableStores
+from streamjoin.runtime.table_state.changelog_reader import (
+    ChangelogOffsetOutOfRange,
+    ChangelogReader,
+)
+from streamjoin.runtime.table_state.changelog_records import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    Record,
+)
+from streamjoin.runtime.table_state.service import StateService, TableStores
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
 TABLE = "items"
 PARTITIONS = 2

@@ -45,8 +45,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from examples.ad_traffic import Traffic, generate
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.group_info import GroupInfo
+from streamjoin.runtime.group.group_info import GroupInfo
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from tests.integration.support import (
     Workers,
     committed_offsets,

@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer
 
 import streamjoin
 from streamjoin.errors import TransactionFailed
-from streamjoin.runtime.streams import Stream
-from streamjoin.runtime.transaction import TransactionalSender
+from streamjoin.runtime.group.transaction import TransactionalSender
+from streamjoin.runtime.tasks.agent_runtime import Stream
 from tests.integration.support import committed_offsets, produce
 
 PARTITIONS = 3

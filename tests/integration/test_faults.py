@@ -306,7 +306,7 @@ async def test_a_broker_that_starts_late_is_waited_for(
 
 def _failing_app(bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path):
     import streamjoin
-    from streamjoin.runtime.streams import Stream
+    from streamjoin.runtime.tasks.agent_runtime import Stream
 
     app = streamjoin.App(
         unique_topic("app"), broker=f"kafka://{bootstrap}", commit_interval=0.2, state_dir=tmp_path

@@ -17,7 +17,11 @@ import streamjoin
 from examples.ad_traffic import generate
 from streamjoin.app import CopartitioningError
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.admin import TopicSpec, ensure_topics, fetch_partition_counts
+from streamjoin.runtime.transport.topic_admin import (
+    TopicSpec,
+    ensure_topics,
+    fetch_partition_counts,
+)
 from tests.integration.support import (
     Workers,
     committed_offsets,

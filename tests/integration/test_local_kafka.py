@@ -14,7 +14,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streamjoin.errors import CopartitioningError
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.testing.kafka import LocalKafka, broker_answers_metadata, ephemeral_port_range
 
 

@@ -1,4 +1,4 @@
-"""Our group membership service (streamjoin/runtime/membership.py) on the real broker.
+"""Our group membership service (streamjoin/runtime/group/membership.py) on the real broker.
 
 1. ``test_a_second_worker_with_the_same_instance_id_fences_the_first``: two workers started
    with the same ``--instance-id``: the older one is fenced (FENCED_INSTANCE_ID) and must stop
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streamjoin.runtime.group_info import describe_group
-from streamjoin.runtime.membership import COOPERATIVE_PROTOCOL, PROTOCOL_TYPE
+from streamjoin.runtime.group.group_info import describe_group
+from streamjoin.runtime.group.membership import COOPERATIVE_PROTOCOL, PROTOCOL_TYPE
 from tests.integration.support import (
     ROOT,
     Workers,

@@ -16,9 +16,9 @@ from aiokafka import AIOKafkaProducer
 
 import streamjoin
 from streamjoin.errors import StateDirInUse
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.group_info import describe_group
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.group.group_info import describe_group
+from streamjoin.runtime.tasks.agent_runtime import Stream
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.state.rocksdb import RocksDBStorePartition
 from tests.integration.support import (
     ROOT,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.group_info import GroupInfo
+from streamjoin.runtime.group.group_info import GroupInfo
 from tests.integration.support import (
     Workers,
     committed_offsets,

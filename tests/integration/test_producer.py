@@ -11,9 +11,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from streamjoin.codecs import JsonCodec, StrCodec
 from streamjoin.errors import ConfigurationError, RecordTooLargeError
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.out_batches import Sent
-from streamjoin.runtime.producer import KafkaSender
+from streamjoin.runtime.transport.out_batches import Sent
+from streamjoin.runtime.transport.producer import KafkaSender
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.topics import Topic
 
 

@@ -28,11 +28,11 @@ import streamjoin
 from streamjoin.errors import KeyNotFound, QueryUnavailable, StartupError, UnknownTableError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.query import TableClient
-from streamjoin.runtime.consumer import KafkaConsumerService
-from streamjoin.runtime.group_info import GroupInfo
-from streamjoin.runtime.producer import KafkaSender
-from streamjoin.runtime.streams import Stream
-from streamjoin.runtime.web import WebServer
+from streamjoin.runtime.group.group_info import GroupInfo
+from streamjoin.runtime.ops.web import WebServer
+from streamjoin.runtime.tasks.agent_runtime import Stream
+from streamjoin.runtime.transport.consumer import KafkaConsumerService
+from streamjoin.runtime.transport.producer import KafkaSender
 from streamjoin.state.windows import TumblingWindows
 from tests.integration.support import (
     Workers,

@@ -25,7 +25,7 @@ from benchmarks.rebalance_analysis import (
     read_trace_dir,
     runs,
 )
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from tests.integration.support import tracker_workers, wait_for_group
 
 PARTITIONS = 6

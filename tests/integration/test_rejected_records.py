@@ -17,7 +17,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 import streamjoin
 from streamjoin.errors import AgentFailed
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 from tests.integration.support import committed_offsets, produce, read_all, read_to_end
 
 #: the output topic's max.message.bytes in these tests

@@ -19,7 +19,7 @@ import streamjoin
 from examples.ad_monetization import ad_clicks
 from examples.ad_traffic import GRACE_MS, WINDOW_MS, Traffic, generate
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.spark
 PARTITIONS = 10

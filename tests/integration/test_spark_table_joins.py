@@ -16,7 +16,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 import streamjoin
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.spark
 PARTITIONS = 3

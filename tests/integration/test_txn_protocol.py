@@ -1,4 +1,4 @@
-"""The KIP-447 requests of streamjoin/runtime/txn_protocol.py against the real broker.
+"""The KIP-447 requests of streamjoin/runtime/group/txn_protocol.py against the real broker.
 
 A consumer group member (an aiokafka consumer, whose generation and member id the commits
 carry) and an aiokafka transactional producer, whose transactions commit the group's offsets
@@ -27,8 +27,7 @@ from dataclasses import dataclass
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamjoin.runtime.admin import TopicSpec, ensure_topics
-from streamjoin.runtime.txn_protocol import (
+from streamjoin.runtime.group.txn_protocol import (
     ErrorCode,
     add_offsets_to_txn,
     fetch_committed,
@@ -36,6 +35,7 @@ from streamjoin.runtime.txn_protocol import (
     find_transaction_coordinator,
     txn_offset_commit,
 )
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
 TP = tuple[str, int]
 PARTITIONS = 2

@@ -55,7 +55,7 @@ def test_the_walk_finds_the_errors_of_every_layer() -> None:
         "streamjoin.app.ConfigurationError",
         "streamjoin.state.base.StoreCorrupted",
         "streamjoin.assignor.protocol.MalformedUserdata",
-        "streamjoin.runtime.streams.AgentFailed",
+        "streamjoin.runtime.tasks.agent_runtime.AgentFailed",
         "streamjoin.spark.bootstrap_job.UnsupportedTable",
         "streamjoin.testing.kafka.BrokerExitedError",
     ):
@@ -126,7 +126,7 @@ def test_one_name_per_class() -> None:
     # a class may be re-exported by many modules, but under its own name only, except the
     # documented aliases of CopartitioningError
     aliases = {
-        "streamjoin.runtime.admin.TopicPartitionCountMismatch",
+        "streamjoin.runtime.transport.topic_admin.TopicPartitionCountMismatch",
         "streamjoin.spark.backfill_job.PartitioningMismatch",
     }
     by_class: dict[type[BaseException], set[str]] = defaultdict(set)
@@ -142,7 +142,7 @@ def test_one_name_per_class() -> None:
 def test_copartitioning_has_one_class_under_every_old_name() -> None:
     from streamjoin import spark
     from streamjoin.app import CopartitioningError as from_app
-    from streamjoin.runtime.admin import TopicPartitionCountMismatch
+    from streamjoin.runtime.transport.topic_admin import TopicPartitionCountMismatch
     from streamjoin.spark.backfill_job import PartitioningMismatch
 
     cls = errors.CopartitioningError
@@ -256,7 +256,7 @@ def test_codec_misuse_is_an_argument_type_error_not_a_bad_record() -> None:
 
 def test_declarations_and_plans() -> None:
     from streamjoin.assignor.model import MemberState
-    from streamjoin.runtime.admin import TopicSpec
+    from streamjoin.runtime.transport.topic_admin import TopicSpec
     from streamjoin.state.restore import plan_restore
 
     with pytest.raises(errors.ConfigurationError, match="partitions must be >= 1"):

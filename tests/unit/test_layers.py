@@ -37,10 +37,10 @@ PURE = (
     "streamjoin.state.restore",
     "streamjoin.state.table_partition",
     "streamjoin.state.windows",
-    "streamjoin.runtime.alignment",
-    "streamjoin.runtime.metrics",
-    "streamjoin.runtime.offsets",
-    "streamjoin.runtime.status_page",
+    "streamjoin.runtime.tasks.alignment",
+    "streamjoin.runtime.ops.metrics",
+    "streamjoin.runtime.tasks.offset_ledger",
+    "streamjoin.runtime.ops.status_page",
 )
 
 

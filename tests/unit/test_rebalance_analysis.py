@@ -289,9 +289,9 @@ def test_logs_give_assignments_and_restores_in_the_window() -> None:
             f"[{stamp(base + 1)}] INFO streamjoin.assignor: assignment epoch 7 for 3 members: "
             "12 tasks, 0 moved (minimum 0)",
             "worker for app 'x' running; Ctrl-C to stop",
-            f"[{stamp(base + 1.25)}] INFO streamjoin.runtime.state: restoring counts[3]: "
+            f"[{stamp(base + 1.25)}] INFO streamjoin.state: restoring counts[3]: "
             "120 changelog records to replay",
-            f"[{stamp(base + 1.5)}] INFO streamjoin.runtime.state: restored counts[3]: "
+            f"[{stamp(base + 1.5)}] INFO streamjoin.state: restored counts[3]: "
             "120 records in 0.25s (480 records/s)",
             f"[{stamp(base + 2.0)}] INFO streamjoin.consumer: assigned 3 partitions: e[0]",
         ]

@@ -14,7 +14,7 @@ import os
 import time
 
 import streamjoin
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 
 app = streamjoin.App(
     os.environ.get("SJT_APP_ID", "counter"),

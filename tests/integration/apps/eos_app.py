@@ -29,7 +29,7 @@ from typing import Any
 
 import streamjoin
 from streamjoin.events import Event
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 
 _interval = os.environ.get("SJT_COMMIT_INTERVAL")
 app = streamjoin.App(

@@ -16,7 +16,7 @@ import os
 from datetime import timedelta
 
 import streamjoin
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 
 app = streamjoin.App(
     os.environ.get("SJT_APP_ID", "faulty"),

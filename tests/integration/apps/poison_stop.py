@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import streamjoin
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 
 app = streamjoin.App(
     os.environ.get("SJT_APP_ID", "poison-stop"),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import streamjoin
 from benchmarks.rebalance_analysis import TRACE_SUFFIX, Processed
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 
 app = streamjoin.App(
     os.environ.get("SJT_APP_ID", "tracker"),

@@ -10,8 +10,8 @@ from typing import Any
 
 from streamjoin import App
 from streamjoin.errors import RecordRejected
-from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
+from streamjoin.runtime.tasks.task import Task, TaskManager
 from streamjoin.runtime.worker import WorkerTables
 
 

@@ -9,7 +9,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.util import calc_crc32c
 from hypothesis import strategies as st
 
-from streamjoin.runtime.changelog_records import Record
+from streamjoin.runtime.table_state.changelog_records import Record
 
 _ATTRIBUTES = 21  # v2 batch header: attributes int16, then lastOffsetDelta int32
 _LAST_OFFSET_DELTA = 23

@@ -12,7 +12,7 @@ from streamjoin import App
 from streamjoin.errors import ArgumentTypeError, ConfigurationError, RecordRejected
 from streamjoin.events import RawRecord
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.streams import AgentFailed, Stream
+from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
 from streamjoin.testing.driver import TestDriver
 from tests.unit.runtime.agent_support import ManualSender, running
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import RawRecord
-from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.tasks.alignment import TimestampAligner
 
 
 def rec(topic: str, offset: int, ts: int, partition: int = 0) -> RawRecord:

@@ -12,7 +12,7 @@ steady-polling test pins the behavior the fix keeps (waits grow by bounded steps
 from __future__ import annotations
 
 from streamjoin.events import RawRecord
-from streamjoin.runtime.alignment import TimestampAligner
+from streamjoin.runtime.tasks.alignment import TimestampAligner
 
 MAX_IDLE_MS = 5_000
 POLL_MS = 100  # the consumer's getmany timeout: the fetch loop releases about this often

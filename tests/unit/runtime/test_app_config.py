@@ -15,7 +15,7 @@ from streamjoin.app import ConfigurationError, CopartitioningError, parse_broker
 from streamjoin.cli import cli
 from streamjoin.codecs import STR
 from streamjoin.loader import AppNotFound, load_app
-from streamjoin.runtime.streams import Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 from streamjoin.topics import TransportNotReady
 
 

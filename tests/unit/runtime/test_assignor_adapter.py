@@ -43,8 +43,8 @@ from streamjoin.assignor.protocol import (
     encode_assignment,
     encode_subscription,
 )
-from streamjoin.runtime import assignor_adapter
-from streamjoin.runtime.assignor_adapter import (
+from streamjoin.runtime.group import assignor_adapter
+from streamjoin.runtime.group.assignor_adapter import (
     StreamjoinAssignor,
     build_scenario,
     compute_assignment,
@@ -54,7 +54,7 @@ from streamjoin.runtime.assignor_adapter import (
     read_subscription,
     resolve_member_ids,
 )
-from streamjoin.runtime.membership import EAGER_PROTOCOL
+from streamjoin.runtime.group.membership import EAGER_PROTOCOL
 
 JOIN = ["clicks", "impressions"]
 CHANGELOG = "app-join-changelog"

@@ -14,13 +14,13 @@ from aiokafka.protocol.offset import OffsetRequest, OffsetResponse_v3
 from aiokafka.structs import TopicPartition
 from changelog_support import batch, marker, rec
 
-from streamjoin.runtime.changelog_reader import (
+from streamjoin.runtime.table_state.changelog_reader import (
     ChangelogChunk,
     ChangelogOffsetOutOfRange,
     ChangelogReader,
     ChangelogReadError,
 )
-from streamjoin.runtime.changelog_records import Record
+from streamjoin.runtime.table_state.changelog_records import Record
 
 T0, T1 = TopicPartition("cl", 0), TopicPartition("cl", 1)
 

@@ -8,7 +8,7 @@ from changelog_support import Log, batch, marker, rec, steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamjoin.runtime.changelog_records import (
+from streamjoin.runtime.table_state.changelog_records import (
     CorruptRecordSet,
     ErrorAction,
     Record,

@@ -8,9 +8,9 @@ from aiokafka import TopicPartition
 
 import streamjoin
 from streamjoin.events import RawRecord
-from streamjoin.runtime.consumer import FETCH_MAX_WAIT_MS, KafkaConsumerService
-from streamjoin.runtime.membership import MembershipSettings
-from streamjoin.runtime.tasks import Task, TaskManager
+from streamjoin.runtime.group.membership import MembershipSettings
+from streamjoin.runtime.tasks.task import Task, TaskManager
+from streamjoin.runtime.transport.consumer import FETCH_MAX_WAIT_MS, KafkaConsumerService
 from streamjoin.stream import Stream
 
 

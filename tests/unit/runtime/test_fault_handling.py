@@ -12,9 +12,13 @@ from hypothesis import strategies as st
 from streamjoin.config import AppConfig
 from streamjoin.errors import ConfigurationError, RecordRejected, RecordTooLargeError
 from streamjoin.log_summary import Summary
-from streamjoin.runtime.liveness import BrokerWatch
-from streamjoin.runtime.producer import KafkaSender
-from streamjoin.runtime.record_limits import RecordLimits, TopicLimits, single_record_batch_size
+from streamjoin.runtime.transport.liveness import BrokerWatch
+from streamjoin.runtime.transport.producer import KafkaSender
+from streamjoin.runtime.transport.record_limits import (
+    RecordLimits,
+    TopicLimits,
+    single_record_batch_size,
+)
 
 
 def test_single_record_batch_size_is_what_aiokafka_builds() -> None:

@@ -15,9 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamjoin.events import RawRecord
-from streamjoin.runtime import fetched_records
-from streamjoin.runtime.changelog_records import READ_COMMITTED, READ_UNCOMMITTED, CorruptRecordSet
-from streamjoin.runtime.fetched_records import (
+from streamjoin.runtime.table_state.changelog_records import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    CorruptRecordSet,
+)
+from streamjoin.runtime.transport import fetched_records
+from streamjoin.runtime.transport.fetched_records import (
     RAW_RECORDS,
     RawPartitionRecords,
     as_raw_records,

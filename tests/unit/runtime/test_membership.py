@@ -42,7 +42,7 @@ from aiokafka.protocol.group import (
 )
 
 from streamjoin.errors import FencedInstanceError, GroupMembershipError
-from streamjoin.runtime.membership import (
+from streamjoin.runtime.group.membership import (
     COOPERATIVE_PROTOCOL,
     EAGER_PROTOCOL,
     GroupMembership,

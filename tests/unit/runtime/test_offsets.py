@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamjoin.events import RawRecord
-from streamjoin.runtime.offsets import OffsetTracker, OffsetTrackingError
+from streamjoin.runtime.tasks.offset_ledger import OffsetTracker, OffsetTrackingError
 
 TP = ("orders", 0)
 

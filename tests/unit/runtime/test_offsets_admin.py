@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamjoin.errors import ConfigurationError, OffsetMoveRefused
-from streamjoin.runtime.offsets_admin import (
+from streamjoin.runtime.ops.offset_moves import (
     OffsetMove,
     PartitionOffsets,
     ResetTarget,

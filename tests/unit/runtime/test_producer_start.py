@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from streamjoin.runtime import producer as producer_module
+from streamjoin.runtime.transport import producer as producer_module
 
 
 class FailingProducer:

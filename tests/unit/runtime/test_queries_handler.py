@@ -1,4 +1,4 @@
-"""The query endpoint's shell (runtime/queries.py) over fakes: a real aiohttp server, real
+"""The query endpoint's shell (runtime/ops/query_endpoint.py) over fakes: a real aiohttp server,
 table declarations and in-memory stores; the group, the tasks and the state service faked.
 Each rule of docs/queries.md ("Routing rules") that needs no second worker is checked here;
 forwarding and redirects run through the real broker in tests/integration/test_queries.py."""
@@ -19,8 +19,8 @@ import streamjoin
 from streamjoin.errors import QueryUnavailable
 from streamjoin.partitioner import partition_for_key
 from streamjoin.query.routing import FORWARDED_HEADER
-from streamjoin.runtime.group_info import GroupInfo, MemberInfo
-from streamjoin.runtime.queries import QueryService
+from streamjoin.runtime.group.group_info import GroupInfo, MemberInfo
+from streamjoin.runtime.ops.query_endpoint import QueryService
 from streamjoin.state import window_layout as layout
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamjoin.runtime.rebalance_metrics import RebalanceMetrics, RebalanceRecord
+from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics, RebalanceRecord
 
 
 def record(generation: int) -> RebalanceRecord:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from streamjoin.runtime.record_queue import RecordQueue
+from streamjoin.runtime.tasks.record_queue import RecordQueue
 
 
 async def test_chunks_come_out_in_order_without_waiting_while_buffered() -> None:

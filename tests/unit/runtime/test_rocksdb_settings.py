@@ -8,7 +8,7 @@ import pytest
 
 import streamjoin
 from streamjoin.errors import ConfigurationError
-from streamjoin.runtime.state import TableStores
+from streamjoin.runtime.table_state.service import TableStores
 from streamjoin.state import RocksDBOptions
 from streamjoin.state.rocksdb import RocksDBStorePartition
 

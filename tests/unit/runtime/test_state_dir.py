@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streamjoin.errors import ConfigurationError, StateDirInUse, StateDirUnusable
-from streamjoin.runtime.state_dir import LOCK_FILE, StateDirLock
+from streamjoin.runtime.table_state.state_dir import LOCK_FILE, StateDirLock
 
 
 def test_a_second_lock_on_the_same_directory_names_the_holder(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_the_lock_is_held_against_another_process(tmp_path: Path) -> None:
     lock.acquire()
     code = (
         "import sys; from pathlib import Path\n"
-        "from streamjoin.runtime.state_dir import StateDirLock\n"
+        "from streamjoin.runtime.table_state.state_dir import StateDirLock\n"
         "from streamjoin.errors import StateDirInUse\n"
         "try:\n"
         f"    StateDirLock(Path({str(tmp_path)!r})).acquire()\n"

@@ -9,14 +9,14 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from streamjoin.app import App
-from streamjoin.runtime import state as state_module
-from streamjoin.runtime.changelog_reader import (
+from streamjoin.runtime.table_state import service as state_module
+from streamjoin.runtime.table_state.changelog_reader import (
     ChangelogChunk,
     ChangelogOffsetOutOfRange,
     ChangelogReadError,
 )
-from streamjoin.runtime.changelog_records import Record
-from streamjoin.runtime.state import StateService, TableStores
+from streamjoin.runtime.table_state.changelog_records import Record
+from streamjoin.runtime.table_state.service import StateService, TableStores
 from streamjoin.tables import Table
 
 

@@ -12,7 +12,7 @@ import streamjoin
 from streamjoin import App
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import RawRecord
-from streamjoin.runtime.streams import AgentFailed, Stream
+from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
 from streamjoin.state.windows import TumblingWindows
 from streamjoin.stream import EventBatch
 from streamjoin.testing.driver import TestDriver

@@ -13,8 +13,8 @@ import streamjoin
 from streamjoin.cli import cli
 from streamjoin.config import AppConfig, Secret
 from streamjoin.errors import ConfigurationError, StoreCorrupted, StreamjoinError
-from streamjoin.runtime.state import flush_partitions
-from streamjoin.runtime.tasks import Task, TaskManager, TaskState
+from streamjoin.runtime.table_state.service import flush_partitions
+from streamjoin.runtime.tasks.task import Task, TaskManager, TaskState
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.stream import Stream

@@ -11,9 +11,9 @@ import pytest
 
 import streamjoin
 from streamjoin.errors import TransactionFailed
-from streamjoin.runtime.processing import MAX_ABORTS_IN_A_ROW, TaskProcessing
-from streamjoin.runtime.state import Sending, TakenWrites, send_writes
-from streamjoin.runtime.tasks import TaskState
+from streamjoin.runtime.table_state.service import Sending, TakenWrites, send_writes
+from streamjoin.runtime.tasks.processing import MAX_ABORTS_IN_A_ROW, TaskProcessing
+from streamjoin.runtime.tasks.task import TaskState
 from streamjoin.stream import Stream
 from streamjoin.tables import Table
 from streamjoin.testing.driver import TestDriver
@@ -218,7 +218,7 @@ async def test_sends_of_an_event_in_progress_when_a_transaction_aborts_are_dropp
 async def test_a_failing_part_of_the_commit_cancels_the_other_before_raising() -> None:
     """The flush and the offsets request run together; when one fails, the other must not
     go on into the next transaction (plain ``asyncio.gather`` would leave it running)."""
-    from streamjoin.runtime.transaction import gather_or_cancel
+    from streamjoin.runtime.group.transaction import gather_or_cancel
 
     offsets_request_ended = asyncio.Event()
     cancelled: list[bool] = []

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from streamjoin.runtime.transaction import TransactionalSender
+from streamjoin.runtime.group.transaction import TransactionalSender
 
 
 class FakeProducer:

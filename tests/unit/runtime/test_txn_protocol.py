@@ -1,4 +1,4 @@
-"""The KIP-447 requests of streamjoin/runtime/txn_protocol.py, without a broker.
+"""The KIP-447 requests of streamjoin/runtime/group/txn_protocol.py, without a broker.
 
 Requests are checked byte for byte against encodings written out by hand from Kafka's
 message definitions (compact strings and arrays are an unsigned varint of length + 1, 0 for
@@ -19,7 +19,7 @@ from aiokafka.protocol.coordination import FindCoordinatorResponse_v1
 from aiokafka.protocol.transaction import AddOffsetsToTxnRequest_v0, AddOffsetsToTxnResponse_v0
 
 from streamjoin.errors import TransactionError
-from streamjoin.runtime.txn_protocol import (
+from streamjoin.runtime.group.txn_protocol import (
     ErrorCode,
     OffsetFetchRequest_v7,
     OffsetFetchResponse_v7,

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamjoin.runtime.state import apply_writes, send_writes, take_writes
+from streamjoin.runtime.table_state.service import apply_writes, send_writes, take_writes
 from streamjoin.state.keys import length_prefixed
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition

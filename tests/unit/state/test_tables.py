@@ -6,7 +6,7 @@ import pytest
 
 import streamjoin
 from streamjoin.app import CopartitioningError
-from streamjoin.runtime.streams import AgentFailed, Stream
+from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
 from streamjoin.tables import TableAccessError
 from streamjoin.testing.driver import TestDriver
 

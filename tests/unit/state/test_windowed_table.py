@@ -12,7 +12,7 @@ import streamjoin
 from streamjoin.errors import TableAccessError
 from streamjoin.joins.core import JoinInput, JoinSpec, StreamStreamJoin
 from streamjoin.joins.state import MemoryKeyValueView
-from streamjoin.runtime.streams import AgentFailed, Stream
+from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
 from streamjoin.state import window_layout as layout
 from streamjoin.state.keys import encode_uint64, length_prefixed
 from streamjoin.state.table_partition import TablePartition

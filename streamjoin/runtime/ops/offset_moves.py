@@ -35,8 +35,8 @@ from streamjoin.errors import (
     GroupNotStopped,
     OffsetMoveRefused,
 )
-from streamjoin.runtime.admin import describe_partition_counts
-from streamjoin.runtime.group_info import describe_group_raw
+from streamjoin.runtime.group.group_info import describe_group_raw
+from streamjoin.runtime.transport.topic_admin import describe_partition_counts
 
 __all__ = [
     "OffsetMove",

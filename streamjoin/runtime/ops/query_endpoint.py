@@ -53,15 +53,15 @@ from streamjoin.query.routing import (
     value_body,
     windows_body,
 )
-from streamjoin.runtime.web import Handler
+from streamjoin.runtime.ops.web import Handler
 from streamjoin.state import window_layout as layout
 from streamjoin.state.base import StorePartition
 from streamjoin.windowed import WindowedTable
 
 if TYPE_CHECKING:
-    from streamjoin.runtime.group_info import GroupInfo
-    from streamjoin.runtime.membership import GroupMembership
-    from streamjoin.runtime.state import StateService, TableStores
+    from streamjoin.runtime.group.group_info import GroupInfo
+    from streamjoin.runtime.group.membership import GroupMembership
+    from streamjoin.runtime.table_state.service import StateService, TableStores
     from streamjoin.state.table_partition import TablePartition
     from streamjoin.tables import Table
     from streamjoin.topology import Topology

@@ -2,7 +2,7 @@
 
 :func:`collect` reads the worker's services into one plain dict (the *snapshot*):
 ``App.metrics()`` returns it, ``/status.json`` serves it, and the Prometheus and
-OpenTelemetry exports are made from it (:mod:`streamjoin.runtime.metrics`). The
+OpenTelemetry exports are made from it (:mod:`streamjoin.runtime.ops.metrics`). The
 :class:`WorkerMonitor` service lists the end offsets of the owned partitions every
 few seconds (one request, never per scrape), keeps each partition's input rate,
 logs one INFO line of throughput and lag every ``status_log_interval`` seconds, and
@@ -19,13 +19,13 @@ from typing import Any, Protocol
 from mode import Service
 
 from streamjoin.config import AppConfig
-from streamjoin.runtime.assignor_adapter import StreamjoinAssignor
-from streamjoin.runtime.consumer import KafkaConsumerService
-from streamjoin.runtime.metrics import WorkerCounters, registry_for
-from streamjoin.runtime.state import StateService
-from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import TaskManager, TaskState
-from streamjoin.runtime.web import WebServer
+from streamjoin.runtime.group.assignor_adapter import StreamjoinAssignor
+from streamjoin.runtime.ops.metrics import WorkerCounters, registry_for
+from streamjoin.runtime.ops.web import WebServer
+from streamjoin.runtime.table_state.service import StateService
+from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
+from streamjoin.runtime.tasks.task import TaskManager, TaskState
+from streamjoin.runtime.transport.consumer import KafkaConsumerService
 from streamjoin.topology import Topology
 
 __all__ = ["MonitoredWorker", "WorkerMonitor", "collect", "status_line"]

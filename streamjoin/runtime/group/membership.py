@@ -64,18 +64,18 @@ from aiokafka.protocol.group import (
 
 from streamjoin.assignor.cooperative import partition_changes
 from streamjoin.errors import FencedInstanceError, GroupMembershipError, TransactionFailed
-from streamjoin.runtime.assignor_adapter import ASSIGNOR_NAME, known_partitions
-from streamjoin.runtime.rebalance_metrics import RebalanceMetrics, RebalanceRecord
-from streamjoin.runtime.txn_protocol import (
+from streamjoin.runtime.group.assignor_adapter import ASSIGNOR_NAME, known_partitions
+from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics, RebalanceRecord
+from streamjoin.runtime.group.txn_protocol import (
     PRODUCER_FENCED_CODES,
     ErrorCode,
     fetch_committed,
     txn_offset_commit,
 )
-from streamjoin.runtime.txn_protocol import error_name as txn_error_name
+from streamjoin.runtime.group.txn_protocol import error_name as txn_error_name
 
 if TYPE_CHECKING:
-    from streamjoin.runtime.transaction import TransactionIds
+    from streamjoin.runtime.group.transaction import TransactionIds
 
 log = logging.getLogger("streamjoin.membership")
 

@@ -17,7 +17,7 @@ from aiokafka.errors import for_code
 
 from streamjoin.errors import ConfigurationError, CopartitioningError
 from streamjoin.errors import TopicAdminError as TopicAdminError
-from streamjoin.runtime.record_limits import TopicLimits
+from streamjoin.runtime.transport.record_limits import TopicLimits
 
 _NO_ERROR = 0
 _TOPIC_ALREADY_EXISTS = 36

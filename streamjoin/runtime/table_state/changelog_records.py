@@ -1,6 +1,6 @@
 """Changelog fetch answers turned into records and decisions (pure: bytes in, records out).
 
-The restore path (:mod:`streamjoin.runtime.changelog_reader`) sends Kafka Fetch
+The restore path (:mod:`streamjoin.runtime.table_state.changelog_reader`) sends Kafka Fetch
 requests itself and hands each partition's answer here. Nothing in this module
 awaits or touches a socket; record sets are parsed with aiokafka's record batch
 readers (C-accelerated), and records come out as plain ``(offset, key, value)``

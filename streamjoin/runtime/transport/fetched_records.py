@@ -26,7 +26,7 @@ import aiokafka
 from aiokafka.consumer import fetcher as aiokafka_fetcher
 
 from streamjoin.events import RawRecord
-from streamjoin.runtime.changelog_records import READ_COMMITTED, scan_batches
+from streamjoin.runtime.table_state.changelog_records import READ_COMMITTED, scan_batches
 
 log = logging.getLogger(__name__)
 

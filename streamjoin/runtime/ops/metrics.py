@@ -4,7 +4,7 @@ The hot path only touches plain ints and lists: the consumer adds a fetched batc
 size to its partition's counter, an actor puts one event's duration into a
 :class:`Histogram` it holds a reference to. Nothing is labelled or allocated per
 event. Exporting is done on demand from a *snapshot* (a plain dict, see
-:func:`streamjoin.runtime.monitor.collect`): the Prometheus registry of each worker
+:func:`streamjoin.runtime.ops.monitor.collect`): the Prometheus registry of each worker
 (:func:`registry_for`, never the process-wide default: several workers may share a
 process), ``App.metrics()``, ``/status.json`` and the OpenTelemetry bridge all read
 the same snapshot, through :func:`samples`.

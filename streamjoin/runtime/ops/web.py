@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from streamjoin.errors import LifecycleError
-from streamjoin.runtime.status_page import render_status_page
+from streamjoin.runtime.ops.status_page import render_status_page
 
 __all__ = ["Handler", "WebServer"]
 

@@ -4,7 +4,7 @@ Restoring a store replays millions of changelog records, and aiokafka's consumer
 builds a ``ConsumerRecord`` for each one: about half of the restore's CPU. The
 :class:`ChangelogReader` talks to the brokers through aiokafka's
 ``AIOKafkaClient`` with its own Fetch and ListOffsets requests and returns
-``(offset, key, value)`` triples decoded by :mod:`streamjoin.runtime.changelog_records`
+``(offset, key, value)`` triples decoded by :mod:`streamjoin.runtime.table_state.changelog_records`
 (which holds every decision that needs no I/O).
 
 * The caller assigns partitions with a start offset and, for a restore, the end
@@ -41,7 +41,7 @@ from aiokafka.protocol.offset import OffsetRequest
 from streamjoin.errors import ChangelogOffsetOutOfRange as ChangelogOffsetOutOfRange
 from streamjoin.errors import ChangelogReadError as ChangelogReadError
 from streamjoin.errors import ConfigurationError, LifecycleError
-from streamjoin.runtime.changelog_records import (
+from streamjoin.runtime.table_state.changelog_records import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
     CorruptRecordSet,

@@ -1,6 +1,6 @@
 """Plugs the pure assignor into the consumer group protocol (our membership service).
 
-The membership service (:mod:`streamjoin.runtime.membership`) calls
+The membership service (:mod:`streamjoin.runtime.group.membership`) calls
 :meth:`StreamjoinAssignor.metadata` when joining (our subscription userdata:
 what this worker claims and owns, its epoch, lags, capacity, tags, instance
 id), :meth:`~StreamjoinAssignor.assign_members` on the elected leader (decode

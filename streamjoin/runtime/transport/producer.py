@@ -1,7 +1,7 @@
 """The Kafka producer as a mode service implementing :class:`streamjoin.topics.Sender`.
 
 Records are appended straight into one open record batch per partition (see
-:mod:`~streamjoin.runtime.out_batches`): a send costs no future, task or callback of its
+:mod:`~streamjoin.runtime.transport.out_batches`): a send costs no future, task or callback of its
 own. A partition's batches are handed to aiokafka (``send_batch``) by a short-lived task
 at the end of the event-loop turn that filled them, or as soon as one is full; aiokafka
 sends each after ``linger_ms``. While it holds a partition's previous batch, records keep
@@ -38,9 +38,9 @@ from streamjoin.errors import (
     RecordTooLargeError,
 )
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.metrics import WorkerCounters
-from streamjoin.runtime.out_batches import OutBatch, Outbox, Sent
-from streamjoin.runtime.record_limits import (
+from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent
+from streamjoin.runtime.transport.record_limits import (
     RecordLimits,
     describe_rejection,
     is_rejection,

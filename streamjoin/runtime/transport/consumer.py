@@ -1,6 +1,6 @@
 """The Kafka consumer as a mode service: fetch, hand records to tasks' agents, commit.
 
-Group membership is ours (:class:`~streamjoin.runtime.membership.GroupMembership`):
+Group membership is ours (:class:`~streamjoin.runtime.group.membership.GroupMembership`):
 the aiokafka consumer only fetches, by manual assignment, what the membership
 service says this worker owns, and starts each newly assigned partition at the
 group's committed offset. Under the cooperative protocol a rebalance changes
@@ -33,21 +33,25 @@ from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
 from streamjoin.errors import TransactionFailed
-from streamjoin.runtime.alignment import TimestampAligner
-from streamjoin.runtime.fetched_records import RAW_RECORDS, as_raw_records
-from streamjoin.runtime.fetched_records import install as install_raw_records
-from streamjoin.runtime.membership import (
+from streamjoin.runtime.group.membership import (
     GroupAssignor,
     GroupMembership,
     MembershipSettings,
 )
-from streamjoin.runtime.metrics import WorkerCounters
-from streamjoin.runtime.processing import TaskProcessing
-from streamjoin.runtime.producer import KafkaSender
-from streamjoin.runtime.rebalance_metrics import RebalanceMetrics
-from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import Task, TaskManager, TaskState
-from streamjoin.runtime.transaction import TransactionalSender, TransactionIds, WorkerTransaction
+from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics
+from streamjoin.runtime.group.transaction import (
+    TransactionalSender,
+    TransactionIds,
+    WorkerTransaction,
+)
+from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
+from streamjoin.runtime.tasks.alignment import TimestampAligner
+from streamjoin.runtime.tasks.processing import TaskProcessing
+from streamjoin.runtime.tasks.task import Task, TaskManager, TaskState
+from streamjoin.runtime.transport.fetched_records import RAW_RECORDS, as_raw_records
+from streamjoin.runtime.transport.fetched_records import install as install_raw_records
+from streamjoin.runtime.transport.producer import KafkaSender
 from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.consumer")

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from streamjoin.runtime.offsets import OffsetTracker, TopicPartition
+from streamjoin.runtime.tasks.offset_ledger import OffsetTracker, TopicPartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import TaskGroup, TaskId, Topology
 

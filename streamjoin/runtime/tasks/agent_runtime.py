@@ -2,7 +2,7 @@
 
 Each agent actor has a bounded queue (backpressure on fetching) and a
 :class:`~streamjoin.stream.Stream` its function iterates. Records are queued with
-their :class:`~streamjoin.runtime.tasks.Task`; an event counts as processed when
+their :class:`~streamjoin.runtime.tasks.task.Task`; an event counts as processed when
 the function asks for the next one, and is acknowledged to its task's offset
 ledger once the records sent while processing it were acknowledged by the broker.
 A record whose task stopped running (revocation began) is dropped when it reaches
@@ -23,10 +23,10 @@ from streamjoin.codecs import DecodeError
 from streamjoin.context import Delivery, Sender, current_event, current_record
 from streamjoin.errors import AgentFailed, RecordRejected, StoreCorrupted
 from streamjoin.events import Event, RawRecord
-from streamjoin.runtime.metrics import WorkerCounters
-from streamjoin.runtime.out_batches import Sent
-from streamjoin.runtime.record_queue import RecordQueue
-from streamjoin.runtime.tasks import Task, TaskState
+from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.tasks.record_queue import RecordQueue
+from streamjoin.runtime.tasks.task import Task, TaskState
+from streamjoin.runtime.transport.out_batches import Sent
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.stream import EventBatch, Stream
 

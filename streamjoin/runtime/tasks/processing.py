@@ -27,11 +27,11 @@ from typing import Protocol
 
 from streamjoin.errors import TransactionFailed
 from streamjoin.events import RawRecord
-from streamjoin.runtime.alignment import TimestampAligner, topic_partition_of
-from streamjoin.runtime.offsets import TopicPartition
-from streamjoin.runtime.state import Sending, TakenWrites, apply_writes, take_writes
-from streamjoin.runtime.streams import AgentRuntime
-from streamjoin.runtime.tasks import Task, TaskManager, TaskState
+from streamjoin.runtime.table_state.service import Sending, TakenWrites, apply_writes, take_writes
+from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
+from streamjoin.runtime.tasks.alignment import TimestampAligner, topic_partition_of
+from streamjoin.runtime.tasks.offset_ledger import TopicPartition
+from streamjoin.runtime.tasks.task import Task, TaskManager, TaskState
 from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.processing")
@@ -43,7 +43,7 @@ CommitOffsets = Callable[[Mapping[TopicPartition, int]], Awaitable[bool]]
 
 
 class Transaction(Protocol):
-    """Exactly-once: the worker's open transaction (see :mod:`streamjoin.runtime.transaction`)."""
+    """Exactly-once: the worker's open transaction (:mod:`streamjoin.runtime.group.transaction`)."""
 
     tables: Mapping[str, Table]
 

@@ -44,18 +44,18 @@ from aiokafka.errors import (
 
 from streamjoin.context import Delivery
 from streamjoin.errors import TransactionError, TransactionFailed
-from streamjoin.runtime.liveness import BACKOFF_MAX, BACKOFF_START
-from streamjoin.runtime.out_batches import OutBatch, Outbox, Sent
-from streamjoin.runtime.producer import KafkaSender, dropped_delivery, started_producer
-from streamjoin.runtime.record_limits import RecordLimits, is_rejection
-from streamjoin.runtime.state import Sending, TakenWrites, send_writes
-from streamjoin.runtime.txn_protocol import (
+from streamjoin.runtime.group.txn_protocol import (
     PRODUCER_FENCED_CODES,
     ErrorCode,
     add_offsets_to_txn,
     error_name,
     find_transaction_coordinator,
 )
+from streamjoin.runtime.table_state.service import Sending, TakenWrites, send_writes
+from streamjoin.runtime.transport.liveness import BACKOFF_MAX, BACKOFF_START
+from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent
+from streamjoin.runtime.transport.producer import KafkaSender, dropped_delivery, started_producer
+from streamjoin.runtime.transport.record_limits import RecordLimits, is_rejection
 from streamjoin.tables import Table
 from streamjoin.topics import Headers
 
@@ -501,7 +501,7 @@ def _is_fenced(exc: BaseException) -> bool:
 
 
 class WorkerTransaction:
-    """What :class:`~streamjoin.runtime.processing.TaskProcessing` needs of a transaction:
+    """What :class:`~streamjoin.runtime.tasks.processing.TaskProcessing` needs of a transaction:
     the sender's, with the app's tables and the group's offset commit bound in."""
 
     def __init__(

@@ -6,7 +6,7 @@
   records first (awaiting their acknowledgements), then the store together with
   the changelog offset, and only then may the caller commit source offsets.
 * :class:`StateService` (a mode service with its own
-  :class:`~streamjoin.runtime.changelog_reader.ChangelogReader`, which fetches
+  :class:`~streamjoin.runtime.table_state.changelog_reader.ChangelogReader`, which fetches
   raw changelog records without a consumer group) restores active partitions
   from their changelog in the background after an assignment, keeps standby
   partitions following their changelog, and keeps a cache of every local
@@ -32,12 +32,12 @@ from mode import Service
 
 from streamjoin.context import Sender
 from streamjoin.errors import InternalError, LifecycleError
-from streamjoin.runtime.changelog_reader import (
+from streamjoin.runtime.table_state.changelog_reader import (
     ChangelogChunk,
     ChangelogOffsetOutOfRange,
     ChangelogReader,
 )
-from streamjoin.runtime.changelog_records import READ_COMMITTED, READ_UNCOMMITTED
+from streamjoin.runtime.table_state.changelog_records import READ_COMMITTED, READ_UNCOMMITTED
 from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition, unordered_items
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
