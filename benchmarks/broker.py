@@ -38,7 +38,7 @@ def broker(bootstrap: str | None, progress: Callable[[str], None]) -> Iterator[s
     if bootstrap:
         yield check_loopback(bootstrap)
         return
-    from streamjoin.testing.kafka import LocalKafka
+    from streamjoin.local_kafka import LocalKafka
 
     with LocalKafka(progress=progress) as kafka:
         yield kafka.bootstrap_servers

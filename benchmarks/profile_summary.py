@@ -59,9 +59,14 @@ def summarize(
 #: (area, path fragments) in order: a function's own time goes to the first area it matches
 AREAS = (
     (
-        "agent runtime (runtime/streams, agents, stream, offsets)",
+        "agent runtime (runtime/tasks: actors, acknowledgements, offsets; agents, stream)",
         (
             "runtime/tasks/agent_runtime.py",
+            "runtime/tasks/actors.py",
+            "runtime/tasks/in_flight.py",
+            "runtime/tasks/acknowledgements.py",
+            "runtime/tasks/barrier.py",
+            "runtime/tasks/error_policy.py",
             "streamjoin/agents.py",
             "streamjoin/stream.py",
             "runtime/tasks/offset_ledger.py",
@@ -71,7 +76,7 @@ AREAS = (
         ),
     ),
     (
-        "fetch (runtime/consumer, fetched_records, alignment, record_queue, aiokafka consumer)",
+        "fetch (runtime/transport: consumer, fetched_records; alignment, record_queue, aiokafka)",
         (
             "runtime/transport/consumer.py",
             "runtime/transport/fetched_records.py",
@@ -83,7 +88,7 @@ AREAS = (
         ),
     ),
     (
-        "produce (topics.send, runtime/producer, partitioner, aiokafka producer)",
+        "produce (topics.send, runtime/transport: producer, out_batches; partitioner, aiokafka)",
         (
             "topics.py",
             "runtime/transport/producer.py",

@@ -1,4 +1,6 @@
-"""What rebalances did to processing, computed from the tracker app's processing trace.
+"""What rebalances did to processing: from the tracker app's processing trace, and from
+the workers' logs alone (what each rebalance handed over and how long that paused: the
+demo's summary, see "handovers, from the logs" below).
 
 The tracker app (``tests/integration/apps/tracker.py``) appends one line per processed
 event (:class:`Processed`) to a per-worker file. Everything here is pure: functions of those
@@ -18,15 +20,20 @@ Definitions:
   same time. Runs that only touch do not overlap.
 - A *gap* is the time between two consecutive processings of a partition (by anyone).
 - A *stall* is a gap longer than a threshold (a multiple of the normal gap).
+- In the logs, a *rebalance* is one generation of the group, or a cooperative generation in
+  which members revoked partitions together with its follow-up, which assigns them (KIP-429).
+  A partition handed over in it *paused* from its release by the old owner to its
+  resumption by the new one (restore included); the others *never paused*.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -498,14 +505,18 @@ def parse_log_time(stamp: str, millis: str) -> float:
     return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
 
 
-def log_events(worker: str, text: str) -> Iterator[LogEvent]:
-    """The rebalance and restore lines of one worker's log (streamjoin's log format)."""
+def log_messages(text: str) -> Iterator[tuple[float, str]]:
+    """``(time, message)`` of each line of a worker's log in streamjoin's format (other
+    lines, such as the ``running`` line printed to stderr, are skipped)."""
     for line in text.splitlines():
         m = _LOG_LINE.match(line)
-        if m is None:
-            continue
-        at = parse_log_time(m[1], m[2])
-        message = m[5]
+        if m is not None:
+            yield parse_log_time(m[1], m[2]), m[5]
+
+
+def log_events(worker: str, text: str) -> Iterator[LogEvent]:
+    """The rebalance and restore lines of one worker's log (streamjoin's log format)."""
+    for at, message in log_messages(text):
         if a := _ASSIGNED.match(message):
             yield LogEvent(worker, at, "assigned", records=int(a[1]))
         elif g := _EPOCH.match(message):
@@ -544,3 +555,388 @@ def summarize_logs(events: Iterable[LogEvent], t: float, end: float) -> LogSumma
             sorted({(e.table, e.partition) for e in inside if e.kind == "restored"})
         ),
     )
+
+
+# ------------------------------------------------------------------ handovers, from the logs
+
+_ASSIGNED_LIST = re.compile(r"^assigned \d+ partitions: (.*) \(owning \d+\)$")
+_TOPIC_PARTITION = re.compile(r"([^\s,\[\]]+)\[(\d+)\]")
+_ROUND_DONE = re.compile(
+    r"^rebalance done: generation (-?\d+) \((\w+)(?:, leader)?\) in ([\d.]+)s: "
+    r"\d+ partitions assigned, (\d+) revoked"
+)
+_STOP_REQUESTED = re.compile(r"^stop requested")
+_GAVE_UP = re.compile(r"^(?:lost|giving up) \d+ partitions")
+
+
+@dataclass(frozen=True)
+class Round:
+    """One member's part in one generation of the group: its ``rebalance done`` line and the
+    ``assigned`` line before it."""
+
+    worker: str
+    generation: int
+    cooperative: bool
+    began: float  #: when it began rebalancing (an eager member revoked everything then)
+    done: float  #: when it had revoked what moves away and taken what it was assigned
+    assigned_at: float  #: its ``assigned`` line's time (``done`` when nothing was added)
+    assigned: tuple[TP, ...]  #: partitions added to what it owned
+    revoked: int  #: partitions it revoked in this round (eager: 0, all went at ``began``)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A member gave up everything it owned: asked to stop, or its partitions were lost."""
+
+    worker: str
+    time: float
+    why: str  #: "stopped", "lost" or "eager" (an eager member's revocation)
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A finished restore of one table partition (the new owner's task waits for it)."""
+
+    worker: str
+    time: float
+    table: str
+    partition: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WorkerLog:
+    """The lines of one worker's log that tell who owned what, when."""
+
+    worker: str
+    rounds: tuple[Round, ...]
+    releases: tuple[Release, ...]
+    restores: tuple[Restore, ...]
+
+
+def read_worker_log(worker: str, text: str) -> WorkerLog:
+    """The rounds, releases and restores in one worker's log (an ``assigned`` line with no
+    ``rebalance done`` line after it, from a worker killed in between, is dropped)."""
+    rounds: list[Round] = []
+    releases: list[Release] = []
+    restores: list[Restore] = []
+    added: tuple[float, tuple[TP, ...]] | None = None
+    for at, message in log_messages(text):
+        if a := _ASSIGNED_LIST.match(message):
+            added = (at, tuple((t, int(p)) for t, p in _TOPIC_PARTITION.findall(a[1])))
+        elif d := _ROUND_DONE.match(message):
+            assigned_at, assigned = added if added is not None else (at, ())
+            added = None
+            rounds.append(
+                Round(
+                    worker,
+                    int(d[1]),
+                    d[2] == "cooperative",
+                    began=at - float(d[3]),
+                    done=at,
+                    assigned_at=assigned_at,
+                    assigned=assigned,
+                    revoked=int(d[4]),
+                )
+            )
+        elif _STOP_REQUESTED.match(message):
+            releases.append(Release(worker, at, "stopped"))
+        elif _GAVE_UP.match(message):
+            releases.append(Release(worker, at, "lost"))
+        elif r := _RESTORED.match(message):
+            restores.append(Restore(worker, at, r[1], int(r[2]), float(r[4])))
+    return WorkerLog(worker, tuple(rounds), tuple(releases), tuple(restores))
+
+
+@dataclass(frozen=True)
+class Handover:
+    """One partition given to a member in a rebalance.
+
+    It paused from its release by ``old`` (the end of a cooperative revocation, the start of
+    an eager one, a stop request, a loss) to its resumption by ``new``: the assignment, or the
+    end of the restore of its task's tables (tables are co-partitioned with their task, so a
+    restore of partition ``p`` on ``new`` belongs to the task of partition ``p`` handed over
+    last to ``new``).
+    """
+
+    tp: TP
+    old: str | None  #: its previous owner; None when nobody owned it before
+    new: str
+    released: float | None  #: None when ``old`` logged no release (or there was no ``old``)
+    why: str  #: "revoked", "eager", "stopped", "lost"; "" when not released
+    assigned: float
+    resumed: float
+    restore_seconds: float  #: the longest restore it waited for (0: none)
+
+    @property
+    def moved(self) -> bool:
+        return self.old is not None and self.old != self.new
+
+    @property
+    def paused(self) -> float | None:
+        return None if self.released is None else self.resumed - self.released
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """The group's generations from one trigger to a settled assignment: one generation, or
+    a cooperative revoke round followed by its assign rounds (KIP-429)."""
+
+    generations: tuple[int, ...]
+    cooperative: bool
+    members: tuple[str, ...]  #: the members of its last generation
+    joined: tuple[str, ...]  #: members in their first generation
+    stopped: tuple[str, ...]  #: members that stopped since the previous rebalance
+    handovers: tuple[Handover, ...]
+    never_paused: int  #: partitions owned through it by one member, never released
+    notes: tuple[str, ...] = ()
+
+    @property
+    def moved(self) -> list[Handover]:
+        return [h for h in self.handovers if h.moved]
+
+    @property
+    def paused_in_place(self) -> list[Handover]:
+        """Released and given back to the same member (every partition, when eager)."""
+        return [h for h in self.handovers if h.old is not None and h.old == h.new]
+
+    @property
+    def started(self) -> list[Handover]:
+        return [h for h in self.handovers if h.old is None]
+
+
+def _episodes(rounds: Sequence[Round]) -> list[list[int]]:
+    """Generations grouped into rebalances: a generation after one where a cooperative
+    member revoked partitions is its follow-up (what was revoked is assigned in it)."""
+    by_generation: dict[int, list[Round]] = defaultdict(list)
+    for r in rounds:
+        by_generation[r.generation].append(r)
+    out: list[list[int]] = []
+    for generation in sorted(by_generation):
+        if out and any(r.cooperative and r.revoked for r in by_generation[out[-1][-1]]):
+            out[-1].append(generation)
+        else:
+            out.append([generation])
+    return out
+
+
+def rebalances(logs: Iterable[WorkerLog]) -> list[Rebalance]:
+    """Every rebalance in the workers' logs, in generation order, with what each handed
+    over and how long that paused."""
+    logs = list(logs)
+    rounds = [r for log in logs for r in log.rounds]
+    releases = [e for log in logs for e in log.releases]
+    episodes = _episodes(rounds)
+    episode_of = {g: i for i, gens in enumerate(episodes) for g in gens}
+    handed, owned_after = _hand_over(rounds, releases, episode_of, len(episodes))
+    handed = _after_restores(handed, [e for log in logs for e in log.restores])
+    members: dict[int, set[str]] = defaultdict(set)
+    first_generation: dict[str, int] = {}
+    for r in sorted(rounds, key=lambda r: r.generation):
+        members[r.generation].add(r.worker)
+        first_generation.setdefault(r.worker, r.generation)
+    out: list[Rebalance] = []
+    since = -math.inf
+    for i, gens in enumerate(episodes):
+        last = [r for r in rounds if r.generation == gens[-1]]
+        until = max(r.done for r in last)
+        stopped = {e.worker for e in releases if e.why == "stopped" and since < e.time <= until}
+        since = until
+        mine = [r for r in rounds if r.generation in gens]
+        out.append(
+            Rebalance(
+                generations=tuple(gens),
+                cooperative=all(r.cooperative for r in mine),
+                members=tuple(sorted(members[gens[-1]])),
+                joined=tuple(sorted(w for w, g in first_generation.items() if g in gens)),
+                stopped=tuple(sorted(stopped)),
+                handovers=tuple(handed[i]),
+                never_paused=len(owned_after[i] - {h.tp for h in handed[i]}),
+                notes=tuple(_unmatched_revocations(mine, handed[i])),
+            )
+        )
+    return out
+
+
+def _hand_over(
+    rounds: Sequence[Round],
+    releases: Sequence[Release],
+    episode_of: Mapping[int, int],
+    episodes: int,
+) -> tuple[list[list[Handover]], list[set[TP]]]:
+    """Replays releases and assignments in time order: each rebalance's handovers (resumed
+    at their assignment, restores not yet counted), and what was owned after it."""
+    # when each member finished a cooperative revocation, per rebalance
+    revoked_at: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in rounds:
+        if r.cooperative and r.revoked:
+            revoked_at[(r.worker, episode_of[r.generation])].append(r.done)
+    timeline: list[tuple[float, int, Release | Round]] = [(e.time, 0, e) for e in releases]
+    timeline += [
+        (r.began, 0, Release(r.worker, r.began, "eager")) for r in rounds if not r.cooperative
+    ]
+    timeline += [(r.assigned_at, 1, r) for r in rounds]
+    timeline.sort(key=lambda item: item[:2])  # at one instant, releases first
+    owner: dict[TP, str] = {}
+    released: dict[TP, tuple[str, float, str]] = {}
+    handed: list[list[Handover]] = [[] for _ in range(episodes)]
+    owned_after: list[set[TP]] = [set() for _ in range(episodes)]
+    for _, _, event in timeline:
+        if isinstance(event, Release):
+            for tp in [tp for tp, w in owner.items() if w == event.worker]:
+                released[tp] = (owner.pop(tp), event.time, event.why)
+            continue
+        episode = episode_of[event.generation]
+        for tp in event.assigned:
+            old, at, why = released.pop(tp, (owner.get(tp), None, ""))
+            if at is None and old is not None and old != event.worker:
+                # revoked cooperatively: when ``old`` finished revoking in this rebalance
+                times = revoked_at.get((old, episode), [])
+                at = max((t for t in times if t <= event.assigned_at), default=None)
+                why = "" if at is None else "revoked"
+            owner[tp] = event.worker
+            handed[episode].append(
+                Handover(tp, old, event.worker, at, why, event.assigned_at, event.assigned_at, 0.0)
+            )
+        owned_after[episode] = set(owner)
+    return handed, owned_after
+
+
+def _after_restores(
+    handed: list[list[Handover]], restores: Iterable[Restore]
+) -> list[list[Handover]]:
+    """Each handover resumed once the restores of its task's tables finished: a restore of
+    partition ``p`` on a member belongs to the last handover of a partition ``p`` to it."""
+    out = [list(hs) for hs in handed]
+    where: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+    for i, hs in enumerate(out):
+        for j, h in enumerate(hs):
+            where[(h.new, h.tp[1])].append((h.assigned, i, j))
+    for restore in restores:
+        # stamps have ms resolution: a restore may share its assignment's stamp
+        candidates = [
+            c for c in where.get((restore.worker, restore.partition), []) if c[0] <= restore.time
+        ]
+        if not candidates:
+            continue
+        latest = max(c[0] for c in candidates)
+        for assigned, i, j in candidates:
+            if assigned == latest:
+                h = out[i][j]
+                out[i][j] = dataclasses.replace(
+                    h,
+                    resumed=max(h.resumed, restore.time),
+                    restore_seconds=max(h.restore_seconds, restore.seconds),
+                )
+    return out
+
+
+def _unmatched_revocations(rounds: Iterable[Round], handed: Iterable[Handover]) -> list[str]:
+    """Members that said they revoked more partitions than the logs show handed over from
+    them (the rest were not assigned again within the rebalance)."""
+    said: Counter[str] = Counter()
+    for r in rounds:
+        if r.cooperative:
+            said[r.worker] += r.revoked
+    seen = Counter(h.old for h in handed if h.why == "revoked")
+    return [
+        f"{w} revoked {n} partitions, {seen[w]} of them assigned again in this rebalance"
+        for w, n in sorted(said.items())
+        if n != seen[w]
+    ]
+
+
+# --------------------------------------------------------------------------- the summary
+
+
+@dataclass(frozen=True)
+class TaskHandover:
+    """The partitions of one number handed over together from one member to another: one
+    task (its co-partitioned topics)."""
+
+    partition: int
+    topics: tuple[str, ...]
+    old: str | None
+    new: str
+    paused: float | None  #: the longest pause of its partitions (None: a release not logged)
+    restore_seconds: float
+
+    def describe(self) -> str:
+        restore = f" (restore {self.restore_seconds:.2f} s)" if self.restore_seconds else ""
+        return (
+            f"{'+'.join(self.topics)}[{self.partition}]: {self.old} -> {self.new}, "
+            f"paused {_seconds(self.paused)}{restore}"
+        )
+
+
+def task_handovers(handovers: Iterable[Handover]) -> list[TaskHandover]:
+    """Handovers grouped into tasks (same partition number, same members, same assignment)."""
+    groups: dict[tuple[int, str | None, str, float], list[Handover]] = defaultdict(list)
+    for h in handovers:
+        groups[(h.tp[1], h.old, h.new, h.assigned)].append(h)
+    out = []
+    for (partition, old, new, _), hs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][3])):
+        pauses = [h.paused for h in hs]
+        out.append(
+            TaskHandover(
+                partition,
+                tuple(sorted({h.tp[0] for h in hs})),
+                old,
+                new,
+                None if None in pauses else max(p for p in pauses if p is not None),
+                max(h.restore_seconds for h in hs),
+            )
+        )
+    return out
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f} s"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _headline(rb: Rebalance) -> str:
+    gens = rb.generations
+    which = f"generation {gens[0]}" if len(gens) == 1 else f"generations {gens[0]}-{gens[-1]}"
+    if not rb.cooperative:
+        how = "eager"
+    elif len(gens) == 1:
+        how = "cooperative"
+    else:
+        how = f"cooperative in {len(gens)} rounds (revoke, then assign)"
+    who = [f"{', '.join(rb.joined)} joined"] if rb.joined else []
+    who += [f"{', '.join(rb.stopped)} stopped"] if rb.stopped else []
+    because = f" ({'; '.join(who)})" if who else ""
+    return f"{which}, {how}, {_count(len(rb.members), 'member')}{because}"
+
+
+def describe_rebalances(found: Iterable[Rebalance]) -> list[str]:
+    """Summary lines: per rebalance, the tasks that moved (from which member to which) and
+    how long each paused, next to the partitions that never paused."""
+    lines: list[str] = []
+    for rb in found:
+        moved = task_handovers(rb.moved)
+        facts = []
+        started = task_handovers(rb.started)
+        if started:
+            per = Counter(t.new for t in started)
+            owners = ", ".join(f"{w} {n}" for w, n in sorted(per.items()))
+            facts.append(f"{_count(len(started), 'task')} started ({owners})")
+        if moved or not started:
+            facts.append(f"{_count(len(moved), 'task')} moved")
+        in_place = rb.paused_in_place
+        if in_place:
+            longest = max((h.paused for h in in_place if h.paused is not None), default=None)
+            facts.append(
+                f"{_count(len(in_place), 'partition')} paused and stayed (up to "
+                f"{_seconds(longest)})"
+            )
+        if moved or in_place or rb.never_paused:  # (not when nothing was owned before)
+            facts.append(f"{_count(rb.never_paused, 'partition')} never paused")
+        lines.append(f"{_headline(rb)}: {', '.join(facts)}")
+        lines += [f"  {t.describe()}" for t in moved]
+        lines += [f"  note: {note}" for note in rb.notes]
+    return lines

@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python -m benchmarks.recovery [--records 1000000] [--partitions 4]
         [--bootstrap 127.0.0.1:PORT] [--repeat 3] [--no-faust] [--json]
 
-1. Starts a local broker (``streamjoin.testing.kafka.LocalKafka``), or uses the
+1. Starts a local broker (``streamjoin.local_kafka.LocalKafka``), or uses the
    loopback broker given with ``--bootstrap``.
 2. Creates one changelog topic ``<app id>-<table>-changelog`` (compacted, like a
    real one) and produces ``--records`` records to it once: 16-byte keys drawn from
@@ -215,7 +215,7 @@ async def restore_streamjoin(
         table = app.tables[TABLE]
         if table.changelog.name != data.topic:
             raise RuntimeError(f"changelog {table.changelog.name!r} != topic {data.topic!r}")
-        stores = TableStores(app.tables, app.state_dir)
+        stores = TableStores(app.tables, app.config.state_path)
         ready: set[int] = set()
         all_ready = asyncio.Event()
 
@@ -225,7 +225,7 @@ async def restore_streamjoin(
                 all_ready.set()
 
         service = StateService(
-            stores, bootstrap_servers=app.broker, client_options={}, on_ready=on_ready
+            stores, bootstrap_servers=app.config.broker, client_options={}, on_ready=on_ready
         )
         await service.start()
         try:

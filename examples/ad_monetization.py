@@ -9,7 +9,7 @@ The demo (``./scripts/demo`` runs ``python examples/ad_monetization.py``): start
 local Kafka broker, three worker processes and a traffic generator (late and
 out-of-order events, clicks outside the window, clicks without impressions),
 stops one worker midway, and prints what happened: joins emitted vs expected,
-tasks moved on each rebalance vs the minimum, and the time to resume.
+the time to resume, and per rebalance the tasks that moved and how long each paused.
 """
 
 from __future__ import annotations

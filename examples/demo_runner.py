@@ -4,7 +4,8 @@ Steps: start Apache Kafka, start three ``streamjoin worker`` processes, produce
 the first half of the generated traffic, stop one worker (SIGTERM) and time how
 long the group takes to resume, produce the rest, wait until every input is
 processed and committed, then compare the joined output with the expected joins
-and report the assignor's moves per rebalance against the minimum.
+and report, from the workers' logs, what each rebalance handed over and how long
+it paused (``benchmarks/rebalance_analysis.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,10 +23,11 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from benchmarks.rebalance_analysis import describe_rebalances, read_worker_log, rebalances
 from examples.ad_traffic import Traffic, generate
+from streamjoin.local_kafka import LocalKafka
 from streamjoin.runtime.group.group_info import describe_group
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
-from streamjoin.testing.kafka import LocalKafka
 
 ROOT = Path(__file__).resolve().parents[1]
 APP_SPEC = "examples.ad_monetization:app"
@@ -34,9 +35,6 @@ GROUP = "ad-monetization"
 INPUTS = ("impressions", "clicks")
 OUTPUT = "attributed-clicks"
 PARTITIONS = 10
-EPOCH_LINE = re.compile(
-    r"assignment epoch (\d+) for (\d+) members: (\d+) tasks, (\d+) moved \(minimum (\w+)\)"
-)
 
 
 def say(message: str) -> None:
@@ -189,7 +187,7 @@ async def run(bootstrap: str, auctions: int, workdir: Path, seconds: float) -> i
         output = await read_output(bootstrap)
         # rebalances of the run itself (not of the final shutdown, where members leave one
         # by one)
-        run_logs = [w.log() for w in workers]
+        run_logs = {w.name: w.log() for w in workers}
     except BaseException:
         for w in workers:
             print(
@@ -205,10 +203,6 @@ async def run(bootstrap: str, auctions: int, workdir: Path, seconds: float) -> i
     missing = traffic.expected_joins - distinct
     unexpected = distinct - traffic.expected_joins
     duplicates = len(got) - len(distinct)
-    rebalances = []
-    for log_text in run_logs:
-        for m in EPOCH_LINE.finditer(log_text):
-            rebalances.append((int(m.group(1)), int(m.group(2)), int(m.group(4)), m.group(5)))
     print()
     print("=== ad-monetization demo summary ===")
     print(f"joins expected           {len(traffic.expected_joins)}")
@@ -221,9 +215,13 @@ async def run(bootstrap: str, auctions: int, workdir: Path, seconds: float) -> i
     beyond = logs.count("is beyond the grace period")
     print(f"late events dropped      {late}  (accepted beyond grace: {beyond})")
     print(f"time to resume after stopping a worker: {resume:.1f}s (group stable again)")
-    print("rebalances (leader's view):")
-    for epoch, members, moved, minimum in sorted(set(rebalances)):
-        print(f"  epoch {epoch}: {members} members, {moved} tasks moved (minimum {minimum})")
+    print(
+        "rebalances (from the workers' logs; a task moved pauses from its revocation on the "
+        "old worker to its resumption on the new one, restore included):"
+    )
+    found = rebalances(read_worker_log(name, text) for name, text in run_logs.items())
+    for line in describe_rebalances(found):
+        print(f"  {line}")
     (workdir / "missing-joins.json").write_text(json.dumps(sorted(missing), indent=0))
     ok = not missing and not unexpected
     print("result:", "CORRECT" if ok else "WRONG")

@@ -12,8 +12,8 @@ from collections import Counter
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from streamjoin.local_kafka import LocalKafka
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
-from streamjoin.testing.kafka import LocalKafka
 
 TOPIC = "page-views"
 PARTITIONS = 3

@@ -6,8 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streamjoin.codecs import DecodeError
-from streamjoin.errors import ConfigurationError
+from streamjoin.errors import ConfigurationError, DecodeError
 from streamjoin.events import Event, RawRecord
 from streamjoin.stream import Stream
 from streamjoin.topics import Topic
@@ -43,7 +42,8 @@ class Agent:
     #: topics whose records go before the others' of the same timestamp (a table's source
     #: before the streams it enriches: each stream record sees the row of its timestamp)
     ties_first: frozenset[str] = frozenset()
-    #: key and value decoders by topic name (filled by :meth:`decode`)
+    #: key and value decoders of each topic it reads, by name (made once, at declaration:
+    #: decoding looks them up once per event)
     _loads: dict[str, tuple[Callable[[bytes], Any], Callable[[bytes], Any]]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -53,6 +53,8 @@ class Agent:
         return (self.topic, *self.more_topics)
 
     def __post_init__(self) -> None:
+        for topic in self.topics:
+            self._loads.setdefault(topic.name, (topic.key_codec.loads, topic.value_codec.loads))
         if self.concurrency < 1:
             raise ConfigurationError(f"agent {self.name!r}: concurrency must be >= 1")
         if self.on_error not in ON_ERROR_CHOICES:
@@ -81,11 +83,8 @@ class Agent:
         return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
 
     def _loads_of(self, name: str) -> tuple[Callable[[bytes], Any], Callable[[bytes], Any]]:
-        """The key and value decoders of topic ``name`` (the agent's first topic for a name it
-        does not read), remembered: decoding looks them up once per event."""
-        topic = next((t for t in self.topics if t.name == name), self.topic)
-        loads = self._loads[name] = (topic.key_codec.loads, topic.value_codec.loads)
-        return loads
+        """The decoders for a record of a topic the agent does not read: its first topic's."""
+        return self._loads[self.topic.name]
 
     def actor_for(self, partition: int) -> int:
         return partition % self.concurrency

@@ -11,13 +11,13 @@ processed.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from streamjoin.agents import Agent, AgentFunction, OnError
 from streamjoin.codecs import Codec, resolve_codec
@@ -25,7 +25,8 @@ from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
 from streamjoin.context import RuntimeLink
 from streamjoin.errors import ConfigurationError, CopartitioningError, LifecycleError
 from streamjoin.events import Event
-from streamjoin.joins.api import JoinStats, declare_join
+from streamjoin.joins.api import declare_join
+from streamjoin.joins.run_state import JoinStats
 from streamjoin.query.routing import Location
 from streamjoin.state.windows import WindowSpec
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
@@ -37,15 +38,39 @@ from streamjoin.windowed import WindowedTable
 
 if TYPE_CHECKING:
     from streamjoin.runtime.worker import Worker
-    from streamjoin.state.rocksdb import RocksDBOptions
 
 log = logging.getLogger("streamjoin.app")
 
 F = TypeVar("F", bound=AgentFunction)
+_Settings = ParamSpec("_Settings")
+
+
+def _takes_the_settings_of(
+    config: Callable[_Settings, AppConfig],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, _Settings], None]]:
+    """Give ``App.__init__`` ``AppConfig``'s parameters (the id, then every setting with its
+    type and default), for type checkers and ``help()``: the settings are declared once, in
+    AppConfig, and ``App(...)``'s keywords are still checked statically."""
+
+    def typed(init: Callable[..., None]) -> Callable[Concatenate[Any, _Settings], None]:
+        self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        settings = inspect.signature(config).parameters.values()
+        signature = inspect.Signature([self, *settings], return_annotation=None)
+        init.__signature__ = signature  # type: ignore[attr-defined]
+        return init
+
+    return typed
 
 
 class App:
     """A streamjoin application: one consumer group named after ``id``.
+
+    ``App(id, **settings)`` takes the keywords of :class:`~streamjoin.config.AppConfig`,
+    where each setting is declared once with its type and default (``App.__init__`` has
+    AppConfig's signature, so type checkers check the keywords and their values). They are
+    validated into the frozen ``app.config``, the one place to read them (the App has no
+    attribute per setting); an unknown keyword is a ConfigurationError naming it and the
+    closest setting. ``query_token`` left out defaults to ``$STREAMJOIN_QUERY_TOKEN``.
 
     Settings:
         broker: ``kafka://host:port[,host:port...]``.
@@ -106,78 +131,11 @@ class App:
             buffers, compression, the read cache's bounds); None keeps their defaults.
     """
 
-    def __init__(
-        self,
-        id: str,
-        *,
-        broker: str = "kafka://127.0.0.1:9092",
-        key_serializer: str | Codec | type | None = "raw",
-        value_serializer: str | Codec | type | None = "json",
-        commit_interval: float | None = None,
-        processing_guarantee: str = "at_least_once",
-        transaction_timeout_ms: int = 10_000,
-        standby_replicas: int = 0,
-        state_dir: str | os.PathLike[str] | None = None,
-        group_instance_id: str | None = None,
-        topic_partitions: int = 8,
-        topic_replication_factor: int = 1,
-        client_options: Mapping[str, Any] | None = None,
-        consumer_options: Mapping[str, Any] | None = None,
-        producer_options: Mapping[str, Any] | None = None,
-        capacity: int = 1,
-        tags: Mapping[str, str] | None = None,
-        host: str | None = None,
-        align_idle_ms: int = 0,
-        align_max_idle_ms: int = 5_000,
-        rebalance_protocol: str = "cooperative",
-        high_availability: bool = False,
-        acceptable_recovery_lag: int = 10_000,
-        max_warmup_replicas: int = 2,
-        probing_rebalance_interval: float = 600.0,
-        web_port: int | None = None,
-        web_host: str = "127.0.0.1",
-        query_token: str | None = None,
-        status_log_interval: float | None = 30.0,
-        startup_timeout: float = 60.0,
-        shutdown_timeout: float = 30.0,
-        rocksdb: RocksDBOptions | None = None,
-    ) -> None:
-        self.config = AppConfig.from_options(
-            id,
-            key_serializer=key_serializer,
-            value_serializer=value_serializer,
-            broker=broker,
-            commit_interval=commit_interval,
-            processing_guarantee=processing_guarantee,
-            transaction_timeout_ms=transaction_timeout_ms,
-            standby_replicas=standby_replicas,
-            state_dir=state_dir,
-            group_instance_id=group_instance_id,
-            topic_partitions=topic_partitions,
-            topic_replication_factor=topic_replication_factor,
-            client_options=client_options,
-            consumer_options=consumer_options,
-            producer_options=producer_options,
-            capacity=capacity,
-            tags=tags,
-            host=host,
-            align_idle_ms=align_idle_ms,
-            align_max_idle_ms=align_max_idle_ms,
-            rebalance_protocol=rebalance_protocol,
-            high_availability=high_availability,
-            acceptable_recovery_lag=acceptable_recovery_lag,
-            max_warmup_replicas=max_warmup_replicas,
-            probing_rebalance_interval=probing_rebalance_interval,
-            web_port=web_port,
-            web_host=web_host,
-            query_token=query_token
-            if query_token is not None
-            else os.environ.get("STREAMJOIN_QUERY_TOKEN") or None,
-            status_log_interval=status_log_interval,
-            startup_timeout=startup_timeout,
-            shutdown_timeout=shutdown_timeout,
-            rocksdb=rocksdb,
-        )
+    @_takes_the_settings_of(AppConfig)
+    def __init__(self, id: str, **settings: Any) -> None:
+        if settings.get("query_token") is None:
+            settings["query_token"] = os.environ.get("STREAMJOIN_QUERY_TOKEN") or None
+        self.config = AppConfig.from_options(id, **settings)
         #: how declarations reach the running worker (connected while it runs)
         self._link = RuntimeLink()
         self.topics: dict[str, Topic] = {}
@@ -205,88 +163,11 @@ class App:
 
     @property
     def id(self) -> str:
+        """The app's name (``config.id``): its consumer group and internal topics' prefix."""
         return self.config.id
 
-    @property
-    def broker(self) -> str:
-        """``host:port[,host:port]`` (the URL as parsed)."""
-        return self.config.broker
-
-    @broker.setter
-    def broker(self, value: str) -> None:
-        self.configure(broker=value)
-
-    @property
-    def state_dir(self) -> Path:
-        return self.config.state_path
-
-    @state_dir.setter
-    def state_dir(self, value: str | os.PathLike[str]) -> None:
-        self.configure(state_dir=value)
-
-    @property
-    def group_instance_id(self) -> str | None:
-        return self.config.group_instance_id
-
-    @group_instance_id.setter
-    def group_instance_id(self, value: str | None) -> None:
-        self.configure(group_instance_id=value)
-
-    @property
-    def key_codec(self) -> Codec:
-        return self.config.key_codec
-
-    @property
-    def value_codec(self) -> Codec:
-        return self.config.value_codec
-
-    @property
-    def commit_interval(self) -> float:
-        return self.config.commit_seconds
-
-    @property
-    def processing_guarantee(self) -> str:
-        return self.config.processing_guarantee
-
-    @property
-    def standby_replicas(self) -> int:
-        return self.config.standby_replicas
-
-    @property
-    def topic_partitions(self) -> int:
-        return self.config.topic_partitions
-
-    @property
-    def topic_replication_factor(self) -> int:
-        return self.config.topic_replication_factor
-
-    @property
-    def client_options(self) -> dict[str, Any]:
-        """The options every Kafka client gets (credentials included: do not log them)."""
-        return self.config.client_kwargs()
-
-    @property
-    def capacity(self) -> int:
-        return self.config.capacity
-
-    @property
-    def tags(self) -> dict[str, str]:
-        return dict(self.config.tags)
-
-    @property
-    def host(self) -> str | None:
-        return self.config.host
-
-    @property
-    def align_idle_ms(self) -> int:
-        return self.config.align_idle_ms
-
-    @property
-    def align_max_idle_ms(self) -> int:
-        return self.config.align_max_idle_ms
-
     def __repr__(self) -> str:  # no client options: they may hold credentials
-        return f"App(id={self.id!r}, broker={self.broker!r})"
+        return f"App(id={self.id!r}, broker={self.config.broker!r})"
 
     # ------------------------------------------------------------------ declarations
 
@@ -295,8 +176,8 @@ class App:
     ) -> tuple[Codec, Codec]:
         """The codecs for a declaration; None means the app's defaults."""
         return (
-            self.key_codec if key is None else resolve_codec(key),
-            self.value_codec if value is None else resolve_codec(value),
+            self.config.key_codec if key is None else resolve_codec(key),
+            self.config.value_codec if value is None else resolve_codec(value),
         )
 
     def topic(
@@ -341,7 +222,7 @@ class App:
             key_codec,
             value_codec,
             partitions=partitions,
-            replication_factor=replication_factor or self.topic_replication_factor,
+            replication_factor=replication_factor or self.config.topic_replication_factor,
             config=dict(config or {}),
             link=self._link,
         )
@@ -680,19 +561,8 @@ class App:
     def running(self) -> bool:
         return self._worker is not None and not self._worker.finished
 
-    def resolve_partitions(self, existing: Mapping[str, int]) -> None:
-        """Fill in partition counts nobody declared (see :meth:`Topology.resolve_partitions`)."""
-        self.topology().resolve_partitions(existing, self.topic_partitions)
-
     def check_copartitioning(self, counts: Mapping[str, int]) -> None:
         self.topology().check_copartitioning(counts)
-
-    def source_topics(self) -> set[str]:
-        return set(self.topology().source_topics)
-
-    def aligned_groups(self) -> list[tuple[str, ...]]:
-        """Source topics read together by one agent: consumed in timestamp order per partition."""
-        return self.topology().aligned_groups()
 
     async def start(self) -> None:
         """Create topics, start the producer, the agents and the consumer."""
@@ -765,8 +635,8 @@ class App:
                 f"app {self.id!r} has no join {name!r} (joins: {', '.join(self.joins) or 'none'})"
             )
         worker = self._worker or self._last_worker
-        found = None if worker is None else worker.shared_values.get(f"join:{name}")
-        return found if isinstance(found, JoinStats) else JoinStats()
+        found = None if worker is None else worker.join_stats.get(name)
+        return JoinStats() if found is None else found
 
     def rebalance_metrics(self) -> dict[str, float | int | None]:
         """This worker's rebalance metrics (the KIP-429 names: ``rebalance-latency-avg``,
@@ -852,7 +722,5 @@ def _redeclaration_conflicts(
 __all__ = [
     "PROCESSING_GUARANTEES",
     "App",
-    "ConfigurationError",
-    "CopartitioningError",
     "parse_broker_url",
 ]

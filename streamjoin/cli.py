@@ -14,8 +14,9 @@ from streamjoin import __version__
 from streamjoin.assignor.plan import plan_with_explanation
 from streamjoin.cli_app import agents, assignment, table_group, tables, worker
 from streamjoin.cli_offsets import offsets_group
+from streamjoin.errors import KafkaProvisioningError
+from streamjoin.local_kafka import KAFKA_VERSION, LocalKafka
 from streamjoin.spark.cli import backfill_command, bootstrap_command
-from streamjoin.testing.kafka import KAFKA_VERSION, KafkaProvisioningError, LocalKafka
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import click
 
 from streamjoin.app import App
-from streamjoin.errors import AppImportError, ConfigurationError, StreamjoinError
-from streamjoin.loader import AppNotFound, load_app
+from streamjoin.errors import AppNotFound, ConfigurationError, StartupError, StreamjoinError
+from streamjoin.loader import load_app
 
 if TYPE_CHECKING:
     from streamjoin.runtime.group.group_info import GroupInfo
@@ -35,7 +35,7 @@ def _load(app_spec: str, broker: str | None) -> App:
         app = load_app(app_spec)
         if broker:
             app.configure(broker=broker)
-    except (AppNotFound, AppImportError, ConfigurationError) as exc:
+    except (AppNotFound, StartupError, ConfigurationError) as exc:
         raise click.ClickException(str(exc)) from exc
     return app
 
@@ -150,13 +150,13 @@ def worker(
     try:
         app = load_app(app_spec)
         app.configure(**overrides)  # validated like the App's own settings
-    except StreamjoinError as exc:  # AppNotFound, AppImportError, ConfigurationError...
+    except StreamjoinError as exc:  # AppNotFound, StartupError, ConfigurationError...
         raise _cannot_start(str(exc)) from exc
     raise SystemExit(
         run_worker(
             app,
             loglevel,
-            broker=app.broker,
+            broker=app.config.broker,
             shutdown_timeout=app.config.shutdown_timeout,
         )
     )
@@ -194,8 +194,8 @@ def assignment(app_spec: str, broker: str | None) -> None:
     sources = sorted(app.topology().source_topics)
 
     async def describe() -> tuple[GroupInfo, list[PartitionOffsets]]:
-        info = await describe_group(app.broker, app.id, **app.client_options)
-        parts = await read_offsets(app.broker, app.id, sources, **app.client_options)
+        info = await describe_group(app.config.broker, app.id, **app.config.client_kwargs())
+        parts = await read_offsets(app.config.broker, app.id, sources, **app.config.client_kwargs())
         return info, parts
 
     try:
@@ -288,7 +288,7 @@ def tables(app_spec: str, state_dir: Path | None) -> None:
     from streamjoin.state.inspect import local_partitions
 
     app = _load(app_spec, None)
-    root = state_dir or app.state_dir
+    root = state_dir or app.config.state_path
     if not app.tables:
         click.echo(f"app {app.id!r} declares no tables")
         return
@@ -385,7 +385,7 @@ def table_get(
             f"(tables: {', '.join(app.tables) or 'none'})"
         )
     table = app.tables[table_name]
-    root = state_dir or app.state_dir
+    root = state_dir or app.config.state_path
     parsed = parse_key(table, key)
     try:
         if isinstance(table, WindowedTable) and table.windows is not None:

@@ -42,8 +42,9 @@ def offsets_show(app_spec: str, broker: str | None, topics: tuple[str, ...]) -> 
     names = list(topics) or _source_topics(app)
 
     async def show() -> tuple[int, list[PartitionOffsets]]:
-        _, members = await active_members(app.broker, app.id, **app.client_options)
-        return members, await read_offsets(app.broker, app.id, names, **app.client_options)
+        opts = app.config.client_kwargs()
+        _, members = await active_members(app.config.broker, app.id, **opts)
+        return members, await read_offsets(app.config.broker, app.id, names, **opts)
 
     members, parts = _run(show())
     status = f"{members} active members" if members else "no active members"
@@ -89,14 +90,16 @@ def offsets_skip(
     )
 
     app = _load(app_spec, broker)
-    opts = app.client_options
+    opts = app.config.client_kwargs()
 
     async def skip() -> list[OffsetMove]:
-        await ensure_stopped(app.broker, app.id, **opts)
-        (current,) = await read_offsets(app.broker, app.id, [topic], partition=partition, **opts)
+        await ensure_stopped(app.config.broker, app.id, **opts)
+        (current,) = await read_offsets(
+            app.config.broker, app.id, [topic], partition=partition, **opts
+        )
         moves = [plan_skip(current, offset, force=force)]
         if not dry_run:
-            await apply_moves(app.broker, app.id, moves, **opts)
+            await apply_moves(app.config.broker, app.id, moves, **opts)
         return moves
 
     _report(app.id, _run(skip()), dry_run)
@@ -149,18 +152,18 @@ def offsets_reset(
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     app = _load(app_spec, broker)
-    opts = app.client_options
+    opts = app.config.client_kwargs()
     names = [topic] if topic is not None else _source_topics(app)
 
     async def reset() -> list[OffsetMove]:
-        await ensure_stopped(app.broker, app.id, **opts)
-        parts = await read_offsets(app.broker, app.id, names, partition=partition, **opts)
+        await ensure_stopped(app.config.broker, app.id, **opts)
+        parts = await read_offsets(app.config.broker, app.id, names, partition=partition, **opts)
         by_time = None
         if target.time_ms is not None:
-            by_time = await offsets_at(app.broker, parts, target.time_ms, **opts)
+            by_time = await offsets_at(app.config.broker, parts, target.time_ms, **opts)
         moves = plan_reset(parts, target, by_time)
         if not dry_run:
-            await apply_moves(app.broker, app.id, moves, **opts)
+            await apply_moves(app.config.broker, app.id, moves, **opts)
         return moves
 
     _report(app.id, _run(reset()), dry_run)

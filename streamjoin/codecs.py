@@ -30,7 +30,6 @@ import msgspec
 
 from streamjoin.errors import (
     ArgumentTypeError,
-    CodecError,
     ConfigurationError,
     DecodeError,
     EncodeError,
@@ -41,10 +40,7 @@ __all__ = [
     "RAW",
     "STR",
     "Codec",
-    "CodecError",
     "DataclassJson",
-    "DecodeError",
-    "EncodeError",
     "JsonCodec",
     "RawCodec",
     "StrCodec",

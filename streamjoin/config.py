@@ -1,18 +1,21 @@
 """An app's settings, validated once into a frozen value (pure: no I/O).
 
-``App(...)`` keywords, the CLI's overrides (``--broker``, ``--state-dir``,
-``--instance-id``) and embedding code all go through :meth:`AppConfig.replace`,
-so a setting is checked the same way wherever it comes from. Credentials in the
-client options are held as :class:`Secret` and never appear in a repr or a log.
+:class:`AppConfig`'s keywords are the settings: ``App(id, **settings)`` is
+``AppConfig(id, **settings)``, and the CLI's overrides (``--broker``, ``--state-dir``,
+``--instance-id``) and ``app.configure(...)`` go through :meth:`AppConfig.replace`,
+so a setting is declared once, here, and checked the same way wherever it comes from.
+Credentials in the client options are held as :class:`Secret` and never appear in a
+repr or a log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -27,8 +30,10 @@ __all__ = [
     "DEFAULT_COMMIT_INTERVAL",
     "PROCESSING_GUARANTEES",
     "REBALANCE_PROTOCOLS",
+    "SETTING_NAMES",
     "AppConfig",
     "Secret",
+    "check_setting_names",
     "parse_broker_url",
 ]
 
@@ -136,17 +141,24 @@ def _check_web(port: Any, host: Any, status_log_interval: Any) -> None:
 
 @dataclass(frozen=True)
 class AppConfig:
-    """Every setting of an App (see :class:`streamjoin.App` for what each one means)."""
+    """Every setting of an App, validated (see :class:`streamjoin.App` for what each means).
+
+    The one declaration of the settings, their types and defaults: ``App(id, **settings)``
+    takes exactly these keywords. After validation the values are normalized (the broker
+    URL parsed, ``state_dir`` a Path, credentials :class:`Secret`, mappings read-only).
+    """
 
     id: str
+    _: KW_ONLY
     broker: str = "kafka://127.0.0.1:9092"
-    key_codec: Codec = field(default_factory=lambda: resolve_codec("raw"))
-    value_codec: Codec = field(default_factory=lambda: resolve_codec("json"))
+    #: default codecs of topics: a codec name, a Codec or a dataclass type (None: the default)
+    key_serializer: str | Codec | type | None = "raw"
+    value_serializer: str | Codec | type | None = "json"
     commit_interval: float | None = None
     processing_guarantee: str = "at_least_once"
     transaction_timeout_ms: int = 10_000
     standby_replicas: int = 0
-    state_dir: Path | None = None
+    state_dir: str | os.PathLike[str] | None = None
     group_instance_id: str | None = None
     topic_partitions: int = 8
     topic_replication_factor: int = 1
@@ -172,6 +184,9 @@ class AppConfig:
     shutdown_timeout: float = 30.0
     #: tuning of every RocksDB store (None: RocksDBOptions' defaults)
     rocksdb: RocksDBOptions | None = None
+    #: ``key_serializer`` / ``value_serializer`` resolved (derived, not settings)
+    key_codec: Codec = field(init=False, repr=False)
+    value_codec: Codec = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are written once, here
@@ -181,6 +196,8 @@ class AppConfig:
                 "'-' (it names the consumer group and internal topics)"
             )
         set_(self, "broker", parse_broker_url(self.broker))
+        set_(self, "key_codec", _codec(self.key_serializer, default="raw"))
+        set_(self, "value_codec", _codec(self.value_serializer, default="json"))
         if self.rocksdb is not None:
             from streamjoin.state.rocksdb import RocksDBOptions  # (loads rocksdict: only if set)
 
@@ -259,39 +276,17 @@ class AppConfig:
         set_(self, "tags", MappingProxyType(dict(self.tags)))
         for name in ("client_options", "consumer_options", "producer_options"):
             set_(self, name, _hide_secrets(getattr(self, name), name))
-        for name in ("key_codec", "value_codec"):
-            if not isinstance(getattr(self, name), Codec):
-                raise ConfigurationError(f"{name} must be a Codec, got {getattr(self, name)!r}")
 
     @classmethod
-    def from_options(
-        cls,
-        id: str,
-        *,
-        key_serializer: str | Codec | type | None = "raw",
-        value_serializer: str | Codec | type | None = "json",
-        **settings: Any,
-    ) -> AppConfig:
-        """The config for ``App(id, **options)``: serializers resolved to codecs."""
-        try:
-            key_codec = resolve_codec(key_serializer, default="raw")
-            value_codec = resolve_codec(value_serializer, default="json")
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ConfigurationError):
-                raise
-            raise ConfigurationError(str(exc)) from exc
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
-            raise ConfigurationError(f"unknown App settings: {', '.join(unknown)}")
-        return cls(id=id, key_codec=key_codec, value_codec=value_codec, **settings)
+    def from_options(cls, id: str, **settings: Any) -> AppConfig:
+        """``AppConfig(id, **settings)`` for settings not checked statically (``App(...)``
+        keywords, CLI options): an unknown name is a :class:`ConfigurationError` naming it."""
+        check_setting_names(settings)
+        return cls(id, **settings)
 
     def replace(self, **changes: Any) -> AppConfig:
         """A copy with ``changes`` applied and validated like the original."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise ConfigurationError(f"unknown App settings: {', '.join(unknown)}")
+        check_setting_names(changes)
         return dataclasses.replace(self, **changes)
 
     @property
@@ -306,7 +301,7 @@ class AppConfig:
     @property
     def state_path(self) -> Path:
         """``state_dir`` as a Path (always set after validation)."""
-        return self.state_dir if self.state_dir is not None else Path(f"{self.id}-data")
+        return Path(self.state_dir if self.state_dir is not None else f"{self.id}-data")
 
     def query_token_value(self) -> str | None:
         """The query token, revealed (for the endpoint's check only)."""
@@ -319,3 +314,30 @@ class AppConfig:
     def client_kwargs(self) -> dict[str, Any]:
         """The options every Kafka client gets, credentials revealed."""
         return reveal(self.client_options)
+
+
+#: the settings' names: AppConfig's keywords (``id`` aside)
+SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(AppConfig) if f.init) - {"id"}
+
+
+def check_setting_names(names: Iterable[str]) -> None:
+    """Refuse setting names AppConfig does not have, naming each (and the closest known one:
+    a typo such as ``brokers=`` would otherwise be a TypeError far from its cause)."""
+    unknown = sorted(set(names) - SETTING_NAMES)
+    if not unknown:
+        return
+    described = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, SETTING_NAMES, n=1)
+        described.append(f"{name} (did you mean {close[0]!r}?)" if close else name)
+    raise ConfigurationError(f"unknown App settings: {', '.join(described)}")
+
+
+def _codec(serializer: str | Codec | type | None, *, default: str) -> Codec:
+    """A key/value serializer setting as a codec (a bad one is a ConfigurationError)."""
+    try:
+        return resolve_codec(serializer, default=default)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigurationError):
+            raise
+        raise ConfigurationError(str(exc)) from exc

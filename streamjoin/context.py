@@ -15,17 +15,28 @@ runtime never imports the app:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextvars import Context, ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
-from streamjoin.errors import TransportNotReady
+from streamjoin.errors import LifecycleError
 from streamjoin.events import RawRecord
 
 if TYPE_CHECKING:
+    from streamjoin.joins.run_state import JoinPartition, JoinStats
     from streamjoin.state.table_partition import TablePartition
+    from streamjoin.state.window_partition import WindowPartition
 
 Headers = Sequence[tuple[str, bytes]]
+
+#: One record on its way to a topic, as a :class:`~streamjoin.topics.Topic` hands it to a
+#: :class:`Sender`: ``(topic, key, value, partition, headers, timestamp_ms)``, the key and
+#: value encoded, ``partition`` None to let the sender pick it (by key, or sticky without
+#: one), ``timestamp_ms`` None for now. A plain tuple, read by unpacking, and not a class:
+#: one is built per record sent, and building a NamedTuple or a ``__slots__`` object costs
+#: about three times as much as building the tuple (issue 31's measurement). The Kafka
+#: sender keeps it in the record's batch as it was given, its timestamp filled in.
+OutgoingRecord = tuple[str, bytes | None, bytes | None, int | None, Headers, int | None]
 
 
 class Delivery(Protocol):
@@ -52,30 +63,12 @@ class Delivery(Protocol):
 class Sender(Protocol):
     """Where encoded records go: the Kafka producer, or the in-memory test driver."""
 
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Delivery:
+    async def send(self, record: OutgoingRecord) -> Delivery:
         """Enqueue a record; what it returns resolves once the broker acknowledged it."""
 
-    def send_now(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Delivery | None:
+    def send_now(self, record: OutgoingRecord) -> Delivery | None:
         """:meth:`send` when it needs no wait (the record joins an open batch at once);
-        None when it would wait or cannot tell: then ``await send(...)`` instead."""
+        None when it would wait or cannot tell: then ``await send(record)`` instead."""
 
     async def send_many(
         self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -88,11 +81,34 @@ class Sender(Protocol):
         """How many partitions ``topic`` has (for the key partitioner)."""
 
 
+class TaskScope(Protocol):
+    """The task owning a partition, as declarations see it: where they keep what they
+    need per partition at run time (dropped with the task, so nothing outlives the
+    partition's ownership here)."""
+
+    @property
+    def tables(self) -> dict[str, TablePartition]:
+        """Table name -> the task's partition of it."""
+
+    @property
+    def windows(self) -> dict[str, WindowPartition]:
+        """Windowed table name -> its partition's stream time and expiry (made at first use)."""
+
+    @property
+    def joins(self) -> dict[str, JoinPartition]:
+        """Stream-stream join name -> its core over the task's buffer partition (made at
+        first use)."""
+
+
 class EventContext(Protocol):
     """The event an agent is processing right now, as the runtime sees it."""
 
     @property
     def record(self) -> RawRecord: ...
+
+    @property
+    def task(self) -> TaskScope:
+        """The task of the event's partition."""
 
     def track_send(self, sent: Delivery) -> None:
         """Delay this event's acknowledgement until ``sent`` completes."""
@@ -101,13 +117,8 @@ class EventContext(Protocol):
         """This event's task's partition of ``table`` (None: not co-partitioned)."""
 
     @property
-    def task_values(self) -> dict[str, Any]:
-        """Values the event's task keeps (join cores): dropped with the task, so nothing
-        outlives the partition's ownership."""
-
-    @property
-    def worker_values(self) -> dict[str, Any]:
-        """Values the worker keeps while it runs (join counters)."""
+    def join_stats(self) -> dict[str, JoinStats]:
+        """Join name -> its counters on this worker (kept while the worker runs)."""
 
 
 #: The event being processed in this asyncio task (None outside agents).
@@ -131,6 +142,9 @@ class TablePartitions(Protocol):
     def active_partitions(self, table: str) -> list[int]:
         """Partitions of ``table`` active and restored here, sorted."""
 
+    def active_task(self, table: str, partition: int) -> TaskScope | None:
+        """The task owning the partition when it is active here and restored; else None."""
+
     def held_partition(self, table: str, partition: int) -> bool:
         """Whether this worker holds the partition at all (active restoring, or standby)."""
 
@@ -138,11 +152,18 @@ class TablePartitions(Protocol):
 class RuntimeLink:
     """What an App's declarations reach while a worker runs them; empty otherwise."""
 
-    __slots__ = ("sender", "tables")
+    __slots__ = ("partitions", "sender", "tables")
 
     def __init__(self) -> None:
         self.sender: Sender | None = None
         self.tables: TablePartitions | None = None
+        #: every topic's partition count as the worker settled it at start (declared, or
+        #: the existing topic's, or the default); empty while nothing runs
+        self.partitions: Mapping[str, int] = {}
+
+    def settle_partitions(self, counts: Mapping[str, int]) -> None:
+        """The partition counts settled at start (before anything is read or sent)."""
+        self.partitions = dict(counts)
 
     def connect(self, sender: Sender, tables: TablePartitions) -> None:
         self.sender = sender
@@ -151,10 +172,11 @@ class RuntimeLink:
     def disconnect(self) -> None:
         self.sender = None
         self.tables = None
+        self.partitions = {}
 
     def require_sender(self, topic: str) -> Sender:
         if self.sender is None:
-            raise TransportNotReady(
+            raise LifecycleError(
                 f"cannot send to {topic!r}: the app is not running "
                 "(use `async with app:` or `await app.start()`)"
             )

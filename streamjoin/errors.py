@@ -1,32 +1,43 @@
 """Every error streamjoin raises on purpose, under one root: :class:`StreamjoinError`.
 
 This module sits below every other layer and imports nothing from streamjoin, so
-any module can raise these and any caller can import them cheaply. The modules
-that used to define an error re-export it (``from streamjoin.codecs import
-DecodeError`` still works); this is where they live.
+any module can raise these and any caller can import them cheaply. Import errors
+from here (``from streamjoin.errors import DecodeError``); no other module
+re-exports them. ``streamjoin.StreamjoinError`` is the root.
 
-Catch :class:`StreamjoinError` for "anything streamjoin refused or failed at",
-or one of the bases below for a family. Where an error used to be (or naturally
-is) a built-in exception, that built-in stays a base, so ``except ValueError``
-or ``except LookupError`` around a call keeps working::
+One class per failure a caller handles differently; a failure nobody tells apart
+from its family is that family, with a message saying what happened. Where an
+error is naturally a built-in exception, that built-in stays a base, so
+``except ValueError`` around a declaration or ``except LookupError`` around a
+lookup keeps working::
 
     StreamjoinError
     ├── ConfigurationError (ValueError)     declarations, settings, argument values
-    │   └── CopartitioningError             co-partitioned inputs disagree
+    │   ├── CopartitioningError             co-partitioned inputs disagree
+    │   └── StateDirInUse                   another worker holds the state dir
     ├── ArgumentTypeError (TypeError)       an argument of the wrong type
-    ├── NotFoundError (LookupError)         a named app, table, join, topic or store
-    ├── CodecError (ValueError)             record bytes <-> objects
-    ├── StateError                          local stores, sortable keys, changelogs
-    ├── ProcessingError                     agents, tables and sends while running
-    ├── JoinError (ValueError)              the join core
-    ├── AssignorError                       partition assignment and its userdata
-    ├── ProvisioningError (RuntimeError)    topics, groups, the local dev broker
+    ├── NotFoundError (LookupError)         AppNotFound, UnknownTopicError (KeyError)
+    ├── CodecError (ValueError)             EncodeError, DecodeError
+    ├── StateError                          StoreError (StoreCorrupted, StoreLocked),
+    │                                       KeyEncodingError (IncompatibleWindowState),
+    │                                       ChangelogReadError (ChangelogOffsetOutOfRange),
+    │                                       CorruptRecordSet
+    ├── ProcessingError                     LifecycleError, AgentFailed, TableAccessError,
+    │                                       RecordRejected (RecordTooLargeError),
+    │                                       GroupMembershipError (FencedInstanceError),
+    │                                       TransactionError, TransactionFailed
+    ├── JoinError (ValueError)              CorruptJoinState
+    ├── AssignorError                       InvalidScenarioError, InvalidAssignmentError,
+    │                                       UserdataError (UnsupportedUserdataVersion)
+    ├── ProvisioningError (RuntimeError)    OffsetMoveRefused,
+    │                                       KafkaProvisioningError (BrokerExitedError)
     ├── StartupError                        the worker cannot start (exit code 3)
-    ├── SparkJobError                       the offline Spark jobs
-    ├── QueryError                          interactive table queries (HTTP, TableClient)
+    ├── SparkJobError                       SparkNotInstalled (ImportError)
+    ├── QueryError                          QueryKeyError, UnknownTableError, KeyNotFound,
+    │                                       QueryUnauthorized, QueryUnavailable, QueryFailed
     └── InternalError (RuntimeError)        a broken invariant: a streamjoin bug
 
-``docs/app.md`` ("Errors") shows the full tree and what callers should catch.
+``docs/app.md`` ("Errors") says which of them a user catches, and when.
 """
 
 from __future__ import annotations
@@ -42,19 +53,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentFailed",
-    "AppImportError",
     "AppNotFound",
     "ArgumentTypeError",
     "AssignorError",
     "BrokerExitedError",
-    "BrokerStartError",
-    "BrokerUnreachable",
     "ChangelogOffsetOutOfRange",
     "ChangelogReadError",
     "CodecError",
     "ConfigurationError",
-    "ConnectorResolutionError",
-    "ConsumerGroupError",
     "CopartitioningError",
     "CorruptJoinState",
     "CorruptRecordSet",
@@ -62,29 +68,17 @@ __all__ = [
     "EncodeError",
     "FencedInstanceError",
     "GroupMembershipError",
-    "GroupNotStopped",
     "IncompatibleWindowState",
     "InternalError",
     "InvalidAssignmentError",
-    "InvalidChangelogBounds",
-    "InvalidChangelogOffset",
-    "InvalidJoinInput",
-    "InvalidJoinSpec",
     "InvalidScenarioError",
-    "JavaNotFoundError",
     "JoinError",
     "KafkaProvisioningError",
-    "KafkaResolutionError",
     "KeyEncodingError",
     "KeyNotFound",
     "LifecycleError",
-    "MalformedUserdata",
-    "MavenNotFoundError",
-    "NonEmptyChangelog",
     "NotFoundError",
-    "NullKeyError",
     "OffsetMoveRefused",
-    "OffsetTrackingError",
     "ProcessingError",
     "ProvisioningError",
     "QueryError",
@@ -94,34 +88,24 @@ __all__ = [
     "QueryUnavailable",
     "RecordRejected",
     "RecordTooLargeError",
-    "ScanInvalidated",
     "SparkJobError",
     "SparkNotInstalled",
     "StartupError",
     "StateDirInUse",
-    "StateDirUnusable",
     "StateError",
-    "StoreClosed",
     "StoreCorrupted",
     "StoreError",
     "StoreLocked",
     "StreamjoinError",
     "TableAccessError",
-    "TopicAdminError",
     "TransactionError",
     "TransactionFailed",
-    "TransportNotReady",
     "UnknownTableError",
     "UnknownTopicError",
-    "UnsupportedJoin",
-    "UnsupportedTable",
     "UnsupportedUserdataVersion",
     "UserdataError",
-    "UserdataOutOfRange",
     "Violation",
     "ViolationCode",
-    "WindowError",
-    "WindowLayoutError",
 ]
 
 
@@ -134,8 +118,10 @@ class StreamjoinError(Exception):
 
 class ConfigurationError(StreamjoinError, ValueError):
     """Invalid declarations, settings or argument values (app, topics, agents, codecs,
-    windows, store options...); the message says how to fix them. Raised when the
-    declaration is made or, for what needs the broker, when the app starts."""
+    windows and window timestamps, join definitions, store options...), or a state
+    directory that cannot be created or written; the message says how to fix them.
+    Raised when the declaration is made or, for what needs the broker or the disk, when
+    the app starts."""
 
 
 class CopartitioningError(ConfigurationError):
@@ -146,10 +132,22 @@ class CopartitioningError(ConfigurationError):
     the same keys, so joins and tables would silently miss matches."""
 
 
+class StateDirInUse(ConfigurationError):
+    """Another worker process holds the state directory's lock: two workers sharing one
+    directory would overwrite each other's stores and membership file."""
+
+    def __init__(self, path: Path | str, pid: int | None) -> None:
+        who = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(f"state dir {path} in use by {who}; give each worker its own --state-dir")
+        self.path = Path(path)
+        self.pid = pid
+
+
 class ArgumentTypeError(StreamjoinError, TypeError):
     """An argument has the wrong type: a bug in the calling code, not bad data (a ``str``
-    given to ``Codec.loads``, a non-bytes key written to a store, ``num_partitions`` that is
-    not an int, a class no codec can be made from...)."""
+    given to ``Codec.loads``, a non-bytes key written to a store, a ``None`` key given to
+    the key partitioner, ``num_partitions`` that is not an int, a class no codec can be
+    made from...)."""
 
 
 class NotFoundError(StreamjoinError, LookupError):
@@ -190,11 +188,13 @@ class DecodeError(CodecError):
 
 
 class StateError(StreamjoinError):
-    """Base class of local-state errors: stores, sortable keys, windows, changelogs."""
+    """Base class of local-state errors: stores, sortable keys, changelogs."""
 
 
 class StoreError(StateError):
-    """Base class of every store (RocksDB or memory) error."""
+    """A store (RocksDB or memory) failed or was misused: used after ``close()``, or
+    given a changelog offset older than the one it holds (offsets only move forward, so a
+    step back means the caller is replaying or mixing partitions)."""
 
 
 class StoreCorrupted(StoreError):
@@ -219,43 +219,12 @@ class StoreLocked(StoreError):
         self.cause = cause
 
 
-class StateDirUnusable(ConfigurationError):
-    """The worker's state directory cannot be created or written (checked at start, before
-    the worker joins its group); the message names the path and the OS error."""
-
-
-class StateDirInUse(StateDirUnusable):
-    """Another worker process holds the state directory's lock: two workers sharing one
-    directory would overwrite each other's stores and membership file."""
-
-    def __init__(self, path: Path | str, pid: int | None) -> None:
-        who = f"pid {pid}" if pid is not None else "another process"
-        super().__init__(f"state dir {path} in use by {who}; give each worker its own --state-dir")
-        self.path = Path(path)
-        self.pid = pid
-
-
-class StoreClosed(StoreError):
-    """The store was used after ``StorePartition.close()``."""
-
-
-class InvalidChangelogOffset(StoreError):
-    """A write carried a changelog offset older than the one already stored.
-
-    Offsets only move forward for a given store (a rebuilt store starts from
-    None), so a step back means the caller is replaying or mixing partitions.
-    """
-
-
 class KeyEncodingError(StateError, ValueError):
-    """A value cannot be encoded into, or decoded from, a sortable store key."""
+    """A value cannot be encoded into, or decoded from, a sortable store key or the
+    windowed store layout."""
 
 
-class WindowLayoutError(KeyEncodingError):
-    """A key or metadata value that does not fit the windowed store layout."""
-
-
-class IncompatibleWindowState(WindowLayoutError):
+class IncompatibleWindowState(KeyEncodingError):
     """Windowed state written in another layout (by an earlier streamjoin version).
 
     Such state cannot be read: the table must be reset (its state directory and
@@ -263,17 +232,9 @@ class IncompatibleWindowState(WindowLayoutError):
     """
 
 
-class WindowError(StateError, ValueError):
-    """Invalid window definition, timestamp or window start."""
-
-
-class InvalidChangelogBounds(StateError, ValueError):
-    """A changelog partition's log start and end offsets make no sense (end before start, or
-    negative) when planning a restore."""
-
-
 class ChangelogReadError(StateError, RuntimeError):
-    """A changelog could not be read (an error that retrying will not fix)."""
+    """A changelog could not be read (an error that retrying will not fix), or its log
+    start and end offsets make no sense (end before start, or negative)."""
 
 
 class ChangelogOffsetOutOfRange(ChangelogReadError):
@@ -289,24 +250,17 @@ class CorruptRecordSet(StateError, ValueError):
     """A fetched changelog record batch failed its CRC check or could not be parsed."""
 
 
-class ScanInvalidated(StateError, RuntimeError):
-    """An in-memory key-value view was written while one of its scans was being iterated."""
-
-
 # -- processing ------------------------------------------------------------------------------
 
 
 class ProcessingError(StreamjoinError):
-    """Base class of errors while the app runs: agents, table access, sends, offsets."""
+    """Base class of errors while the app runs: agents, table access, sends, the group and
+    transactions."""
 
 
 class LifecycleError(ProcessingError, RuntimeError):
     """A component was used in the wrong state: before it was started, after it stopped, or
-    started twice (the app, the producer, the state service, the test driver...)."""
-
-
-class TransportNotReady(LifecycleError):
-    """A send before the app was started (or after it stopped)."""
+    started twice (the app, a send, the producer, the state service, the test driver...)."""
 
 
 class AgentFailed(ProcessingError, RuntimeError):
@@ -316,14 +270,6 @@ class AgentFailed(ProcessingError, RuntimeError):
 class TableAccessError(ProcessingError, RuntimeError):
     """A table (or a join's state) was used where its partition is not owned or not
     co-partitioned, or outside an agent processing an event."""
-
-
-class OffsetTrackingError(ProcessingError, RuntimeError):
-    """An acknowledgement that does not match a registered record."""
-
-
-class NullKeyError(ProcessingError, TypeError):
-    """A ``None`` key was given to the key partitioner; Kafka never hashes null keys."""
 
 
 class RecordRejected(ProcessingError, ValueError):
@@ -351,14 +297,15 @@ class RecordTooLargeError(RecordRejected):
 class GroupMembershipError(ProcessingError, RuntimeError):
     """The consumer group will not have this worker: the worker must stop (one clear line).
 
-    Raised for what retrying cannot fix: another worker took over this worker's
-    ``group_instance_id`` (FENCED_INSTANCE_ID), the group is used by clients of another
-    protocol (INCONSISTENT_GROUP_PROTOCOL), the group is full, or access is denied.
+    Raised for what retrying cannot fix: the group is used by clients of another
+    protocol (INCONSISTENT_GROUP_PROTOCOL), the group is full, or access is denied;
+    :class:`FencedInstanceError` when another worker took this worker's place.
     """
 
 
 class FencedInstanceError(GroupMembershipError):
-    """Another worker joined the group with this worker's ``group_instance_id``."""
+    """Another worker joined the group with this worker's ``group_instance_id``
+    (FENCED_INSTANCE_ID): two workers are configured with one instance id."""
 
 
 class TransactionError(ProcessingError, RuntimeError):
@@ -389,16 +336,8 @@ class TransactionFailed(ProcessingError, RuntimeError):
 
 
 class JoinError(StreamjoinError, ValueError):
-    """Base class of the join core's errors."""
-
-
-class InvalidJoinSpec(JoinError, ConfigurationError):
-    """A join definition that cannot work (negative window, unknown or unsupported ``how``,
-    a stream-stream join without a window...); raised when the join is declared."""
-
-
-class InvalidJoinInput(JoinError):
-    """An input event the join core cannot place (bad side, timestamp, seq or types)."""
+    """The join core got an input event it cannot place (bad side, timestamp, seq or
+    types). A join *definition* that cannot work is a :class:`ConfigurationError`."""
 
 
 class CorruptJoinState(JoinError):
@@ -491,11 +430,9 @@ class InvalidAssignmentError(AssignorError):
 
 
 class UserdataError(AssignorError, ValueError):
-    """Base class: assignor userdata cannot be encoded, or these bytes cannot be decoded."""
-
-
-class MalformedUserdata(UserdataError):
-    """The bytes are truncated, corrupt or not streamjoin userdata at all."""
+    """Assignor userdata cannot be encoded (a value outside what the protocol carries: a
+    generation below -1, a capacity below 1, a negative lag, a partition above 2**31-1...),
+    or these bytes cannot be decoded (truncated, corrupt, or not streamjoin userdata)."""
 
 
 class UnsupportedUserdataVersion(UserdataError):
@@ -518,110 +455,57 @@ class UnsupportedUserdataVersion(UserdataError):
         )
 
 
-class UserdataOutOfRange(UserdataError):
-    """A value to encode is outside what the userdata protocol can carry (a generation below
-    -1, a capacity below 1, a negative lag, a partition above 2**31-1...)."""
-
-
 # -- provisioning ----------------------------------------------------------------------------
 
 
 class ProvisioningError(StreamjoinError, RuntimeError):
-    """A Kafka resource could not be set up or inspected: topics, a consumer group, the local
-    development broker, jars from Maven."""
+    """A Kafka resource could not be set up or inspected: topics could not be created or
+    verified, a consumer group could not be described, Spark's Kafka connector could not
+    be resolved (the broker's or Maven's answer is in the message)."""
 
 
-class TopicAdminError(ProvisioningError):
-    """A topic could not be created or verified (the broker answered with an error)."""
-
-
-class ConsumerGroupError(ProvisioningError):
-    """A consumer group could not be described (the broker answered with an error)."""
-
-
-class GroupNotStopped(ConsumerGroupError):
-    """A consumer group's offsets were to be moved while it has active members: their next
-    commit would overwrite the move (stop the workers first)."""
-
-
-class OffsetMoveRefused(ConsumerGroupError):
+class OffsetMoveRefused(ProvisioningError):
     """A requested move of a group's committed offsets is not possible or would lose more
     than asked (an offset outside the partition's records, a skip that would also skip
-    unprocessed records); the message says what to do instead."""
+    unprocessed records), or the group still has active members whose next commit would
+    overwrite the move; the message says what to do instead."""
 
 
 class KafkaProvisioningError(ProvisioningError):
-    """The local broker could not be provisioned or started; the message says what to do."""
+    """The local development broker could not be provisioned or started: no usable
+    ``java`` (17+), no ``mvn``, resolving its jars from Maven Central failed, or the broker
+    did not answer in time; the message says what to do."""
 
 
-class JavaNotFoundError(KafkaProvisioningError):
-    """No usable ``java`` (17+) on this machine."""
-
-
-class MavenNotFoundError(KafkaProvisioningError):
-    """No ``mvn`` to resolve the broker's jars with."""
-
-
-class KafkaResolutionError(KafkaProvisioningError):
-    """Resolving the broker's jars from Maven Central failed."""
-
-
-class BrokerStartError(KafkaProvisioningError):
-    """The broker process exited or did not answer metadata requests in time."""
-
-
-class BrokerExitedError(BrokerStartError):
-    """The broker process exited during startup (e.g. a port was taken meanwhile)."""
+class BrokerExitedError(KafkaProvisioningError):
+    """The broker process exited during startup (e.g. a port was taken meanwhile); the
+    local broker retries with new ports on it."""
 
 
 # -- startup -------------------------------------------------------------------------------
 
 
 class StartupError(StreamjoinError):
-    """The worker cannot start: the app cannot be loaded, the broker did not answer within
-    the startup timeout, the state directory is unusable, or the settings are wrong for this
-    cluster. ``streamjoin worker`` exits with code 3 on it (and on a
+    """The worker cannot start: importing the app module (``-A module:app``) raised (the
+    message names the file and line), or no bootstrap server answered within the startup
+    timeout. ``streamjoin worker`` exits with code 3 on it (and on a
     :class:`ConfigurationError` or :class:`ProvisioningError` raised while starting), so a
     supervisor can tell "will never start as configured" from a processing failure (1)."""
-
-
-class AppImportError(StartupError):
-    """Importing the app module (``-A module:app``) raised: a syntax error, or an exception
-    at import time. The message names the file and line."""
-
-
-class BrokerUnreachable(StartupError):
-    """No bootstrap server answered within the startup timeout."""
 
 
 # -- Spark jobs ------------------------------------------------------------------------------
 
 
 class SparkJobError(StreamjoinError):
-    """Base class of what the Spark backfill and bootstrap jobs refuse or fail at (besides
-    :class:`ConfigurationError`, :class:`CopartitioningError` and :class:`NotFoundError`)."""
+    """What the Spark backfill and bootstrap jobs refuse (besides
+    :class:`ConfigurationError`, :class:`CopartitioningError` and :class:`NotFoundError`):
+    a join that cannot be backfilled (not stream-stream, or a topic joined with itself), a
+    table whose state is not a function of one topic, a changelog that already has
+    records."""
 
 
 class SparkNotInstalled(SparkJobError, ImportError):
     """PySpark is missing: the Spark jobs are an optional extra."""
-
-
-class UnsupportedTable(SparkJobError, ValueError):
-    """The table's state is not a function of one topic (not an ``app.topic_table``), so it
-    cannot be bootstrapped."""
-
-
-class UnsupportedJoin(SparkJobError, ValueError):
-    """The join cannot be backfilled: it is not a stream-stream join, or joins a topic with
-    itself."""
-
-
-class NonEmptyChangelog(SparkJobError, RuntimeError):
-    """The table's changelog already has records; bootstrapping on top would be inconsistent."""
-
-
-class ConnectorResolutionError(SparkJobError, ProvisioningError):
-    """Spark's Kafka connector could not be resolved; the message says what Maven said."""
 
 
 # -- interactive queries ---------------------------------------------------------------------
@@ -682,4 +566,6 @@ class QueryFailed(QueryError, RuntimeError):
 
 
 class InternalError(StreamjoinError, RuntimeError):
-    """An invariant of streamjoin's own code broke: a bug in streamjoin, please report it."""
+    """An invariant of streamjoin's own code broke: a bug in streamjoin, please report it
+    (an offset acknowledged that was never registered, a view written while one of its
+    scans was open...)."""

@@ -8,8 +8,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING
 
-from streamjoin.errors import AppImportError
-from streamjoin.errors import AppNotFound as AppNotFound
+from streamjoin.errors import AppNotFound, StartupError
 
 if TYPE_CHECKING:
     from streamjoin.app import App
@@ -33,13 +32,13 @@ def load_app(spec: str) -> App:
             raise AppNotFound(
                 f"-A {spec!r}: module {module_name!r} was not found (is it on PYTHONPATH?)"
             ) from exc
-        raise AppImportError(f"-A {spec!r}: {_where(exc)}") from exc
+        raise StartupError(f"-A {spec!r}: {_where(exc)}") from exc
     except SyntaxError as exc:
-        raise AppImportError(
+        raise StartupError(
             f"-A {spec!r}: {exc.filename}:{exc.lineno}: SyntaxError: {exc.msg}"
         ) from exc
     except Exception as exc:
-        raise AppImportError(f"-A {spec!r}: {_where(exc)}") from exc
+        raise StartupError(f"-A {spec!r}: {_where(exc)}") from exc
     obj: object = module
     for part in attribute.split("."):
         if not hasattr(obj, part):

@@ -19,10 +19,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-from streamjoin.errors import ArgumentTypeError, ConfigurationError, NullKeyError
+from streamjoin.errors import ArgumentTypeError, ConfigurationError
 
 __all__ = [
-    "NullKeyError",
     "murmur2",
     "partition_for_key",
     "partitions_for_keys",
@@ -87,8 +86,8 @@ def _check_partition_count(num_partitions: int) -> None:
 def partition_for_key(key: bytes, num_partitions: int) -> int:
     """The partition Kafka's Java producer picks for the serialized ``key``.
 
-    Raises :class:`NullKeyError` for ``None``: the producer places null-keyed
-    records itself, so hashing them here would disagree with Kafka.
+    Raises :class:`~streamjoin.errors.ArgumentTypeError` for ``None``: the producer
+    places null-keyed records itself, so hashing them here would disagree with Kafka.
     """
     if type(key) is bytes:
         positive = _POSITIVE_HASHES.get(key)
@@ -96,7 +95,7 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
             return positive % num_partitions
     _check_partition_count(num_partitions)
     if key is None:
-        raise NullKeyError(
+        raise ArgumentTypeError(
             "cannot hash a None key: Kafka does not hash null keys; "
             "send with partition=None and let the producer place the record"
         )
@@ -114,7 +113,7 @@ def partitions_for_keys(keys: Iterable[bytes], num_partitions: int) -> list[int]
     out: list[int] = []
     for key in keys:
         if key is None:
-            raise NullKeyError(
+            raise ArgumentTypeError(
                 f"cannot hash a None key (item {len(out)}): Kafka does not hash null keys"
             )
         out.append(to_positive(murmur2(key)) % num_partitions)

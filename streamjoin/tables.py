@@ -26,7 +26,7 @@ from streamjoin.remembered_values import value_loader
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topics import Topic
 
-__all__ = ["Table", "TableAccessError"]
+__all__ = ["Table"]
 
 
 @dataclass(eq=False)
@@ -50,13 +50,14 @@ class Table:
 
     @property
     def partitions(self) -> int:
-        if self.changelog.partitions is None:
+        count = self.changelog.partitions or self.link.partitions.get(self.changelog.name)
+        if count is None:
             raise TableAccessError(
                 f"table {self.name!r} has no partition count before the app starts: none "
                 "was declared, so it is settled at start (an existing topic's count, else "
                 "the app's topic_partitions)"
             )
-        return self.changelog.partitions
+        return count
 
     # -------------------------------------------------------------- partition routing
 
@@ -182,7 +183,3 @@ class Table:
     def view(self, partition: int) -> TablePartition:
         """Byte-level access to one active partition (join buffers, windowed tables)."""
         return self.active_partition(partition)
-
-    def before_flush(self, state: TablePartition) -> None:
-        """Called by the runtime for each partition about to be flushed (windowed tables
-        expire old windows here, so the deletes reach the changelog with the writes)."""

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import functools
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamjoin.codecs import Codec
 from streamjoin.context import Delivery, Headers, RuntimeLink, Sender, current_event
-from streamjoin.errors import ArgumentTypeError, ConfigurationError, TransportNotReady
+from streamjoin.errors import ArgumentTypeError, ConfigurationError
 from streamjoin.partitioner import partition_for_key
 
-__all__ = ["Delivery", "Headers", "Sender", "Topic", "TransportNotReady", "check_timestamp_ms"]
+__all__ = ["Delivery", "Headers", "Sender", "Topic", "check_timestamp_ms"]
 
 
 def check_timestamp_ms(timestamp_ms: object, timestamp: object, where: str) -> int | None:
@@ -54,11 +54,11 @@ class Topic:
     config: Mapping[str, str] = field(default_factory=dict)
     #: how the running worker's sender is reached (set by the App)
     link: RuntimeLink = field(default_factory=RuntimeLink, repr=False)
+    #: how send()'s argument errors name it (built once, at declaration)
+    _send_where: str = field(init=False, repr=False, compare=False)
 
-    @functools.cached_property
-    def _send_where(self) -> str:
-        """How send()'s argument errors name it (built once, not per record)."""
-        return f"{self.name!r}: send()"
+    def __post_init__(self) -> None:
+        self._send_where = f"{self.name!r}: send()"
 
     async def send(
         self,
@@ -81,19 +81,27 @@ class Topic:
         (at-least-once).
         """
         timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, self._send_where)
+        if timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000
         sender = self.link.require_sender(self.name)
         key_bytes = self.key_codec.dumps(key)
         value_bytes = self.value_codec.dumps(value)
         if partition is None and key_bytes is not None:
-            count = self.partitions or await sender.partition_count(self.name)
+            count = (
+                self.partitions
+                or self.link.partitions.get(self.name)
+                or await sender.partition_count(self.name)
+            )
             partition = partition_for_key(key_bytes, count)
         sent = await sender.send(
-            self.name,
-            key_bytes,
-            value_bytes,
-            partition=partition,
-            headers=list(headers) if headers else (),
-            timestamp_ms=timestamp_ms,
+            (
+                self.name,
+                key_bytes,
+                value_bytes,
+                partition,
+                list(headers) if headers else (),
+                timestamp_ms,
+            )
         )
         event = current_event.get()
         if event is not None:
@@ -117,7 +125,10 @@ class Topic:
         coroutine per record: the framework's joins send their outputs this way. Errors
         are those of :meth:`send`."""
         # (the checks of send(), with their common outcomes first: once per record)
-        if timestamp_ms is not None and (type(timestamp_ms) is not int or timestamp_ms < 0):
+        if timestamp_ms is None:
+            # (now, here: the record goes out as built, not rebuilt with its time)
+            timestamp_ms = time.time_ns() // 1_000_000
+        elif type(timestamp_ms) is not int or timestamp_ms < 0:
             timestamp_ms = check_timestamp_ms(timestamp_ms, None, self._send_where)
         sender = self.link.sender
         if sender is None:
@@ -125,17 +136,19 @@ class Topic:
         key_bytes = self.key_codec.dumps(key)
         value_bytes = self.value_codec.dumps(value)
         if partition is None and key_bytes is not None:
-            partitions = self.partitions
+            partitions = self.partitions or self.link.partitions.get(self.name)
             if not partitions:
                 return None
             partition = partition_for_key(key_bytes, partitions)
         sent = sender.send_now(
-            self.name,
-            key_bytes,
-            value_bytes,
-            partition=partition,
-            headers=list(headers) if headers else (),
-            timestamp_ms=timestamp_ms,
+            (
+                self.name,
+                key_bytes,
+                value_bytes,
+                partition,
+                list(headers) if headers else (),
+                timestamp_ms,
+            )
         )
         if sent is not None:
             event = current_event.get()

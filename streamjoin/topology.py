@@ -108,23 +108,25 @@ class Topology:
         """Aligned topics released before the others of their group on equal timestamps."""
         return frozenset(t for a in self.agents.values() for t in a.ties_first)
 
-    def resolve_partitions(self, existing: Mapping[str, int], default: int) -> None:
-        """Fill in partition counts nobody declared: an existing topic keeps its count, a topic
-        co-partitioned with others takes theirs, anything else gets ``default``."""
+    def resolve_partitions(self, existing: Mapping[str, int], default: int) -> dict[str, int]:
+        """Every topic's partition count: its declared one; else an existing topic's; else
+        that of the topics it is co-partitioned with; else ``default``. Declarations are
+        left as they are (the counts reach the running worker through its RuntimeLink)."""
+        counts: dict[str, int] = {}
         for topic in self.topics.values():
-            if topic.partitions is None and topic.name in existing:
-                topic.partitions = existing[topic.name]
+            if topic.partitions is not None:
+                counts[topic.name] = topic.partitions
+            elif topic.name in existing:
+                counts[topic.name] = existing[topic.name]
         for group in self.copartition_groups:
-            members = [self.topics[name] for name in group]
-            known = {t.partitions for t in members if t.partitions is not None}
+            known = {counts[name] for name in group if name in counts}
             if len(known) == 1:
                 count = known.pop()
-                for t in members:
-                    if t.partitions is None:
-                        t.partitions = count
-        for topic in self.topics.values():
-            if topic.partitions is None:
-                topic.partitions = default
+                for name in group:
+                    counts.setdefault(name, count)
+        for name in self.topics:
+            counts.setdefault(name, default)
+        return counts
 
     def check_copartitioning(self, counts: Mapping[str, int]) -> None:
         """Raise :class:`CopartitioningError` naming every group whose counts differ."""

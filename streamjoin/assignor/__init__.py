@@ -10,14 +10,6 @@ breaks a rule of ``SAFETY_CODES``.
 
 from __future__ import annotations
 
-from streamjoin.assignor.errors import (
-    SAFETY_CODES,
-    AssignorError,
-    InvalidAssignmentError,
-    InvalidScenarioError,
-    Violation,
-    ViolationCode,
-)
 from streamjoin.assignor.fallback import fallback_assignment
 from streamjoin.assignor.model import (
     AssignmentResult,
@@ -30,15 +22,13 @@ from streamjoin.assignor.model import (
 from streamjoin.assignor.pipeline import assign
 from streamjoin.assignor.plan import next_round, plan, result_to_json, scenario_from_json
 from streamjoin.assignor.validate import find_violations, validate_assignment
+from streamjoin.errors import SAFETY_CODES, Violation, ViolationCode
 
 __all__ = [
     "SAFETY_CODES",
     "AssignmentResult",
     "AssignmentStats",
     "AssignorConfig",
-    "AssignorError",
-    "InvalidAssignmentError",
-    "InvalidScenarioError",
     "MemberAssignment",
     "MemberState",
     "Scenario",

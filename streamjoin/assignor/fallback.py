@@ -1,7 +1,7 @@
 """A safe assignment for when the assignor's own result is unsafe (pure).
 
 The runtime validates every assignment it computes. If a result breaks a rule
-of :data:`~streamjoin.assignor.errors.SAFETY_CODES` (a task with two actives or
+of :data:`~streamjoin.errors.SAFETY_CODES` (a task with two actives or
 none, a split join, a partition its member cannot consume, a misplaced
 standby), the runtime sends this instead. Failing the rebalance would not help:
 the assignor is deterministic, so every leader would compute the same result

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from streamjoin.assignor.errors import InvalidScenarioError
 from streamjoin.assignor.model import MemberState
+from streamjoin.errors import InvalidScenarioError
 
 #: how many member ids a warning lists before saying "and N more"
 _WARN_LIST = 5

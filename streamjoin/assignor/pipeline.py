@@ -15,7 +15,6 @@ from itertools import pairwise
 from operator import ne
 
 from streamjoin.assignor.conflicts import Claims, resolve_claims
-from streamjoin.assignor.errors import InvalidScenarioError
 from streamjoin.assignor.grouping import Grouping, build_grouping
 from streamjoin.assignor.model import (
     AssignmentResult,
@@ -26,6 +25,7 @@ from streamjoin.assignor.model import (
 )
 from streamjoin.assignor.standby import assign_standbys, claimed_standbys
 from streamjoin.assignor.sticky import UNASSIGNED, ActivePlan, assign_actives
+from streamjoin.errors import InvalidScenarioError
 
 
 def sorted_members(scenario: Scenario) -> list[MemberState]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from streamjoin.assignor.errors import InvalidScenarioError
 from streamjoin.assignor.explain import explain
 from streamjoin.assignor.model import (
     AssignmentResult,
@@ -25,6 +24,7 @@ from streamjoin.assignor.model import (
     TopicPartitions,
 )
 from streamjoin.assignor.pipeline import assign
+from streamjoin.errors import InvalidScenarioError
 
 _SCENARIO_FIELDS = frozenset(
     {

@@ -17,8 +17,8 @@ deltas, each topic name and each distinct partition set stored once) behind a
 six-byte header with a magic, a kind, a major and a minor version, and the
 body is deflated only when that makes it smaller. Decoding never lets an
 ``IndexError`` or ``zlib.error`` escape: unknown major versions raise
-:class:`UnsupportedUserdataVersion`, anything else wrong raises
-:class:`MalformedUserdata` naming what was wrong. ``docs/protocol.md`` has the
+:class:`~streamjoin.errors.UnsupportedUserdataVersion`, anything else wrong raises
+:class:`~streamjoin.errors.UserdataError` naming what was wrong. ``docs/protocol.md`` has the
 byte layout, the compatibility rules and the size measurements.
 """
 
@@ -36,12 +36,7 @@ from streamjoin.assignor.model import (
     normalize_topic_partitions,
     sorted_by_key,
 )
-from streamjoin.errors import (
-    MalformedUserdata,
-    UnsupportedUserdataVersion,
-    UserdataError,
-    UserdataOutOfRange,
-)
+from streamjoin.errors import UnsupportedUserdataVersion, UserdataError
 
 __all__ = [
     "ASSIGNMENT_KIND",
@@ -49,11 +44,7 @@ __all__ = [
     "MINOR_VERSION",
     "SUBSCRIPTION_KIND",
     "AssignmentUserdata",
-    "MalformedUserdata",
     "SubscriptionUserdata",
-    "UnsupportedUserdataVersion",
-    "UserdataError",
-    "UserdataOutOfRange",
     "assignment_userdata_for",
     "decode_assignment",
     "decode_subscription",
@@ -217,15 +208,13 @@ def assignment_userdata_for(
 
 
 def encode_subscription(userdata: SubscriptionUserdata) -> bytes:
-    """Encode a subscription's userdata; :class:`UserdataOutOfRange` for out-of-range values."""
+    """Encode a subscription's userdata; :class:`UserdataError` for out-of-range values."""
     if not -1 <= userdata.generation <= MAX_GENERATION:
-        raise UserdataOutOfRange(
+        raise UserdataError(
             f"generation must be in [-1, {MAX_GENERATION}], got {userdata.generation}"
         )
     if not 1 <= userdata.capacity <= MAX_CAPACITY:
-        raise UserdataOutOfRange(
-            f"capacity must be in [1, {MAX_CAPACITY}], got {userdata.capacity}"
-        )
+        raise UserdataError(f"capacity must be in [1, {MAX_CAPACITY}], got {userdata.capacity}")
     out = bytearray()
     _put_uvarint(out, _zigzag(userdata.generation))
     _put_uvarint(out, userdata.capacity)
@@ -242,7 +231,7 @@ def encode_subscription(userdata: SubscriptionUserdata) -> bytes:
     for topic, per_partition in userdata.state_lag.items():
         for partition, lag in per_partition.items():
             if not 0 <= lag <= MAX_LAG:
-                raise UserdataOutOfRange(f"lag for {topic}[{partition}] must be in [0, {MAX_LAG}]")
+                raise UserdataError(f"lag for {topic}[{partition}] must be in [0, {MAX_LAG}]")
         for parts in tables.cover(tuple(per_partition)):
             topic_ref, set_ref = tables.refs(topic, parts)
             lags.append((topic_ref, set_ref, [per_partition[p] for p in parts]))
@@ -260,9 +249,9 @@ def encode_subscription(userdata: SubscriptionUserdata) -> bytes:
 
 
 def encode_assignment(userdata: AssignmentUserdata) -> bytes:
-    """Encode one member's assignment userdata; :class:`UserdataOutOfRange` if out of range."""
+    """Encode one member's assignment userdata; :class:`UserdataError` if out of range."""
     if not 0 <= userdata.generation <= MAX_GENERATION:
-        raise UserdataOutOfRange(
+        raise UserdataError(
             f"generation must be in [0, {MAX_GENERATION}], got {userdata.generation}"
         )
     out = bytearray()
@@ -294,7 +283,7 @@ class _Tables:
         if set_ref is None:
             for partition in partitions:
                 if not 0 <= partition <= MAX_PARTITION:
-                    raise UserdataOutOfRange(
+                    raise UserdataError(
                         f"partition {partition} of {topic!r} outside [0, {MAX_PARTITION}]"
                     )
             set_ref = self.sets[partitions] = len(self.sets)
@@ -372,7 +361,7 @@ def _put_inline_map(out: bytearray, value: TopicPartitions) -> None:
     for topic, partitions in value.items():
         for partition in (partitions[0], partitions[-1]) if partitions else ():
             if not 0 <= partition <= MAX_PARTITION:
-                raise UserdataOutOfRange(
+                raise UserdataError(
                     f"partition {partition} of {topic!r} outside [0, {MAX_PARTITION}]"
                 )
         _put_str(out, topic)
@@ -508,21 +497,21 @@ def _open(data: bytes, kind: int) -> tuple[_Reader, int]:
     name = _KIND_NAMES[kind]
     data = bytes(data)  # also accepts bytearray and memoryview
     if len(data) < HEADER_SIZE:
-        raise MalformedUserdata(
+        raise UserdataError(
             f"{name} userdata truncated: {len(data)} bytes, the header alone is {HEADER_SIZE}"
         )
     if data[:2] != MAGIC:
-        raise MalformedUserdata(f"{name} userdata has bad magic {data[:2]!r} (expected {MAGIC!r})")
+        raise UserdataError(f"{name} userdata has bad magic {data[:2]!r} (expected {MAGIC!r})")
     if data[2] != kind:
         other = _KIND_NAMES.get(data[2], f"unknown kind {data[2]:#04x}")
-        raise MalformedUserdata(f"expected {name} userdata, got {other}")
+        raise UserdataError(f"expected {name} userdata, got {other}")
     major, minor, flags = data[3], data[4], data[5]
     if major != MAJOR_VERSION:
         raise UnsupportedUserdataVersion(
             name, major, minor, reader_major=MAJOR_VERSION, reader_minor=MINOR_VERSION
         )
     if flags & ~_KNOWN_HEADER_FLAGS:
-        raise MalformedUserdata(f"{name} userdata has unknown header flags {flags:#04x}")
+        raise UserdataError(f"{name} userdata has unknown header flags {flags:#04x}")
     body = data[HEADER_SIZE:]
     if flags & FLAG_DEFLATED:
         body = _inflate(name, body)
@@ -534,13 +523,13 @@ def _inflate(name: str, payload: bytes) -> bytes:
     try:
         body = inflater.decompress(payload, MAX_BODY_BYTES + 1)
     except zlib.error as exc:
-        raise MalformedUserdata(f"{name} userdata: corrupt deflated body ({exc})") from exc
+        raise UserdataError(f"{name} userdata: corrupt deflated body ({exc})") from exc
     if len(body) > MAX_BODY_BYTES:
-        raise MalformedUserdata(f"{name} userdata inflates beyond {MAX_BODY_BYTES} bytes")
+        raise UserdataError(f"{name} userdata inflates beyond {MAX_BODY_BYTES} bytes")
     if not inflater.eof:
-        raise MalformedUserdata(f"{name} userdata: deflated body is truncated")
+        raise UserdataError(f"{name} userdata: deflated body is truncated")
     if inflater.unused_data:
-        raise MalformedUserdata(f"{name} userdata: trailing bytes after the deflated body")
+        raise UserdataError(f"{name} userdata: trailing bytes after the deflated body")
     return body
 
 
@@ -556,7 +545,7 @@ class _Reader:
         self.sets_read: list[tuple[bytes, tuple[int, ...]]] = []
 
     def fail(self, what: str) -> NoReturn:
-        raise MalformedUserdata(f"{self.kind} userdata: {what} (at body offset {self.pos})")
+        raise UserdataError(f"{self.kind} userdata: {what} (at body offset {self.pos})")
 
     def uvarint(self, what: str) -> int:
         body, pos = self.body, self.pos

@@ -31,11 +31,11 @@ from itertools import chain
 from operator import ne
 
 from streamjoin.assignor.conflicts import resolve_claims
-from streamjoin.assignor.errors import InvalidAssignmentError, Violation, ViolationCode
 from streamjoin.assignor.grouping import Group, Grouping, build_grouping
 from streamjoin.assignor.model import AssignmentResult, MemberState, Scenario
 from streamjoin.assignor.pipeline import sorted_members
 from streamjoin.assignor.standby import TagRule, standby_count
+from streamjoin.errors import InvalidAssignmentError, Violation, ViolationCode
 
 _MAX_VIOLATIONS = 200
 

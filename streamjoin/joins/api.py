@@ -1,9 +1,11 @@
 """Declared joins: decorators that wire the pure join core into agents, tables and topics.
 
 * stream-stream (windowed): ``@app.join(left_topic, right_topic, window=..., grace=...)``
-  runs one agent per side over a shared join buffer (a table with a changelog, so a
-  join survives crashes and moves with its partition) and calls the decorated
-  function for every joined (or, for left/outer joins, unmatched) pair;
+  runs one agent over both inputs (partition p of each read in timestamp order, so
+  stream time advances the same way whatever the fetch order) with a join buffer (a
+  table with a changelog, so a join survives crashes and moves with its partition)
+  and calls the decorated function for every joined (or, for left/outer joins,
+  unmatched) pair;
 * stream-table: ``@app.join(stream_topic, table)`` enriches each event with the
   table's value for its key: for a topic table, as of the event's timestamp (the
   table's agent reads the stream too, in timestamp order with the table's topic);
@@ -28,19 +30,16 @@ from streamjoin.context import EventContext, current_event
 from streamjoin.errors import (
     ArgumentTypeError,
     ConfigurationError,
-    InvalidJoinSpec,
     TableAccessError,
 )
 from streamjoin.events import Event
 from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamStreamJoin
-from streamjoin.log_summary import Summary
+from streamjoin.joins.run_state import JoinPartition, JoinStats
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
 
 log = logging.getLogger("streamjoin.joins")
-#: late and beyond-grace events: the first logged at once, then a count per period
-_late_events = Summary(log)
 
 How = Literal["inner", "left", "outer"]
 JoinFunction = Callable[[Any, Any, Any], Any]
@@ -103,18 +102,6 @@ class Declarations(Protocol):
     ) -> bool: ...
 
 
-@dataclass
-class JoinStats:
-    """A join's counters on this worker since it started (kept by the worker, not here)."""
-
-    #: results passed to the join function
-    emitted: int = 0
-    #: inputs dropped because their window had closed
-    late: int = 0
-    #: inputs accepted beyond the grace period (their partners may be gone)
-    beyond_grace: int = 0
-
-
 @dataclass(eq=False)
 class StreamStreamJoinDecl:
     """A declared windowed join of two co-partitioned streams."""
@@ -141,10 +128,11 @@ class StreamStreamJoinDecl:
             return None
         extractor = self.left_timestamp if side == "left" else self.right_timestamp
         timestamp = extractor(event) if extractor is not None else event.timestamp
-        core = context.task_values.get(self._key)
-        if core is None:
-            core = context.task_values[self._key] = self._new_core(context)
+        part = context.task.joins.get(self.name)
+        if part is None:
+            part = context.task.joins[self.name] = self._new_partition(context)
             self._counters(context)  # listed (monitor, join_stats) from the first event on
+        core = part.core
         stats = core.stats
         late, beyond_grace = stats.late, stats.beyond_grace
         outputs = core.process_record(
@@ -157,8 +145,8 @@ class StreamStreamJoinDecl:
             counters.beyond_grace += stats.beyond_grace - beyond_grace
             what = "late and dropped" if dropped else "beyond the grace period"
             stream_time = core.stream_time_ms
-            _late_events.note(
-                (self.name, event.topic, dropped),
+            part.late_events.note(
+                (event.topic, dropped),
                 lambda: (
                     f"join {self.name}: {event.position} (event time {timestamp}) is {what}; "
                     f"stream time of partition {event.partition} is {stream_time} (more are "
@@ -166,7 +154,7 @@ class StreamStreamJoinDecl:
                 ),
                 lambda count, seconds: (
                     f"join {self.name}: {count} more events {what} in the last "
-                    f"{seconds:.0f} s on topic {event.topic}"
+                    f"{seconds:.0f} s on {event.topic}[{event.partition}]"
                 ),
             )
         if outputs:
@@ -175,19 +163,18 @@ class StreamStreamJoinDecl:
 
     def _counters(self, context: EventContext) -> JoinStats:
         """This worker's counters of this join."""
-        counters: JoinStats | None = context.worker_values.get(self._key)
+        counters = context.join_stats.get(self.name)
         if counters is None:
-            counters = context.worker_values[self._key] = JoinStats()
+            counters = context.join_stats[self.name] = JoinStats()
         return counters
 
     def __post_init__(self) -> None:
-        #: where the task keeps this join's core, and the worker its counters
-        self._key = f"join:{self.name}"
         #: a coroutine function's result is awaited without asking (most join functions)
         self._is_async = inspect.iscoroutinefunction(self.fun)
 
-    def _new_core(self, context: EventContext) -> StreamStreamJoin:
-        """The task's join core over its buffer partition (made once per task)."""
+    def _new_partition(self, context: EventContext) -> JoinPartition:
+        """The task's part of this join: a core over its buffer partition (made once per
+        task)."""
         view = context.table_partition(self.buffer.name)
         if view is None:
             raise ConfigurationError(
@@ -195,7 +182,7 @@ class StreamStreamJoinDecl:
                 f"{context.record.topic}[{context.record.partition}]"
             )
         view.group_keys_by(BUFFER_GROUP_OF)  # partner scans read one key's buffered writes
-        return StreamStreamJoin(self.spec, view)
+        return JoinPartition(StreamStreamJoin(self.spec, view))
 
     def _emit(self, outputs: list[JoinOutput], counters: JoinStats) -> Awaitable[None] | None:
         """Call the join function on each result (in order) and send what it returns; None
@@ -306,7 +293,7 @@ def declare_join(
         join_name = name or fun.__name__
         if isinstance(left, Topic) and isinstance(right, Topic):
             if window is None:
-                raise InvalidJoinSpec(f"join {join_name!r}: a stream-stream join needs window=")
+                raise ConfigurationError(f"join {join_name!r}: a stream-stream join needs window=")
             _stream_stream(
                 app,
                 join_name,
@@ -376,7 +363,7 @@ def _stream_table(
     on_error: Literal["stop", "skip", "dead_letter"],
 ) -> None:
     if how == "outer":
-        raise InvalidJoinSpec(f"join {name!r}: a stream-table join is inner or left, not outer")
+        raise ConfigurationError(f"join {name!r}: a stream-table join is inner or left, not outer")
     app.attach_reader(table, stream)
     source = app.table_sources.get(table.name)
     app.joins[name] = StreamTableJoinDecl(name, stream, table, source, how, output, fun)
@@ -434,7 +421,7 @@ def _table_table(
     left_source = app.table_sources.get(left.name)
     right_source = app.table_sources.get(right.name)
     if left_source is None or right_source is None:
-        raise InvalidJoinSpec(
+        raise ConfigurationError(
             f"join {name!r}: a table-table join needs tables read from topics "
             "(declare them with app.topic_table(topic))"
         )

@@ -6,28 +6,23 @@ decision (buffering, matching, window close, emission order, late data) is
 made here, so both produce the same results. ``docs/joins.md`` states the
 semantics; this module implements them.
 
-Stream-stream state layout, one join partition per view: the windowed layout
-of :mod:`streamjoin.state.window_layout`, which windowed tables use too (all
-integers 8-byte big-endian, so byte order is numeric order; ``side`` is ``b"L"``
-or ``b"R"``):
+Stream-stream state, one join partition per view, is in the windowed layout of
+:mod:`streamjoin.state.window_layout` (which windowed tables use too, and which
+builds every key of it):
 
-- ``META_KEY`` (``JOIN_STATE_KEY``: ``META + b"join-state"``) -> format version,
-  stream time, buffered count, expiry hint and, per side, the seq from which no event
-  can be buffered yet (format 2; format 1, without them, is still read);
-- ``BUFFER_PREFIX + side + window_key(key, ts) + seq`` (``DATA``, sub-space
-  ``side``, suffix ``seq``) -> the event's value: a key's buffered events on one
-  side, in (timestamp, seq) order, so finding the matches of an event is one
-  range scan;
-- ``EXPIRY_PREFIX + ts + side + seq + length_prefixed(key)`` (``INDEX``, entry id
-  ``side + seq + length_prefixed(key)``) -> matched flag: every buffered event in
-  (timestamp, side, seq) order, so closing windows reads only what closed,
-  already in emission order. The flag lives here, not beside the value, so
-  marking an event matched rewrites one byte.
+- ``META_KEY`` (``JOIN_STATE_KEY``) -> format version, stream time, buffered count,
+  expiry hint and, per side, the seq from which no event can be buffered yet (format
+  2; format 1, without them, is still read);
+- a buffer key (``DATA``, sub-space ``side``, suffix ``seq``) -> the event's value:
+  a key's buffered events on one side, in (timestamp, seq) order, so finding the
+  matches of an event is one range scan;
+- an index entry (``INDEX``, entry id ``side + seq + length_prefixed(key)``) ->
+  matched flag: every buffered event in (timestamp, side, seq) order, so closing
+  windows reads only what closed, already in emission order. The flag lives here,
+  not beside the value, so marking an event matched rewrites one byte.
 
-The per-event paths build these keys from the layout's constants with their own
-``struct`` packing (the layout's functions check every argument; the core checks
-its inputs once, in :class:`JoinInput`); ``tests/unit/state/test_window_layout.py``
-checks that both build the same bytes.
+The per-event path builds these keys inline with the layout's precompiled packers
+(its inputs are checked once, as :class:`JoinInput` checks them).
 """
 
 from __future__ import annotations
@@ -36,10 +31,22 @@ import struct
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from streamjoin.errors import CorruptJoinState, InvalidJoinInput, InvalidJoinSpec, JoinError
+from streamjoin.errors import ConfigurationError, CorruptJoinState, JoinError, KeyEncodingError
 from streamjoin.joins.state import FlushedKeyValueView, KeyValueView
 from streamjoin.state.keys import KEY_LENGTH_BYTES, MAX_UINT64
-from streamjoin.state.window_layout import DATA, INDEX, JOIN_STATE_KEY, data_group, namespace_range
+from streamjoin.state.window_layout import (
+    DATA,
+    INDEX,
+    JOIN_STATE_KEY,
+    data_group,
+    namespace_range,
+    pack_join_index_head,
+    pack_key_length,
+    pack_time_seq,
+    pack_u64,
+    split_join_index_key,
+    unpack_u64,
+)
 
 __all__ = [
     "BUFFER_GROUP_OF",
@@ -47,11 +54,7 @@ __all__ = [
     "EXPIRY_PREFIX",
     "MAX_TIMESTAMP_MS",
     "META_KEY",
-    "CorruptJoinState",
     "How",
-    "InvalidJoinInput",
-    "InvalidJoinSpec",
-    "JoinError",
     "JoinInput",
     "JoinOutput",
     "JoinSpec",
@@ -93,25 +96,13 @@ _UNMATCHED = b"\x00"
 #: expiry index entries handled per scan; bounds memory when much closes at once
 _EXPIRY_BATCH = 1_000
 _U64 = 8
-#: ``encode_uint64``/``decode_uint64`` without their checks, for the per-event path: inputs are
-#: validated once, in JoinInput, and the bytes are the same (the tests pin the layout)
-_PACK_U64 = struct.Struct(">Q").pack
-_UNPACK_U64 = struct.Struct(">Q").unpack
 _META_LAYOUT = struct.Struct(">BQQQQQ")
 _META_LAYOUT_1 = struct.Struct(">BQQQ")
-#: ``u64(ts) + u64(seq)``: the tail of a buffer key
-_PACK_TS_SEQ = struct.Struct(">QQ").pack
-#: ``EXPIRY_PREFIX + u64(ts) + side + u64(seq)``: the head of an expiry index key
-_EXPIRY_HEAD = struct.Struct(">cQcQ")
-_PACK_EXPIRY_HEAD = _EXPIRY_HEAD.pack
-#: the same and the key's length prefix: every byte of an expiry key but the key
-_EXPIRY_FIXED = struct.Struct(">cQcQI")
-_EXPIRY_FIXED_SIZE = _EXPIRY_FIXED.size
-_UNPACK_EXPIRY_FIXED = _EXPIRY_FIXED.unpack_from
-_PACK_KEY_LENGTH = struct.Struct(">I").pack
 
 
-def _check_int(name: str, value: int, low: int, high: int, error: type[JoinError]) -> None:
+def _check_int(
+    name: str, value: int, low: int, high: int, error: type[ConfigurationError | JoinError]
+) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise error(f"{name} must be an int in [{low}, {high}], got {value!r}")
 
@@ -127,10 +118,10 @@ class JoinSpec:
     how: How = "inner"
 
     def __post_init__(self) -> None:
-        _check_int("window_ms", self.window_ms, 0, _MAX_DURATION_MS, InvalidJoinSpec)
-        _check_int("grace_ms", self.grace_ms, 0, _MAX_DURATION_MS, InvalidJoinSpec)
+        _check_int("window_ms", self.window_ms, 0, _MAX_DURATION_MS, ConfigurationError)
+        _check_int("grace_ms", self.grace_ms, 0, _MAX_DURATION_MS, ConfigurationError)
         if self.how not in ("inner", "left", "outer"):
-            raise InvalidJoinSpec(f"how must be 'inner', 'left' or 'outer', got {self.how!r}")
+            raise ConfigurationError(f"how must be 'inner', 'left' or 'outer', got {self.how!r}")
 
     def emits_unmatched(self, side: Side) -> bool:
         """Whether an event of ``side`` that never matched is emitted when its window closes."""
@@ -170,14 +161,14 @@ class JoinInput:
 
     def __post_init__(self) -> None:
         if self.side not in _SIDE_BYTE:
-            raise InvalidJoinInput(f"side must be 'left' or 'right', got {self.side!r}")
+            raise JoinError(f"side must be 'left' or 'right', got {self.side!r}")
         if not isinstance(self.key, bytes) or not isinstance(self.value, bytes):
-            raise InvalidJoinInput(
+            raise JoinError(
                 f"key and value are bytes, got {type(self.key).__name__}, "
                 f"{type(self.value).__name__}"
             )
-        _check_int("timestamp_ms", self.timestamp_ms, 0, MAX_TIMESTAMP_MS, InvalidJoinInput)
-        _check_int("seq", self.seq, 0, MAX_UINT64, InvalidJoinInput)
+        _check_int("timestamp_ms", self.timestamp_ms, 0, MAX_TIMESTAMP_MS, JoinError)
+        _check_int("seq", self.seq, 0, MAX_UINT64, JoinError)
 
 
 class JoinOutput(NamedTuple):
@@ -251,24 +242,12 @@ class _Meta(NamedTuple):
         )
 
 
-def _buffer_key(side: bytes, prefixed_key: bytes, timestamp_ms: int, seq: int) -> bytes:
-    """``BUFFER_PREFIX + side + window_key(key, ts) + seq``; takes ``length_prefixed(key)``
-    and the side's byte."""
-    return BUFFER_PREFIX + side + prefixed_key + _PACK_TS_SEQ(timestamp_ms, seq)
-
-
-def _expiry_key(side: bytes, prefixed_key: bytes, timestamp_ms: int, seq: int) -> bytes:
-    """``EXPIRY_PREFIX + ts + side + seq + length_prefixed(key)``."""
-    return _PACK_EXPIRY_HEAD(EXPIRY_PREFIX, timestamp_ms, side, seq) + prefixed_key
-
-
 def _split_expiry_key(entry: bytes) -> tuple[int, bytes, int, bytes]:
-    """``(timestamp, side byte, seq, length_prefixed(key))`` of an expiry index key."""
-    if len(entry) >= _EXPIRY_FIXED_SIZE:
-        _, timestamp_ms, side, seq, key_length = _UNPACK_EXPIRY_FIXED(entry)
-        if len(entry) == _EXPIRY_FIXED_SIZE + key_length and (side == b"L" or side == b"R"):
-            return timestamp_ms, side, seq, entry[_EXPIRY_HEAD.size :]
-    raise CorruptJoinState(f"malformed join expiry entry {entry!r}")
+    """``(timestamp, side byte, seq, length_prefixed(key))`` of an expiry index entry."""
+    try:
+        return split_join_index_key(entry)
+    except KeyEncodingError:
+        raise CorruptJoinState(f"malformed join expiry entry {entry!r}") from None
 
 
 class StreamStreamJoin:
@@ -348,7 +327,7 @@ class StreamStreamJoin:
             and 0 <= seq <= MAX_UINT64
             and side in _SIDE_BYTE
         ):
-            JoinInput(side, key, value, timestamp_ms, seq)  # raises InvalidJoinInput if invalid
+            JoinInput(side, key, value, timestamp_ms, seq)  # raises JoinError if invalid
         view = self.view
         if not self._deferred:
             data = view.get(META_KEY)
@@ -376,7 +355,7 @@ class StreamStreamJoin:
         window_ms = self.spec.window_ms
         is_left = side == "left"
         side_byte, other_byte = (b"L", b"R") if is_left else (b"R", b"L")
-        prefixed = _PACK_KEY_LENGTH(len(key)) + key
+        prefixed = pack_key_length(len(key)) + key
         # partners closed at the current stream time never match, even while they are still
         # stored (see JoinSpec.expiry_slack_ms)
         lowest = timestamp_ms - window_ms
@@ -390,13 +369,13 @@ class StreamStreamJoin:
         else:
             partners = view.scan_group(
                 partner_group,
-                partner_group + _PACK_TS_SEQ(lowest if lowest > 0 else 0, 0),
-                partner_group + _PACK_TS_SEQ(timestamp_ms + window_ms + 1, 0),
+                partner_group + pack_time_seq(lowest if lowest > 0 else 0, 0),
+                partner_group + pack_time_seq(timestamp_ms + window_ms + 1, 0),
             )
         if partners:
             track_other = self._emits_unmatched[other_byte]
             for partner_key, partner_value in partners:
-                partner_ms = _UNPACK_U64(partner_key[-2 * _U64 : -_U64])[0]
+                partner_ms = unpack_u64(partner_key[-2 * _U64 : -_U64])[0]
                 outputs.append(
                     JoinOutput(
                         key,
@@ -406,15 +385,18 @@ class StreamStreamJoin:
                     )
                 )
                 if track_other:
-                    partner_seq = _UNPACK_U64(partner_key[-_U64:])[0]
-                    partner_index = _expiry_key(other_byte, prefixed, partner_ms, partner_seq)
+                    partner_seq = unpack_u64(partner_key[-_U64:])[0]
+                    partner_index = (
+                        pack_join_index_head(EXPIRY_PREFIX, partner_ms, other_byte, partner_seq)
+                        + prefixed
+                    )
                     if view.get(partner_index) != _MATCHED:
                         view.put(partner_index, _MATCHED)
             stats.matched += len(partners)
 
         group = BUFFER_PREFIX + side_byte + prefixed
-        buffer_key = group + _PACK_TS_SEQ(timestamp_ms, seq)
-        index_key = _PACK_EXPIRY_HEAD(EXPIRY_PREFIX, timestamp_ms, side_byte, seq) + prefixed
+        buffer_key = group + pack_time_seq(timestamp_ms, seq)
+        index_key = pack_join_index_head(EXPIRY_PREFIX, timestamp_ms, side_byte, seq) + prefixed
         fresh = self._fresh_left if is_left else self._fresh_right
         if fresh != _UNKNOWN_SEQ and seq >= fresh:
             # no event of this side at or past ``fresh`` was buffered: not a replay
@@ -443,7 +425,7 @@ class StreamStreamJoin:
     def advance(self, stream_time_ms: int) -> list[JoinOutput]:
         """Move stream time forward (never back) and close every window that ends
         before it: unmatched events in (timestamp, side, seq) order, for left/outer."""
-        _check_int("stream_time_ms", stream_time_ms, 0, MAX_TIMESTAMP_MS, InvalidJoinInput)
+        _check_int("stream_time_ms", stream_time_ms, 0, MAX_TIMESTAMP_MS, JoinError)
         if not self._deferred:
             data = self.view.get(META_KEY)
             if data != self._meta_bytes:
@@ -545,10 +527,10 @@ class StreamStreamJoin:
         emits_unmatched = self._emits_unmatched
         outputs: list[JoinOutput] = []
         removed = 0
-        index_end = EXPIRY_PREFIX + _PACK_U64(cutoff)
+        index_end = EXPIRY_PREFIX + pack_u64(cutoff)
         # nothing is buffered below the hint: start there, not at the index's first key (the
         # range before it may hold many deletes not yet compacted away)
-        index_start = EXPIRY_PREFIX + _PACK_U64(hint)
+        index_start = EXPIRY_PREFIX + pack_u64(hint)
         # One scan finds both what closed and the first entry still open (the next hint).
         following: bytes | None = None
         while following is None:
@@ -563,9 +545,12 @@ class StreamStreamJoin:
             # the scan is left behind before anything is written
             counts = self._counts
             for index_key, flag in closed:
-                timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
+                try:  # (not _split_expiry_key: one call less per closed event)
+                    timestamp_ms, side, seq, prefixed = split_join_index_key(index_key)
+                except KeyEncodingError:
+                    raise CorruptJoinState(f"malformed join expiry entry {index_key!r}") from None
                 group = BUFFER_PREFIX + side + prefixed
-                buffer_key = group + _PACK_TS_SEQ(timestamp_ms, seq)
+                buffer_key = group + pack_time_seq(timestamp_ms, seq)
                 if counts is not None:
                     left_in_group = counts.get(group, 0) - 1
                     if left_in_group > 0:
@@ -631,7 +616,7 @@ class TableTableJoin:
 
     def __post_init__(self) -> None:
         if self.how not in ("inner", "left", "outer"):
-            raise InvalidJoinSpec(f"how must be 'inner', 'left' or 'outer', got {self.how!r}")
+            raise ConfigurationError(f"how must be 'inner', 'left' or 'outer', got {self.how!r}")
 
     def has_row(self, left: bytes | None, right: bytes | None) -> bool:
         if self.how == "inner":
@@ -652,7 +637,7 @@ class TableTableJoin:
         """Apply ``side``'s new ``value`` (None: deleted) given both sides' values before
         it; None when the joined row did not change (so nothing is emitted)."""
         if side not in _SIDE_BYTE:
-            raise InvalidJoinInput(f"side must be 'left' or 'right', got {side!r}")
+            raise JoinError(f"side must be 'left' or 'right', got {side!r}")
         new_left, new_right = (value, right) if side == "left" else (left, value)
         before, after = self.has_row(left, right), self.has_row(new_left, new_right)
         if after:

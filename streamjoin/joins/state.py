@@ -13,9 +13,9 @@ from typing import Protocol, runtime_checkable
 
 from sortedcontainers import SortedDict
 
-from streamjoin.errors import ArgumentTypeError, ScanInvalidated
+from streamjoin.errors import ArgumentTypeError, InternalError
 
-__all__ = ["FlushedKeyValueView", "KeyValueView", "MemoryKeyValueView", "ScanInvalidated"]
+__all__ = ["FlushedKeyValueView", "KeyValueView", "MemoryKeyValueView"]
 
 
 class KeyValueView(Protocol):
@@ -72,7 +72,7 @@ class MemoryKeyValueView:
     """A :class:`KeyValueView` in memory: for tests and Spark backfills.
 
     Stricter than it needs to be on one point: writing during an open scan
-    raises :class:`ScanInvalidated` on the scan's next step, so code tested
+    raises :class:`~streamjoin.errors.InternalError` on the scan's next step, so code tested
     against it also works over views that cannot tolerate that.
     """
 
@@ -112,7 +112,7 @@ class MemoryKeyValueView:
         version = self._version
         for key in self._data.irange(start, end, inclusive=(True, False)):
             if self._version != version:
-                raise ScanInvalidated("the view was written while this scan was open")
+                raise InternalError("the view was written while this scan was open")
             yield key, self._data[key]
 
     # ---------------------------------------------------------------- for tests and backfills

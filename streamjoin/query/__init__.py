@@ -8,27 +8,7 @@
 
 from __future__ import annotations
 
-from streamjoin.errors import (
-    KeyNotFound,
-    QueryError,
-    QueryFailed,
-    QueryKeyError,
-    QueryUnauthorized,
-    QueryUnavailable,
-    UnknownTableError,
-)
 from streamjoin.query.client import AsyncTableClient, TableClient
 from streamjoin.query.routing import Location
 
-__all__ = [
-    "AsyncTableClient",
-    "KeyNotFound",
-    "Location",
-    "QueryError",
-    "QueryFailed",
-    "QueryKeyError",
-    "QueryUnauthorized",
-    "QueryUnavailable",
-    "TableClient",
-    "UnknownTableError",
-]
+__all__ = ["AsyncTableClient", "Location", "TableClient"]

@@ -5,11 +5,14 @@ It asks the workers' ``GET /tables/<table>/<key>`` endpoint. Hosts are tried in 
 a host that cannot be reached is skipped; a ``503`` (rebalance, restore) is retried
 after the ``Retry-After`` it names, within ``retry_for`` seconds in all; redirects
 (``307`` to the owner) are followed. Other answers end the call: the value, or the
-error the endpoint named (404, 400, 401) as the matching :class:`QueryError`.
+error the endpoint named (404, 400, 401) as the matching :class:`QueryError`. Those
+decisions are :class:`~streamjoin.query.retries.ReadRetries`, one loop for both clients:
+each only asks a URL and says what came back.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.error
@@ -23,28 +26,13 @@ from yarl import URL
 if TYPE_CHECKING:
     import aiohttp
 
-from streamjoin.errors import (
-    ConfigurationError,
-    KeyNotFound,
-    QueryError,
-    QueryFailed,
-    QueryKeyError,
-    QueryUnauthorized,
-    QueryUnavailable,
-    UnknownTableError,
-)
+from streamjoin.errors import ConfigurationError, QueryFailed
+from streamjoin.query.retries import Answer, Done, ReadRetries, Unreachable
 
 __all__ = ["AsyncTableClient", "TableClient", "query_url"]
 
 #: redirects followed per request (an owner never redirects again: one is the norm)
 _MAX_REDIRECTS = 3
-
-_ERRORS: dict[str, type[QueryError]] = {
-    "KeyNotFound": KeyNotFound,
-    "UnknownTableError": UnknownTableError,
-    "QueryKeyError": QueryKeyError,
-    "QueryUnauthorized": QueryUnauthorized,
-}
 
 
 def query_url(
@@ -92,44 +80,29 @@ def _host_list(hosts: Sequence[str], client: str) -> list[str]:
     return [h.strip() for h in hosts]
 
 
-class _Attempts:
-    """One read's retry policy, without I/O (both clients drive it): which host to ask
-    next, and how long to wait after a ``503`` or an unreachable host, within the deadline.
-    ``hosts`` and ``turn`` are the client's, so the next read starts where this one ended."""
-
-    def __init__(self, hosts: list[str], turn: int, retry_for: float) -> None:
-        self.hosts = hosts
-        self.turn = turn
-        self.retry_for = retry_for
-        self.deadline = time.monotonic() + retry_for
-        self.failures: list[str] = []
-
-    @property
-    def host(self) -> str:
-        return self.hosts[self.turn % len(self.hosts)]
-
-    def unavailable(self, exc: QueryUnavailable) -> float:
-        """Seconds to wait before asking again; raises when that passes the deadline."""
-        self.failures.append(f"{self.host}: {exc}")
-        if time.monotonic() + exc.retry_after > self.deadline:
-            raise QueryUnavailable(
-                f"no answer within {self.retry_for:.0f} s of retries: {exc}", exc.retry_after
-            ) from exc
-        return exc.retry_after
-
-    def unreachable(self, exc: BaseException, reason: str) -> float | None:
-        """Moves to the next host; seconds to wait first after each round of every host
-        (None: ask the next one at once); raises :class:`QueryFailed` once every host
-        failed and the deadline passed."""
-        self.failures.append(f"{self.host}: {reason}")
-        self.turn += 1
-        if len(self.failures) >= len(self.hosts) and time.monotonic() >= self.deadline:
-            raise QueryFailed(
-                "no host answered: " + "; ".join(self.failures[-len(self.hosts) :])
-            ) from exc
-        if self.turn % len(self.hosts) == 0:
-            return min(0.5, max(0.0, self.deadline - time.monotonic()))
-        return None
+def _read(
+    hosts: Sequence[str],
+    turn: int,
+    retry_for: float,
+    table: str,
+    key: Any,
+    *,
+    from_ms: int | None,
+    to_ms: int | None,
+    allow_stale: bool,
+    redirect: bool,
+) -> ReadRetries:
+    """The retry loop of one read of ``key`` (both clients drive it)."""
+    url_of = functools.partial(
+        query_url,
+        table=table,
+        key=key_text(key),
+        from_ms=from_ms,
+        to_ms=to_ms,
+        allow_stale=allow_stale,
+        redirect=redirect,
+    )
+    return ReadRetries(hosts, turn, retry_for, url_of)
 
 
 class TableClient:
@@ -175,70 +148,47 @@ class TableClient:
         :class:`QueryUnauthorized`; :class:`QueryUnavailable` when every retry within
         ``retry_for`` got a 503; :class:`QueryFailed` when no host answered.
         """
-        text = key_text(key)
-        attempts = _Attempts(self.hosts, self._next, self._retry_for)
+        retries = _read(
+            self.hosts,
+            self._next,
+            self._retry_for,
+            table,
+            key,
+            from_ms=from_ms,
+            to_ms=to_ms,
+            allow_stale=allow_stale,
+            redirect=self._redirect,
+        )
+        url = retries.url
         while True:
-            url = query_url(
-                attempts.host,
-                table,
-                text,
-                from_ms=from_ms,
-                to_ms=to_ms,
-                allow_stale=allow_stale,
-                redirect=self._redirect,
-            )
-            try:
-                return self._fetch(url)
-            except QueryUnavailable as exc:
-                self._sleep(attempts.unavailable(exc))
-            except OSError as exc:  # refused, unreachable, timed out
-                wait = attempts.unreachable(exc, str(exc))
-                self._next = attempts.turn
-                if wait is not None:
-                    self._sleep(wait)
+            step = retries.decide(self._fetch(url))
+            self._next = retries.turn
+            if isinstance(step, Done):
+                return step.body
+            if step.wait is not None:
+                self._sleep(step.wait)
+            url = step.url
 
     def value(self, table: str, key: Any, *, allow_stale: bool = False) -> Any:
         """Just the value of ``key`` (:class:`KeyNotFound` when there is none)."""
         return self.get(table, key, allow_stale=allow_stale)["value"]
 
-    def _fetch(self, url: str) -> dict[str, Any]:
+    def _fetch(self, url: str) -> Answer | Unreachable:
+        try:
+            return self._answer(url)
+        except OSError as exc:  # refused, unreachable, timed out
+            return Unreachable(exc, str(exc))
+
+    def _answer(self, url: str) -> Answer:
+        """What the host answered (urllib follows redirects itself)."""
         request = urllib.request.Request(url, headers={"Accept": "application/json"})
         if self._token is not None:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
             with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                body: dict[str, Any] = json.loads(response.read())
-                return body
+                return Answer(response.status, response.read(), None, url)
         except urllib.error.HTTPError as exc:
-            raise _error_of(exc) from None
-
-
-def _error_of(exc: urllib.error.HTTPError) -> QueryError:
-    return _error_for(exc.code, exc.read(), exc.headers.get("Retry-After"), exc.url)
-
-
-def _error_for(status: int, raw: bytes, retry_after: str | None, url: str) -> QueryError:
-    """The :class:`QueryError` an error answer names (its body's ``error``), else one by
-    status."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    message = body.get("message") or f"HTTP {status}"
-    if status == 503:
-        try:
-            seconds = float(retry_after or "1")
-        except ValueError:
-            seconds = 1.0
-        return QueryUnavailable(message, seconds)
-    kind = _ERRORS.get(body.get("error", ""))
-    if kind is not None:
-        return kind(message)
-    if status == 401:
-        return QueryUnauthorized(message)
-    return QueryFailed(f"{url}: {message}")
+            return Answer(exc.code, exc.read(), exc.headers.get("Retry-After"), exc.url)
 
 
 class AsyncTableClient:
@@ -295,33 +245,33 @@ class AsyncTableClient:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
-        text = key_text(key)
-        attempts = _Attempts(self.hosts, self._next, self._retry_for)
+        retries = _read(
+            self.hosts,
+            self._next,
+            self._retry_for,
+            table,
+            key,
+            from_ms=from_ms,
+            to_ms=to_ms,
+            allow_stale=allow_stale,
+            redirect=self._redirect,
+        )
+        url = retries.url
         while True:
-            url = query_url(
-                attempts.host,
-                table,
-                text,
-                from_ms=from_ms,
-                to_ms=to_ms,
-                allow_stale=allow_stale,
-                redirect=self._redirect,
-            )
+            outcome: Answer | Unreachable
             try:
                 status, raw, retry_after = await self._fetch(self._session, url)
-                if status == 200:
-                    body: dict[str, Any] = json.loads(raw)
-                    return body
-                error = _error_for(status, raw, retry_after, url)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                wait = attempts.unreachable(exc, repr(exc))
-                self._next = attempts.turn
-                if wait is not None:
-                    await asyncio.sleep(wait)
-                continue
-            if not isinstance(error, QueryUnavailable):
-                raise error
-            await asyncio.sleep(attempts.unavailable(error))
+                outcome = Unreachable(exc, repr(exc))
+            else:
+                outcome = Answer(status, raw, retry_after, url)
+            step = retries.decide(outcome)
+            self._next = retries.turn
+            if isinstance(step, Done):
+                return step.body
+            if step.wait is not None:
+                await asyncio.sleep(step.wait)
+            url = step.url
 
     async def value(self, table: str, key: Any, *, allow_stale: bool = False) -> Any:
         """Just the value of ``key`` (:class:`KeyNotFound` when there is none)."""

@@ -1,18 +1,25 @@
 """The Worker: the one composition root that runs a Topology with an AppConfig on Kafka.
 
-It builds the producer, the state service, the task manager, the agent runtime,
-the assignor adapter and the consumer, wires them with plain callbacks, and runs
-them as one mode service. The CLI, embedding (``App.start``) and the Spark jobs
-all go through it or through the Topology; the in-memory test driver runs the
-same task manager and agent runtime over in-memory transports. Nothing here
-imports the App: everything comes in as parameters.
+Every runtime service is built here and nowhere else (``tests/unit/test_layers.py``
+checks it): the producer (or the transactional one), the state service and its stores,
+the task manager, the agent runtime, the monitor and query service, and for a worker that
+reads topics the group member's parts: the fetcher, the group membership, the timestamp
+aligner, the exactly-once transaction, the table flusher and ``TaskProcessing``. They are
+wired downhill: a commit runs processing -> flusher (sends, changelogs, stores) -> the
+group's offsets (membership); nothing calls back up into the one that built it. Only
+the worker's own decisions are callbacks (an assignment applied, tasks revoked, a
+table ready, a fatal error). The CLI, embedding (``App.start``) and the Spark jobs all
+go through it or through the Topology; the in-memory test driver runs the same task
+manager, agent runtime and processing over in-memory transports. Nothing here imports
+the App: everything comes in as parameters.
 
 Start order: the state directory (writable, and locked for this process: before
-anything joins the group), topics (create/verify), producer, state service, agents, consumer.
-Stop order is the reverse and loses nothing: stop fetching, let in-flight events
-finish, flush sends, commit, leave the group (static members stay), stop the
-producer. An agent failure under the ``stop`` policy stops the worker;
-:meth:`Worker.wait_stopped` re-raises it so the CLI can exit non-zero.
+anything joins the group), topics (create/verify), producer, state service, agents,
+monitor, then the group member (fetcher, membership). Stop order is the reverse and
+loses nothing: stop joining, stop fetching, let in-flight events finish, flush sends,
+commit, leave the group (static members stay), stop the producer. An agent failure
+under the ``stop`` policy stops the worker; :meth:`Worker.wait_stopped` re-raises it so
+the CLI can exit non-zero.
 """
 
 from __future__ import annotations
@@ -25,22 +32,34 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiokafka import AIOKafkaClient
 from mode import Service
 
 from streamjoin.config import AppConfig
 from streamjoin.context import RuntimeLink
+from streamjoin.errors import StoreCorrupted
+from streamjoin.joins.run_state import JoinStats
 from streamjoin.runtime.group.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.group.group_info import describe_group
-from streamjoin.runtime.group.membership import MembershipSettings
-from streamjoin.runtime.group.transaction import TransactionalSender, transactional_id_for
+from streamjoin.runtime.group.membership import GroupMembership, MembershipSettings
+from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics
+from streamjoin.runtime.group.transaction import (
+    TransactionalSender,
+    WorkerTransaction,
+    transactional_id_for,
+)
+from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.ops.metrics import WorkerCounters
 from streamjoin.runtime.ops.monitor import WorkerMonitor, collect
 from streamjoin.runtime.ops.query_endpoint import QueryService, advertised_host
-from streamjoin.runtime.table_state.service import StateService, TableStores, flush_partitions
+from streamjoin.runtime.table_state.flush import TableFlusher
+from streamjoin.runtime.table_state.service import StateService, TableStores
 from streamjoin.runtime.table_state.state_dir import StateDirLock
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
+from streamjoin.runtime.tasks.alignment import TimestampAligner
+from streamjoin.runtime.tasks.processing import TaskProcessing
 from streamjoin.runtime.tasks.task import Task, TaskManager
-from streamjoin.runtime.transport.consumer import KafkaConsumerService
+from streamjoin.runtime.transport.consumer import Fetcher, fetch_options
 from streamjoin.runtime.transport.liveness import wait_for_broker
 from streamjoin.runtime.transport.producer import KafkaSender
 from streamjoin.runtime.transport.record_limits import RecordLimits
@@ -50,7 +69,7 @@ from streamjoin.runtime.transport.topic_admin import (
     fetch_partition_counts,
     fetch_topic_limits,
 )
-from streamjoin.state.base import StoreCorrupted, StorePartition
+from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import Topology
 
@@ -62,21 +81,38 @@ def client_id_for(config: AppConfig) -> str:
     return f"{config.id}-{config.group_instance_id or socket.gethostname()}-{os.getpid()}"
 
 
+def membership_settings(config: AppConfig) -> MembershipSettings:
+    """The group membership's settings: the app's, and the group options among its
+    consumer options (the Java/aiokafka names: session, heartbeat, rebalance timeouts)."""
+    options = config.consumer_options
+    changes: dict[str, int] = {}
+    for name in ("session_timeout_ms", "heartbeat_interval_ms", "retry_backoff_ms"):
+        if name in options:
+            changes[name] = int(options[name])
+    rebalance = options.get("rebalance_timeout_ms", options.get("max_poll_interval_ms"))
+    if rebalance is not None:
+        changes["rebalance_timeout_ms"] = int(rebalance)
+    return MembershipSettings(
+        group_id=config.id,
+        group_instance_id=config.group_instance_id,
+        cooperative=config.rebalance_protocol == "cooperative",
+        probing_rebalance_interval=config.probing_rebalance_interval,
+        exactly_once=config.exactly_once,
+        **changes,
+    )
+
+
 async def prepare_topics(topology: Topology, config: AppConfig) -> dict[str, int]:
-    """Create missing declared topics and verify partition counts; returns the counts."""
+    """Create missing declared topics and verify partition counts; returns every declared
+    topic's partition count (what nobody declared is settled here: an existing topic's
+    count, else its co-partitioned topics', else the app's ``topic_partitions``)."""
     client = config.client_kwargs()
     names = list(topology.topics)
     existing = await fetch_partition_counts(config.broker, names, **client)
-    topology.resolve_partitions(existing, config.topic_partitions)
-    declared = {t.name: t.partitions or config.topic_partitions for t in topology.topics.values()}
-    topology.check_copartitioning({**declared, **existing})
+    settled = topology.resolve_partitions(existing, config.topic_partitions)
+    topology.check_copartitioning({**settled, **existing})
     specs = [
-        TopicSpec(
-            t.name,
-            t.partitions or config.topic_partitions,
-            t.replication_factor,
-            dict(t.config),
-        )
+        TopicSpec(t.name, settled[t.name], t.replication_factor, dict(t.config))
         for t in topology.topics.values()
     ]
     created = await ensure_topics(config.broker, specs, **client)
@@ -84,7 +120,7 @@ async def prepare_topics(topology: Topology, config: AppConfig) -> dict[str, int
         log.info("created topics: %s", ", ".join(sorted(created)))
     counts = await fetch_partition_counts(config.broker, names, **client)
     topology.check_copartitioning(counts)
-    return counts
+    return {**settled, **counts}
 
 
 class WorkerTables:
@@ -100,6 +136,10 @@ class WorkerTables:
 
     def active_partitions(self, table: str) -> list[int]:
         return self._tasks.table_partitions(table)
+
+    def active_task(self, table: str, partition: int) -> Task | None:
+        task = self._tasks.table_task(table, partition)
+        return task if task is not None and task.running and table in task.tables else None
 
     def assigned_partition(self, table: str, partition: int) -> bool:
         """Partition ``partition`` of ``table`` is active here, running or still restoring."""
@@ -130,7 +170,14 @@ class Worker(Service):
         self.tasks = TaskManager(topology)
         self.sender: KafkaSender | None = None
         self.runtime: AgentRuntime | None = None
-        self.consumer: KafkaConsumerService | None = None
+        #: the group member's parts (a worker that reads topics): the fetcher, the group's
+        #: client and membership, and the service running the fetch and commit loops
+        self.fetcher: Fetcher | None = None
+        self.group_client: AIOKafkaClient | None = None
+        self.membership: GroupMembership | None = None
+        self.member: GroupMember | None = None
+        #: the group membership's rebalance metrics, kept here: read after it stopped, too
+        self.rebalances = RebalanceMetrics()
         self.assignor: StreamjoinAssignor | None = None
         self.stores: TableStores | None = None
         self.state_service: StateService | None = None
@@ -153,7 +200,7 @@ class Worker(Service):
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
-        return set() if self.consumer is None else self.consumer.assigned
+        return set() if self.member is None else self.member.assigned
 
     @property
     def finished(self) -> bool:
@@ -161,15 +208,15 @@ class Worker(Service):
         return self._done.is_set()
 
     @property
-    def shared_values(self) -> dict[str, Any]:
-        """Values agents keep for the worker's lifetime (join counters)."""
-        return {} if self.runtime is None else self.runtime.shared_values
+    def join_stats(self) -> dict[str, JoinStats]:
+        """Join name -> its counters on this worker (kept for the worker's lifetime)."""
+        return {} if self.runtime is None else self.runtime.join_stats
 
     def rebalance_metrics(self) -> dict[str, float | int | None]:
         """The group membership's rebalance metrics (empty when not in a group)."""
-        if self.consumer is None:
+        if self.member is None:
             return {}
-        return self.consumer.rebalance_metrics.snapshot(time.monotonic())
+        return self.rebalances.snapshot(time.monotonic())
 
     def transaction_metrics(self) -> dict[str, int]:
         """Exactly-once: transactions committed and aborted (empty under at-least-once)."""
@@ -204,11 +251,13 @@ class Worker(Service):
         the routing task running); nor the producer and the state service's consumer,
         which would be left to the garbage collector ("Unclosed AIOKafkaProducer")."""
         stops: list[Callable[[], Awaitable[Any]]] = []
+        if self.member is not None or self.fetcher is not None or self.group_client is not None:
+            stops.append(self._leave_group)
         if self.queries is not None:
             stops.append(self.queries.stop)
         if self.monitor is not None and self.monitor.web is not None:
             stops.append(self.monitor.web.stop)
-        if self.runtime is not None:
+        if self.runtime is not None and self.member is None:
             stops.append(self.runtime.stop)
         if self.state_service is not None:
             stops.append(self.state_service.stop)
@@ -223,7 +272,7 @@ class Worker(Service):
     async def _start_services(self) -> None:
         topology, config = self.topology, self.config
         await wait_for_broker(config.broker, config.startup_timeout)
-        await prepare_topics(topology, config)
+        self.link.settle_partitions(await prepare_topics(topology, config))
         limits = RecordLimits(
             await fetch_topic_limits(config.broker, topology.topics, **config.client_kwargs())
         )
@@ -285,7 +334,7 @@ class Worker(Service):
                 tables=WorkerTables(self.tasks, self.stores),
                 stores=self.stores,
                 state_service=self.state_service,
-                membership=lambda: None if self.consumer is None else self.consumer.membership,
+                membership=lambda: self.membership,
                 describe=lambda: describe_group(config.broker, config.id, **config.client_kwargs()),
                 self_host=config.host,
                 token=config.query_token_value(),
@@ -302,40 +351,7 @@ class Worker(Service):
             self.queries.self_host = self.advertised_host
             self.queries.start(serving=web is not None)
         if self.runtime.topics:
-            self.assignor = StreamjoinAssignor.for_topology(
-                topology,
-                config.replace(host=self.advertised_host),
-                lag_provider=self.state_service.lags if self.state_service is not None else None,
-            )
-            self.consumer = KafkaConsumerService(
-                config.broker,
-                client_id=self.client_id,
-                runtime=self.runtime,
-                tasks=self.tasks,
-                sender=self.sender,
-                assignor=self.assignor,
-                membership=MembershipSettings(
-                    group_id=config.id,
-                    group_instance_id=config.group_instance_id,
-                    cooperative=config.rebalance_protocol == "cooperative",
-                    probing_rebalance_interval=config.probing_rebalance_interval,
-                    exactly_once=config.exactly_once,
-                ),
-                commit_interval=config.commit_seconds,
-                client_options=config.client_kwargs(),
-                consumer_options=config.consumer_options,
-                on_fatal=self._on_crash,
-                on_assignment=self._assigned,
-                on_revoke=self._revoked,
-                flush_tables=self._flush_tables if self.stores is not None else None,
-                tables=topology.tables,
-                aligned_groups=topology.aligned_groups(),
-                align_idle_ms=config.align_idle_ms,
-                align_max_idle_ms=config.align_max_idle_ms,
-                align_first=topology.ties_first(),
-                counters=self.counters,
-            )
-            await self.consumer.start()
+            await self._join_group()
         log.info(
             "app %s started: %d agents on %s",
             config.id,
@@ -343,23 +359,124 @@ class Worker(Service):
             ", ".join(sorted(self.runtime.topics)) or "no topics",
         )
 
+    async def _join_group(self) -> None:
+        """Build the group member's parts (fetcher, membership, aligner, transaction,
+        flusher, processing), wire them downhill, and join the group."""
+        topology, config, sender, runtime = self.topology, self.config, self.sender, self.runtime
+        assert sender is not None and runtime is not None  # built by _start_services
+        self.assignor = StreamjoinAssignor.for_topology(
+            topology,
+            config.replace(host=self.advertised_host),
+            lag_provider=self.state_service.lags if self.state_service is not None else None,
+        )
+        settings = membership_settings(config)
+        self.fetcher = Fetcher(
+            fetch_options(
+                config.broker,
+                client_id=self.client_id,
+                client_options=config.client_kwargs(),
+                consumer_options=config.consumer_options,
+                read_committed=config.exactly_once,
+            )
+        )
+        await self.fetcher.start()
+        # JoinGroup is held by the broker until the rebalance completes (at most the
+        # rebalance timeout): the group client's request timeout must outlast it.
+        client_options = config.client_kwargs()
+        request_timeout = max(
+            int(client_options.get("request_timeout_ms", 40_000)),
+            settings.rebalance_timeout_ms + 5_000,
+        )
+        self.group_client = AIOKafkaClient(
+            bootstrap_servers=config.broker,
+            client_id=self.client_id,
+            **{**client_options, "request_timeout_ms": request_timeout},
+        )
+        await self.group_client.bootstrap()
+        membership = self.membership = GroupMembership(
+            self.group_client,
+            settings,
+            topics=runtime.topics,
+            assignor=self.assignor,
+            on_fatal=self._on_crash,
+            metrics=self.rebalances,
+        )
+        transaction = None
+        if isinstance(sender, TransactionalSender):
+            # Exactly-once: commits are transactions, which the group fences by generation
+            # (no heartbeat round trip needed first).
+            transaction = WorkerTransaction(
+                sender, topology.tables, membership.offsets.commit_in_transaction
+            )
+        processing = TaskProcessing(
+            self.tasks,
+            runtime,
+            TimestampAligner(
+                topology.aligned_groups(),
+                max_idle_ms=config.align_max_idle_ms,
+                idle_ms=config.align_idle_ms,
+                first=topology.ties_first(),
+            ),
+            flusher=TableFlusher(sender, topology.tables, flush_sends=sender.flush),
+            offsets=membership.offsets,
+            # at-least-once: one heartbeat right before state is flushed (a member stalled
+            # past its session timeout learns it was replaced before it writes changelogs)
+            member_ok=membership.check_standing if transaction else membership.heartbeat,
+            transaction=transaction,
+            on_transaction_aborted=membership.abandon,
+        )
+        self.member = GroupMember(
+            self.fetcher,
+            processing,
+            self.tasks,
+            membership.offsets,
+            commit_interval=config.commit_seconds,
+            counters=self.counters,
+            on_fatal=self._on_crash,
+            on_assignment=self._assigned,
+            on_revoke=self._revoked,
+        )
+        await self.member.start()
+        membership.start(self.member)
+
+    async def _leave_group(self) -> None:
+        """Ordered stop of the group member: no more fetching or rebalancing, finish
+        in-flight events, flush sends, commit, leave the group (static members stay),
+        close the clients."""
+        membership, member = self.membership, self.member
+        if membership is not None:
+            membership.stop_joining()
+        if member is not None:
+            await member.stop()  # the fetch and commit loops
+        if membership is not None:
+            await membership.settle(min(10.0, membership.settings.rebalance_timeout_ms / 1000))
+            await membership.stop()
+        if member is not None:
+            await member.processing.stop()  # stops the agents too
+        if membership is not None:
+            await membership.leave()
+            self.membership = None
+        if self.fetcher is not None:
+            await self.fetcher.stop()
+        if self.group_client is not None:
+            client, self.group_client = self.group_client, None
+            await client.close()
+
     async def on_stop(self) -> None:
         if self._stopping:
             return
         self._stopping = True
         try:
-            if self.consumer is not None:
+            if self.membership is not None:
                 # First: workers stopped together must not join the rebalance the first
                 # one's leave starts (see GroupMembership.stop_joining).
-                self.consumer.stop_joining()
+                self.membership.stop_joining()
             if self.queries is not None:
                 await self.queries.stop()
             if self.monitor is not None:
                 await self.monitor.stop()
-            if self.consumer is not None:
-                await self.consumer.shutdown()
-                await self.consumer.stop()
-            elif self.runtime is not None:
+            await self._leave_group()
+            if self.member is None and self.runtime is not None:
                 await self.runtime.stop()
             if self.state_service is not None:
                 await self.state_service.stop()
@@ -371,13 +488,6 @@ class Worker(Service):
             self._done.set()
 
     # -- tables
-
-    async def _flush_tables(self, tasks: list[Task]) -> None:
-        sender = self.sender
-        if sender is None:
-            return
-        states = [state for task in tasks for state in task.tables.values()]
-        await flush_partitions(states, self.topology.tables, sender, before_changelog=sender.flush)
 
     def _assigned(self, assigned: set[tuple[str, int]]) -> None:
         if self._stopping:
@@ -404,10 +514,10 @@ class Worker(Service):
 
     def _table_ready(self, table: str, partition: int, store: StorePartition) -> None:
         task = self.tasks.table_ready(table, partition, TablePartition(table, partition, store))
-        if task is None or self.consumer is None:
+        if task is None or self.member is None:
             return
         for topic, p in task.source_partitions:
-            self.consumer.resume(topic, p)
+            self.member.resume(topic, p)
 
     def _store_corrupted(self, task: Task, exc: StoreCorrupted) -> None:
         """A read found a store corrupted (a block checksum mismatch in a store that opened
@@ -420,7 +530,7 @@ class Worker(Service):
         again from the committed offsets."""
         self.tasks.suspend([task])
         key = None if self.stores is None else self.stores.key_of(exc.path)
-        membership = None if self.consumer is None else self.consumer.membership
+        membership = self.membership
         if key is None or self.state_service is None or membership is None:
             self._on_crash(exc)
             return

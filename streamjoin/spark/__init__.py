@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from streamjoin.errors import CopartitioningError
-from streamjoin.spark._deps import INSTALL_HINT, SparkNotInstalled, require_pyspark
+from streamjoin.spark._deps import INSTALL_HINT, require_pyspark
 
 if TYPE_CHECKING:
     from streamjoin.spark.backfill_job import (
@@ -27,12 +26,10 @@ __all__ = [
     "INSTALL_HINT",
     "BackfillResult",
     "BootstrapResult",
-    "CopartitioningError",
     "FileSink",
     "FileSource",
     "KafkaSink",
     "KafkaSource",
-    "SparkNotInstalled",
     "backfill",
     "bootstrap",
     "get_session",
@@ -44,8 +41,6 @@ _LAZY = {
     "BackfillResult": "streamjoin.spark.backfill_job",
     "FileSink": "streamjoin.spark.backfill_job",
     "KafkaSink": "streamjoin.spark.backfill_job",
-    # the old name of CopartitioningError, kept importable
-    "PartitioningMismatch": "streamjoin.spark.backfill_job",
     "backfill": "streamjoin.spark.backfill_job",
     "BootstrapResult": "streamjoin.spark.bootstrap_job",
     "bootstrap": "streamjoin.spark.bootstrap_job",

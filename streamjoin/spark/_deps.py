@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from streamjoin.errors import SparkNotInstalled as SparkNotInstalled
+from streamjoin.errors import SparkNotInstalled
 
 INSTALL_HINT = "pip install streamjoin[spark]"
 

@@ -38,8 +38,8 @@ from streamjoin.errors import (
     ConfigurationError,
     CopartitioningError,
     NotFoundError,
+    SparkJobError,
     UnknownTopicError,
-    UnsupportedJoin,
 )
 from streamjoin.partitioner import partition_for_key
 from streamjoin.spark.progress import Counters, Progress, ProgressReporter
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackfillResult",
-    "CopartitioningError",
     "FileSink",
     "JoinRunner",
     "KafkaSink",
@@ -75,9 +74,6 @@ __all__ = [
 ]
 
 _MISMATCH_TAG = "streamjoin.CopartitioningError"
-
-#: The old name of :class:`~streamjoin.errors.CopartitioningError` here; kept importable.
-PartitioningMismatch = CopartitioningError
 
 
 @dataclass(frozen=True)
@@ -156,7 +152,7 @@ def _find_join(topology: Topology, name: str) -> JoinInputs:
         found = JoinInputs(decl, decl.left, decl.right, frozenset())
     elif isinstance(decl, StreamTableJoinDecl):
         if decl.table_source is None:
-            raise UnsupportedJoin(
+            raise SparkJobError(
                 f"join {name!r}: its table {decl.table.name!r} is written by agents, so the "
                 "table's history is not in a topic; a backfill joins streams with topic tables "
                 "(declared with app.topic_table(topic))"
@@ -165,9 +161,9 @@ def _find_join(topology: Topology, name: str) -> JoinInputs:
     elif isinstance(decl, TableTableJoinDecl):
         found = JoinInputs(decl, decl.left_source, decl.right_source, frozenset({"left", "right"}))
     else:
-        raise UnsupportedJoin(f"join {name!r} is a {type(decl).__name__}; it cannot be backfilled")
+        raise SparkJobError(f"join {name!r} is a {type(decl).__name__}; it cannot be backfilled")
     if found.left.name == found.right.name:
-        raise UnsupportedJoin(f"join {name!r} joins {found.left.name!r} with itself; not supported")
+        raise SparkJobError(f"join {name!r} joins {found.left.name!r} with itself; not supported")
     return found
 
 

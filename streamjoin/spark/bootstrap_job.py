@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from streamjoin.errors import (
     ConfigurationError,
     CopartitioningError,
-    NonEmptyChangelog,
     NotFoundError,
+    SparkJobError,
     UnknownTopicError,
-    UnsupportedTable,
 )
 from streamjoin.spark.backfill_job import _MISMATCH_TAG, _rethrow_mismatch
 from streamjoin.spark.progress import Counters, Progress, ProgressReporter
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
     from streamjoin.app import App
     from streamjoin.topology import Topology
 
-__all__ = ["BootstrapResult", "NonEmptyChangelog", "UnsupportedTable", "bootstrap"]
+__all__ = ["BootstrapResult", "bootstrap"]
 
 Mode = Literal["changelog", "rocksdb"]
 _CHUNK = 10_000
@@ -112,8 +111,9 @@ def bootstrap(
 ) -> BootstrapResult:
     """Build ``table_name``'s state from ``source`` (see the module docstring).
 
-    ``state_dir``: where ``mode="rocksdb"`` writes stores (default ``app.state_dir``); on a
-    cluster it must be a path the executors can write that the worker then uses.
+    ``state_dir``: where ``mode="rocksdb"`` writes stores (default
+    ``app.config.state_path``); on a cluster it must be a path the executors can write that
+    the worker then uses.
     ``changelog_bootstrap``: the broker holding the changelog (default: the Kafka source's,
     else the app's).
     """
@@ -138,7 +138,7 @@ def bootstrap(
         raise NotFoundError(f"app {config.id!r} has no table {table_name!r} (tables: {known})")
     topic = topology.table_sources.get(table_name)
     if topic is None:
-        raise UnsupportedTable(_why_not_bootstrappable(topology, table_name))
+        raise SparkJobError(_why_not_bootstrappable(topology, table_name))
     kafka_source = source if isinstance(source, KafkaSource) else None
     broker = changelog_bootstrap or (
         kafka_source.bootstrap_servers if kafka_source is not None else config.broker
@@ -193,7 +193,7 @@ def bootstrap(
     begin, end = offset_bounds(broker, [changelog.name], options)
     used = {p: end[changelog.name][p] for p in end.get(changelog.name, {})}
     if any(used[p] > begin[changelog.name][p] for p in used):
-        raise NonEmptyChangelog(
+        raise SparkJobError(
             f"changelog {changelog.name!r} already holds records (end offsets {used}); "
             "bootstrap a new app id, or delete the changelog topic first"
         )

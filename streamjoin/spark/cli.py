@@ -157,7 +157,8 @@ def _progress(quiet: bool) -> Callable[[Any], None] | None:
 
 
 def _load(app_spec: str) -> Any:
-    from streamjoin.loader import AppNotFound, load_app
+    from streamjoin.errors import AppNotFound
+    from streamjoin.loader import load_app
 
     try:
         return load_app(app_spec)

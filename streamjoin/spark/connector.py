@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
-from streamjoin.errors import ConnectorResolutionError as ConnectorResolutionError
-from streamjoin.testing.kafka import _file_lock, default_cache_dir, find_maven
+from streamjoin.errors import ProvisioningError
+from streamjoin.maven import copy_dependencies, default_cache_dir, file_lock, find_maven
 
 SCALA_BINARY = "2.13"
 #: newest connector known to be published, used when the matching one is not
@@ -60,45 +58,26 @@ def _artifact(jar: Path) -> str:
     return re.sub(r"-\d[\w.\-]*$", "", jar.stem)
 
 
-def _copy(pom: str, target: Path) -> subprocess.CompletedProcess[str]:
-    with tempfile.TemporaryDirectory(prefix="streamjoin-spark-pom-") as work:
-        path = Path(work) / "pom.xml"
-        path.write_text(pom)
-        return subprocess.run(
-            [
-                find_maven(),
-                "-B",
-                "-q",
-                "-f",
-                str(path),
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={target}",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-
-
 def kafka_connector_jars(spark_version: str, pyspark_jars: Path | None = None) -> list[Path]:
     """Local jar paths of the Kafka connector for ``spark_version`` (resolved once)."""
     root = default_cache_dir() / "spark-kafka" / spark_version
     libs = root / "libs"
     if (libs / _COMPLETE).exists():
         return sorted(libs.glob("*.jar"))
-    with _file_lock(root / ".lock"):
+    with file_lock(root / ".lock"):
         if (libs / _COMPLETE).exists():
             return sorted(libs.glob("*.jar"))
         staging = root / "libs.partial"
         shutil.rmtree(staging, ignore_errors=True)
-        result = _copy(_pom(spark_version, None), staging)
+        result = copy_dependencies(find_maven(), _pom(spark_version, None), staging)
         if result.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
-            result = _copy(_pom(FALLBACK_CONNECTOR, TOKEN_PROVIDER), staging)
+            result = copy_dependencies(
+                find_maven(), _pom(FALLBACK_CONNECTOR, TOKEN_PROVIDER), staging
+            )
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
-            raise ConnectorResolutionError(
+            raise ProvisioningError(
                 f"could not resolve spark-sql-kafka-0-10_{SCALA_BINARY} for Spark {spark_version} "
                 f"(nor {FALLBACK_CONNECTOR}) from Maven Central; set "
                 f"STREAMJOIN_SPARK_KAFKA_PACKAGES to coordinates that exist. Maven said:\n{tail}"

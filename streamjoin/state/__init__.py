@@ -8,40 +8,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from streamjoin.state.base import (
-    InvalidChangelogOffset,
-    StoreClosed,
-    StoreCorrupted,
-    StoreError,
-    StoreLocked,
-    StorePartition,
-)
-from streamjoin.state.keys import KeyEncodingError, prefix_range, split_window_key, window_key
+from streamjoin.state.base import StorePartition
+from streamjoin.state.keys import prefix_range, split_window_key, window_key
 from streamjoin.state.memory import MemoryStorePartition
-from streamjoin.state.windows import (
-    HoppingWindows,
-    TumblingWindows,
-    WindowError,
-    WindowSpec,
-)
+from streamjoin.state.windows import HoppingWindows, TumblingWindows, WindowSpec
 
 if TYPE_CHECKING:
     from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition
 
 __all__ = [
     "HoppingWindows",
-    "InvalidChangelogOffset",
-    "KeyEncodingError",
     "MemoryStorePartition",
     "RocksDBOptions",
     "RocksDBStorePartition",
-    "StoreClosed",
-    "StoreCorrupted",
-    "StoreError",
-    "StoreLocked",
     "StorePartition",
     "TumblingWindows",
-    "WindowError",
     "WindowSpec",
     "prefix_range",
     "split_window_key",

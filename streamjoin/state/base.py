@@ -13,20 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
-from streamjoin.errors import (
-    InvalidChangelogOffset,
-    StoreClosed,
-    StoreCorrupted,
-    StoreError,
-    StoreLocked,
-)
+from streamjoin.errors import StoreError
 
 __all__ = [
-    "InvalidChangelogOffset",
-    "StoreClosed",
-    "StoreCorrupted",
-    "StoreError",
-    "StoreLocked",
     "StorePartition",
     "check_changelog_offset",
     "unordered_items",
@@ -65,7 +54,7 @@ class StorePartition(Protocol):
 
         ``changelog_offset`` is the offset of the last changelog record these
         writes include; None leaves the stored offset as it is. Raises
-        :class:`InvalidChangelogOffset` if it is older than the stored one.
+        :class:`~streamjoin.errors.StoreError` if it is older than the stored one.
         """
         ...
 
@@ -82,7 +71,7 @@ class StorePartition(Protocol):
         ...
 
     def close(self) -> None:
-        """Release the store; idempotent. Any later use raises :class:`StoreClosed`."""
+        """Release the store; idempotent. Any later use raises a ``StoreError``."""
         ...
 
 
@@ -100,8 +89,8 @@ def check_changelog_offset(stored: int | None, new: int | None, *, where: str) -
     if new is None:
         return
     if isinstance(new, bool) or not isinstance(new, int) or new < 0:
-        raise InvalidChangelogOffset(f"{where}: changelog offset must be an int >= 0, got {new!r}")
+        raise StoreError(f"{where}: changelog offset must be an int >= 0, got {new!r}")
     if stored is not None and new < stored:
-        raise InvalidChangelogOffset(
+        raise StoreError(
             f"{where}: changelog offset {new} is older than the stored offset {stored}"
         )

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from streamjoin.errors import NotFoundError
+from streamjoin.errors import NotFoundError, StoreError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.state import window_layout as layout
-from streamjoin.state.base import StoreError
 from streamjoin.state.keys import MAX_UINT64
 from streamjoin.state.rocksdb import RocksDBStorePartition
 from streamjoin.state.windows import WindowSpec

@@ -21,7 +21,6 @@ __all__ = [
     "META_FORMAT_VERSION",
     "META_PARTITION",
     "META_TABLE",
-    "KeyEncodingError",
     "decode_uint64",
     "encode_uint64",
     "length_prefixed",

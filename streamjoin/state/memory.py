@@ -9,8 +9,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Mapping
 
-from streamjoin.errors import ArgumentTypeError
-from streamjoin.state.base import StoreClosed, check_changelog_offset
+from streamjoin.errors import ArgumentTypeError, StoreError
+from streamjoin.state.base import check_changelog_offset
 
 __all__ = ["MemoryStorePartition"]
 
@@ -31,7 +31,7 @@ class MemoryStorePartition:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosed(f"{self!r} is closed")
+            raise StoreError(f"{self!r} is closed")
 
     def get(self, key: bytes) -> bytes | None:
         self._check_open()

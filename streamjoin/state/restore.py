@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from streamjoin.errors import InvalidChangelogBounds
+from streamjoin.errors import ChangelogReadError
 
 
 class RestoreAction(Enum):
@@ -39,7 +39,7 @@ def plan_restore(stored_offset: int | None, earliest: int, end: int) -> RestoreP
     """``stored_offset``: last applied changelog offset (None: empty store);
     ``earliest``/``end``: the changelog partition's log start and end (next offset)."""
     if end < earliest or earliest < 0:
-        raise InvalidChangelogBounds(f"invalid changelog bounds: earliest={earliest}, end={end}")
+        raise ChangelogReadError(f"invalid changelog bounds: earliest={earliest}, end={end}")
     if stored_offset is None:
         if end == earliest:
             return RestorePlan(RestoreAction.UP_TO_DATE, None, 0)

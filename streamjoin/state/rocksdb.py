@@ -49,15 +49,14 @@ from rocksdict import (
     WriteOptions,
 )
 
-from streamjoin.errors import ArgumentTypeError, ConfigurationError
-from streamjoin.state.base import (
-    StoreClosed,
+from streamjoin.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
     StoreCorrupted,
     StoreError,
     StoreLocked,
-    check_changelog_offset,
-    unordered_items,
 )
+from streamjoin.state.base import check_changelog_offset, unordered_items
 from streamjoin.state.keys import (
     FORMAT_VERSION,
     META_CHANGELOG_OFFSET,
@@ -339,7 +338,7 @@ class RocksDBStorePartition:
     def _read_meta(self, name: bytes) -> bytes | None:
         meta = self._meta
         if meta is None:
-            raise StoreClosed(f"{self!r} is closed")
+            raise StoreError(f"{self!r} is closed")
         try:
             value = meta.get(name)
         except Exception as exc:
@@ -410,7 +409,7 @@ class RocksDBStorePartition:
     def _open_db(self) -> Rdict:
         db = self._db
         if db is None:
-            raise StoreClosed(f"{self!r} is closed")
+            raise StoreError(f"{self!r} is closed")
         return db
 
     def get(self, key: bytes) -> bytes | None:
@@ -419,7 +418,7 @@ class RocksDBStorePartition:
         FIFO. Values are immutable bytes: handing out the cached object is safe."""
         db = self._db
         if db is None:  # checked first: a closed store answers nothing, not even a hit
-            raise StoreClosed(f"{self!r} is closed")
+            raise StoreError(f"{self!r} is closed")
         value = self._cache.get(key, _MISS)
         if value is not _MISS:
             return value
@@ -588,7 +587,7 @@ class _Scan(Iterator[tuple[bytes, bytes]]):
     :class:`StoreCorrupted` or :class:`StoreError`, never silently. The native
     iterator is dropped as soon as the scan ends or the store closes, since a
     live one keeps the database open; a scan cut short by ``close()`` raises
-    :class:`StoreClosed` instead of ending as if the range were exhausted.
+    a ``StoreError`` instead of ending as if the range were exhausted.
     """
 
     __slots__ = ("__weakref__", "_aborted", "_end", "_it", "_path")
@@ -607,7 +606,7 @@ class _Scan(Iterator[tuple[bytes, bytes]]):
         it = self._it
         if it is None:
             if self._aborted:
-                raise StoreClosed("the store was closed during a scan")
+                raise StoreError("the store was closed during a scan")
             raise StopIteration
         if not it.valid():
             # an iterator also stops being valid on a read error (a corrupt block): never

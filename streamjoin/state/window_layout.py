@@ -24,21 +24,24 @@ is ``b"L"`` or ``b"R"``):
   metadata; ``INDEX + u64(ts) + side + u64(seq) + lp(key)`` -> matched flag;
   ``DATA + side + window_key(key, ts) + u64(seq)`` -> event value.
 
-This module is the only place that defines these namespace bytes and
-metadata names; :mod:`streamjoin.state.keys` holds the store's other reserved
-names and the encodings used here.
+This module is the only place that defines these namespace bytes, metadata
+names and key shapes; :mod:`streamjoin.state.keys` holds the store's other
+reserved names and the encodings used here. Both users build their keys here:
+with the checked functions, or (per event) with the precompiled packers and the
+fast key builders below, which check nothing the caller has not checked already
+and build the same bytes (``tests/unit/state/test_window_layout.py`` pins them).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
-from streamjoin.errors import IncompatibleWindowState, WindowLayoutError
+from streamjoin.errors import IncompatibleWindowState, KeyEncodingError
 from streamjoin.state.keys import (
     KEY_LENGTH_BYTES,
     MAX_UINT64,
-    KeyEncodingError,
     decode_uint64,
     encode_uint64,
     length_prefixed,
@@ -55,8 +58,6 @@ __all__ = [
     "NAMESPACES",
     "STREAM_TIME_KEY",
     "DataEntry",
-    "IncompatibleWindowState",
-    "WindowLayoutError",
     "data_group",
     "data_key",
     "data_key_prefix",
@@ -65,11 +66,21 @@ __all__ = [
     "encode_meta_int",
     "index_key",
     "index_range",
+    "join_buffer_key",
+    "join_index_key",
     "meta_key",
     "namespace_range",
+    "pack_join_index_head",
+    "pack_key_length",
+    "pack_time_seq",
+    "pack_u64",
     "split_data_key",
     "split_index_key",
+    "split_join_index_key",
     "strip_length_prefix",
+    "table_data_key",
+    "table_keys",
+    "unpack_u64",
 ]
 
 # ------------------------------------------------------------------ reserved names
@@ -84,11 +95,23 @@ NAMESPACES = (META, INDEX, DATA)
 
 _U64 = 8
 
+# ------------------------------------------------------------------ precompiled packers
+# The bytes of encode_uint64 and length_prefixed, without their checks: C calls for the
+# per-event paths, whose callers check their inputs once (the join core in JoinInput's
+# terms, windowed tables in table_keys).
+
+#: ``u64(value)``
+pack_u64 = struct.Struct(">Q").pack
+#: ``(value,)`` of a u64
+unpack_u64 = struct.Struct(">Q").unpack
+#: the length in front of a key (:func:`~streamjoin.state.keys.length_prefixed`)
+pack_key_length = struct.Struct(">I").pack
+
 
 def meta_key(name: bytes) -> bytes:
     """``META + name``: one per-partition metadata entry."""
     if not isinstance(name, bytes) or not name:
-        raise WindowLayoutError(f"metadata names are non-empty bytes, got {name!r}")
+        raise KeyEncodingError(f"metadata names are non-empty bytes, got {name!r}")
     return META + name
 
 
@@ -106,7 +129,7 @@ LEGACY_TABLE_STREAM_TIME_KEY = DATA + b"stream-time"
 def namespace_range(namespace: bytes) -> tuple[bytes, bytes]:
     """``(start, end)`` covering exactly the keys of one namespace."""
     if namespace not in NAMESPACES:
-        raise WindowLayoutError(f"unknown namespace {namespace!r}")
+        raise KeyEncodingError(f"unknown namespace {namespace!r}")
     return namespace, bytes([namespace[0] + 1])
 
 
@@ -145,7 +168,7 @@ def index_key(time_ms: int, entry_id: bytes) -> bytes:
 def split_index_key(entry: bytes) -> tuple[int, bytes]:
     """Inverse of :func:`index_key`: ``(time, entry_id)``."""
     if len(entry) < len(INDEX) + _U64 or not entry.startswith(INDEX):
-        raise WindowLayoutError(f"malformed index entry {entry!r}")
+        raise KeyEncodingError(f"malformed index entry {entry!r}")
     head = len(INDEX)
     return decode_uint64(entry[head : head + _U64]), entry[head + _U64 :]
 
@@ -194,12 +217,12 @@ def split_data_key(entry: bytes, space_length: int = 0, suffix_length: int = 0) 
     """Inverse of :func:`data_key`, given the widths of ``space`` and ``suffix``."""
     head = len(DATA) + space_length
     if not entry.startswith(DATA) or len(entry) < head + suffix_length:
-        raise WindowLayoutError(f"malformed data entry {entry!r}")
+        raise KeyEncodingError(f"malformed data entry {entry!r}")
     body_end = len(entry) - suffix_length
     try:
         key, time_ms = split_window_key(entry[head:body_end])
     except KeyEncodingError as exc:
-        raise WindowLayoutError(f"malformed data entry {entry!r}: {exc}") from None
+        raise KeyEncodingError(f"malformed data entry {entry!r}: {exc}") from None
     return DataEntry(entry[len(DATA) : head], key, time_ms, entry[body_end:])
 
 
@@ -224,10 +247,10 @@ def data_range(key: bytes, from_ms: int, to_ms: int, space: bytes = b"") -> tupl
 def strip_length_prefix(encoded: bytes) -> bytes:
     """Inverse of :func:`~streamjoin.state.keys.length_prefixed` (an index entry id's key)."""
     if len(encoded) < KEY_LENGTH_BYTES:
-        raise WindowLayoutError(f"malformed length-prefixed key {encoded!r}")
+        raise KeyEncodingError(f"malformed length-prefixed key {encoded!r}")
     length = int.from_bytes(encoded[:KEY_LENGTH_BYTES], "big")
     if len(encoded) != KEY_LENGTH_BYTES + length:
-        raise WindowLayoutError(f"length-prefixed key {encoded!r} does not match its length")
+        raise KeyEncodingError(f"length-prefixed key {encoded!r} does not match its length")
     return encoded[KEY_LENGTH_BYTES:]
 
 
@@ -251,3 +274,71 @@ def data_group(space_length: int = 0) -> Callable[[bytes], bytes | None]:
         return entry[:end] if len(entry) >= end else None
 
     return group_of
+
+
+# ------------------------------------------------------------------ windowed tables
+
+#: keys and window starts the table key builders pack directly (any other goes through the
+#: checked functions, which pack the same bytes or raise)
+_FAST_KEY_BYTES = 1 << 16
+_FAST_START_END = 1 << 63
+
+
+def table_keys(key: bytes, start_ms: int) -> tuple[bytes, bytes]:
+    """A windowed table's ``(DATA + window_key(key, start), INDEX + u64(start) +
+    length_prefixed(key))``: the window's value and its expiry index entry.
+
+    Packed directly for ordinary keys (once per table access); through
+    :func:`data_key` and :func:`index_key`, with their checks and errors, otherwise."""
+    if type(key) is bytes and len(key) < _FAST_KEY_BYTES and 0 <= start_ms < _FAST_START_END:
+        prefixed = pack_key_length(len(key)) + key
+        at = pack_u64(start_ms)
+        return DATA + prefixed + at, INDEX + at + prefixed
+    return data_key(key, start_ms), index_key(start_ms, length_prefixed(key))
+
+
+def table_data_key(key: bytes, start_ms: int) -> bytes:
+    """The first of :func:`table_keys` alone (a read needs no index entry)."""
+    if type(key) is bytes and len(key) < _FAST_KEY_BYTES and 0 <= start_ms < _FAST_START_END:
+        return DATA + pack_key_length(len(key)) + key + pack_u64(start_ms)
+    return data_key(key, start_ms)
+
+
+# ------------------------------------------------------------------ join buffers
+# Sides are b"L" and b"R"; keys arrive length-prefixed (a join core prefixes an event's
+# key once and builds all its keys from it). The join core checks its inputs (JoinInput)
+# and, per event, uses the packers below inline; these functions build the same bytes.
+
+#: ``u64(ts) + u64(seq)``: the tail of a buffer key
+pack_time_seq = struct.Struct(">QQ").pack
+_JOIN_INDEX_HEAD = struct.Struct(">cQcQ")
+#: ``(INDEX, ts, side, seq)`` -> ``INDEX + u64(ts) + side + u64(seq)``: an index entry
+#: before its length-prefixed key
+pack_join_index_head = _JOIN_INDEX_HEAD.pack
+#: the same and the key's length: every byte of an index entry but the key itself
+_JOIN_INDEX_FIXED = struct.Struct(">cQcQI")
+_unpack_join_index_fixed = _JOIN_INDEX_FIXED.unpack_from
+
+
+def join_buffer_key(side: bytes, prefixed_key: bytes, time_ms: int, seq: int) -> bytes:
+    """``DATA + side + window_key(key, ts) + u64(seq)``: a buffered event (its value)."""
+    return DATA + side + prefixed_key + pack_time_seq(time_ms, seq)
+
+
+def join_index_key(side: bytes, prefixed_key: bytes, time_ms: int, seq: int) -> bytes:
+    """``INDEX + u64(ts) + side + u64(seq) + length_prefixed(key)``: a buffered event's
+    expiry entry (its matched flag)."""
+    return pack_join_index_head(INDEX, time_ms, side, seq) + prefixed_key
+
+
+def split_join_index_key(entry: bytes) -> tuple[int, bytes, int, bytes]:
+    """Inverse of :func:`join_index_key`: ``(ts, side, seq, length_prefixed(key))``."""
+    if len(entry) >= _JOIN_INDEX_FIXED.size:
+        namespace, time_ms, side, seq, key_length = _unpack_join_index_fixed(entry)
+        if (
+            namespace == INDEX
+            and len(entry) == _JOIN_INDEX_FIXED.size + key_length
+            and (side == b"L" or side == b"R")
+        ):
+            return time_ms, side, seq, entry[_JOIN_INDEX_HEAD.size :]
+    raise KeyEncodingError(f"malformed join index entry {entry!r}")

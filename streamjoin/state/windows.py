@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from streamjoin.errors import WindowError
+from streamjoin.errors import ConfigurationError
 
 __all__ = [
     "HoppingWindows",
     "TumblingWindows",
-    "WindowError",
     "WindowSpec",
     "may_start_between",
 ]
@@ -55,12 +54,14 @@ def may_start_between(spec: WindowSpec, low: int, high: int) -> bool:
 
 def _positive_int(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise WindowError(f"{name} must be a positive int, got {value!r}")
+        raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
 
 
 def _check_timestamp(timestamp_ms: int) -> None:
     if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0:
-        raise WindowError(f"timestamps are ints >= 0 (ms since the epoch), got {timestamp_ms!r}")
+        raise ConfigurationError(
+            f"timestamps are ints >= 0 (ms since the epoch), got {timestamp_ms!r}"
+        )
 
 
 def _windows_for(timestamp_ms: int, size_ms: int, step_ms: int) -> list[tuple[int, int]]:
@@ -88,7 +89,7 @@ class TumblingWindows:
         _positive_int("size_ms", self.size_ms)
         _positive_int("retention_ms", self.retention_ms)
         if self.retention_ms < self.size_ms:
-            raise WindowError(
+            raise ConfigurationError(
                 f"retention_ms ({self.retention_ms}) must be >= size_ms ({self.size_ms})"
             )
 
@@ -118,12 +119,12 @@ class HoppingWindows:
         _positive_int("step_ms", self.step_ms)
         _positive_int("retention_ms", self.retention_ms)
         if self.step_ms > self.size_ms:
-            raise WindowError(
+            raise ConfigurationError(
                 f"step_ms ({self.step_ms}) must be <= size_ms ({self.size_ms}); "
                 "larger steps would leave gaps no window covers"
             )
         if self.retention_ms < self.size_ms:
-            raise WindowError(
+            raise ConfigurationError(
                 f"retention_ms ({self.retention_ms}) must be >= size_ms ({self.size_ms})"
             )
 

@@ -1,21 +1,5 @@
 """Testing support: a real local Apache Kafka broker and pytest fixtures for it."""
 
-from streamjoin.testing.kafka import (
-    BrokerStartError,
-    JavaNotFoundError,
-    KafkaProvisioningError,
-    KafkaResolutionError,
-    LocalKafka,
-    MavenNotFoundError,
-    resolve_kafka,
-)
+from streamjoin.local_kafka import LocalKafka, resolve_kafka
 
-__all__ = [
-    "BrokerStartError",
-    "JavaNotFoundError",
-    "KafkaProvisioningError",
-    "KafkaResolutionError",
-    "LocalKafka",
-    "MavenNotFoundError",
-    "resolve_kafka",
-]
+__all__ = ["LocalKafka", "resolve_kafka"]

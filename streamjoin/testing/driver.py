@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from streamjoin.context import OutgoingRecord
 from streamjoin.errors import ConfigurationError, InternalError, LifecycleError, UnknownTopicError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.table_state.service import TableStores, flush_partitions
+from streamjoin.runtime.table_state.flush import TableFlusher
+from streamjoin.runtime.table_state.service import TableStores
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.alignment import TimestampAligner
 from streamjoin.runtime.tasks.processing import TaskProcessing
@@ -64,7 +66,7 @@ class TestDriver:
 
     def __init__(self, app: App, *, default_partitions: int | None = None) -> None:
         self.app = app
-        self.default_partitions = default_partitions or app.topic_partitions
+        self.default_partitions = default_partitions or app.config.topic_partitions
         self._logs: dict[str, dict[int, list[RawRecord]]] = {}
         self.runtime: AgentRuntime | None = None
         self.stores: TableStores | None = None
@@ -78,19 +80,14 @@ class TestDriver:
     # -- Sender protocol
 
     async def partition_count(self, topic: str) -> int:
+        settled = self.app.runtime_link.partitions.get(topic)
+        if settled is not None:
+            return settled
         declared = self.app.topics.get(topic)
         return (declared.partitions if declared else None) or self.default_partitions
 
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Sequence[tuple[str, bytes]],
-        timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
+    async def send(self, record: OutgoingRecord) -> asyncio.Future[Any]:
+        topic, key, value, partition, headers, timestamp_ms = record
         count = await self.partition_count(topic)
         if partition is None:
             partition = 0 if key is None else partition_for_key(key, count)
@@ -111,16 +108,7 @@ class TestDriver:
         future.set_result(RecordMetadata(topic, partition, raw.offset, timestamp))
         return future
 
-    def send_now(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Sequence[tuple[str, bytes]],
-        timestamp_ms: int | None,
-    ) -> None:
+    def send_now(self, record: OutgoingRecord) -> None:
         """Never at once: a record sent here may be delivered to agents, which awaits."""
         return None
 
@@ -129,9 +117,7 @@ class TestDriver:
     ) -> Awaitable[int]:
         last: RecordMetadata | None = None
         for key, value in records:
-            future = await self.send(
-                topic, key, value, partition=partition, headers=(), timestamp_ms=None
-            )
+            future = await self.send((topic, key, value, partition, (), None))
             last = future.result()
         if last is None:
             raise InternalError("send_many needs at least one record")
@@ -186,9 +172,7 @@ class TestDriver:
         timestamp_ms = check_timestamp_ms(timestamp_ms, timestamp, "put_raw()")
         if topic not in self.app.topics:
             raise UnknownTopicError(f"topic {topic!r} is not declared by app {self.app.id!r}")
-        future = await self.send(
-            topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
-        )
+        future = await self.send((topic, key, value, partition, headers, timestamp_ms))
         meta: RecordMetadata = future.result()
         return meta
 
@@ -218,8 +202,8 @@ class TestDriver:
         if self.tasks is None or self.topology is None:
             return
         chosen = self.tasks.live() if tasks is None else tasks
-        states = [state for task in chosen for state in task.tables.values()]
-        await flush_partitions(states, self.topology.tables, self)
+        flusher = self._require_processing().flusher
+        await flusher.flush(state for task in chosen for state in task.tables.values())
 
     async def revoke(self, partitions: Sequence[tuple[str, int]]) -> list[Task]:
         """Revoke the tasks of ``partitions`` as a worker does: suspend them, let in-flight
@@ -231,10 +215,6 @@ class TestDriver:
         """Lose the tasks of ``partitions`` as a fenced worker does: nothing is flushed or
         committed, unflushed table writes are dropped."""
         return await self._require_processing().revoke(partitions, fenced=True)
-
-    async def _commit_offsets(self, positions: Mapping[tuple[str, int], int]) -> bool:
-        self.committed.update(positions)
-        return True
 
     async def _flush_sends(self) -> None:
         """Every in-memory send is acknowledged at once."""
@@ -306,11 +286,12 @@ class TestDriver:
 
     async def __aenter__(self) -> TestDriver:
         topology = self.topology = self.app.topology()
-        topology.resolve_partitions({}, self.app.config.topic_partitions)
         self.tasks = TaskManager(topology)
         # Every table partition is local, in memory, and ready at once.
         self.stores = TableStores(topology.tables, state_dir=None)
-        self.app.runtime_link.connect(self, WorkerTables(self.tasks, self.stores))
+        link = self.app.runtime_link
+        link.settle_partitions(topology.resolve_partitions({}, self.app.config.topic_partitions))
+        link.connect(self, WorkerTables(self.tasks, self.stores))
         self.runtime = AgentRuntime(
             topology.agents.values(), self, on_crash=self._on_crash, queue_size=0
         )
@@ -323,15 +304,14 @@ class TestDriver:
                 idle_ms=self.app.config.align_idle_ms,
                 first=topology.ties_first(),
             ),
-            flush_tables=self.flush,
-            flush_sends=self._flush_sends,
-            commit_offsets=self._commit_offsets,
+            flusher=TableFlusher(self, topology.tables, flush_sends=self._flush_sends),
+            offsets=_CommittedHere(self.committed),
         )
         every = [
             (topic, partition)
             for group in topology.task_groups()
             for topic in group.topics
-            for partition in range(topology.topics[topic].partitions or self.default_partitions)
+            for partition in range(link.partitions[topic])
         ]
         await self.assign(every)
         self.runtime.start()
@@ -349,3 +329,14 @@ class TestDriver:
         if self.stores is not None:
             self.stores.close_all()
         self.app.runtime_link.disconnect()
+
+
+class _CommittedHere:
+    """The group's committed offsets, as the driver keeps them (:attr:`TestDriver.committed`)."""
+
+    def __init__(self, committed: dict[tuple[str, int], int]) -> None:
+        self._committed = committed
+
+    async def commit(self, offsets: Mapping[tuple[str, int], int]) -> bool:
+        self._committed.update(offsets)
+        return True

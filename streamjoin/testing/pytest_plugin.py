@@ -1,7 +1,7 @@
 """pytest fixtures for streamjoin users and for our own suite (registered as a pytest11 plugin).
 
 - ``kafka_broker``: a session-scoped real Apache Kafka broker on loopback
-  (:class:`~streamjoin.testing.kafka.LocalKafka`), or an already running
+  (:class:`~streamjoin.local_kafka.LocalKafka`), or an already running
   loopback broker named by ``STREAMJOIN_KAFKA_BOOTSTRAP`` (e.g. one started with
   ``streamjoin dev-broker``) to skip the JVM start while iterating.
 - ``kafka_bootstrap``: its ``host:port``.
@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from streamjoin.testing.kafka import KafkaProvisioningError, LocalKafka
+from streamjoin.errors import KafkaProvisioningError
+from streamjoin.local_kafka import LocalKafka
 
 EXTERNAL_BOOTSTRAP_ENV = "STREAMJOIN_KAFKA_BOOTSTRAP"
 _LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")

@@ -216,12 +216,12 @@ async def test_a_failing_commit_stops_the_worker_instead_of_leaving_it_in_the_gr
     await app.start()
     try:
         worker = app._worker
-        assert worker is not None and worker.consumer is not None
+        assert worker is not None and worker.member is not None
 
         async def broken_commit(tasks: object = None) -> None:
             raise RuntimeError("injected commit failure")
 
-        worker.consumer.commit = broken_commit  # type: ignore[method-assign]
+        worker.member.commit = broken_commit  # type: ignore[method-assign]
         with pytest.raises(RuntimeError, match="injected commit failure"):
             await asyncio.wait_for(app.wait(), timeout=30)
     finally:

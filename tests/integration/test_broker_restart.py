@@ -58,8 +58,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import RecordMetadata
 
+from streamjoin.local_kafka import LocalKafka, free_port
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
-from streamjoin.testing.kafka import LocalKafka, free_port
 from tests.integration.support import (
     Workers,
     committed_offsets,

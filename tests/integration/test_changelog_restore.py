@@ -18,10 +18,8 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from streamjoin.app import App
-from streamjoin.runtime.table_state.changelog_reader import (
-    ChangelogOffsetOutOfRange,
-    ChangelogReader,
-)
+from streamjoin.errors import ChangelogOffsetOutOfRange
+from streamjoin.runtime.table_state.changelog_reader import ChangelogReader
 from streamjoin.runtime.table_state.changelog_records import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
@@ -63,7 +61,7 @@ async def restore(
     app: App, partitions: set[int], standby: set[int] | None = None
 ) -> tuple[StateService, TableStores]:
     """A started StateService with these partitions assigned, once the active ones are ready."""
-    stores = TableStores(app.tables, app.state_dir)
+    stores = TableStores(app.tables, app.config.state_path)
     ready: set[int] = set()
     all_ready = asyncio.Event()
 
@@ -73,7 +71,7 @@ async def restore(
             all_ready.set()
 
     service = StateService(
-        stores, bootstrap_servers=app.broker, client_options={}, on_ready=on_ready
+        stores, bootstrap_servers=app.config.broker, client_options={}, on_ready=on_ready
     )
     await service.start()
     service.set_assignment({TABLE: set(partitions)}, {TABLE: set(standby or ())})

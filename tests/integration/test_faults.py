@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from streamjoin.testing.kafka import LocalKafka, free_port
+from streamjoin.local_kafka import LocalKafka, free_port
 from tests.integration.support import ROOT, Workers, produce, read_all, wait_for_group
 
 #: the stop bound the outage tests give their workers, and the slack they allow on top

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 
 import streamjoin
 from examples.ad_traffic import generate
-from streamjoin.app import CopartitioningError
+from streamjoin.errors import CopartitioningError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.transport.topic_admin import (
     TopicSpec,

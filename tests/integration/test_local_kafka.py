@@ -14,8 +14,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streamjoin.errors import CopartitioningError
+from streamjoin.local_kafka import LocalKafka, broker_answers_metadata, ephemeral_port_range
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
-from streamjoin.testing.kafka import LocalKafka, broker_answers_metadata, ephemeral_port_range
 
 
 async def test_broker_answers_metadata(kafka_bootstrap: str) -> None:

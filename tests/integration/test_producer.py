@@ -78,20 +78,11 @@ async def test_sends_of_one_turn_share_a_batch_and_each_reads_its_own_metadata(
     )
     await sender.start()
     try:
-        first = await sender.send(
-            topic, b"k", b"first", partition=1, headers=[("h", b"1")], timestamp_ms=1_000
-        )
+        first = await sender.send((topic, b"k", b"first", 1, [("h", b"1")], 1_000))
         assert isinstance(first, Sent) and not first.done()
         assert (await first).offset == 0  # awaiting a record gives its metadata
         sends = [
-            await sender.send(
-                topic,
-                f"k{i}".encode(),
-                f"v{i}".encode(),
-                partition=1,
-                headers=(),
-                timestamp_ms=2_000 + i,
-            )
+            await sender.send((topic, f"k{i}".encode(), f"v{i}".encode(), 1, (), 2_000 + i))
             for i in range(2000)
         ]
         batches = {id(sent.acknowledged) for sent in sends}
@@ -107,27 +98,20 @@ async def test_sends_of_one_turn_share_a_batch_and_each_reads_its_own_metadata(
         await asyncio.sleep(0)
         assert seen == [sends[5]]
         # keyed records without a partition go where every client puts them
-        keyed = await sender.send(
-            topic, b"user-1", b"x", partition=None, headers=(), timestamp_ms=None
-        )
+        keyed = await sender.send((topic, b"user-1", b"x", None, (), None))
         keyed_meta = await keyed
         assert keyed_meta.partition == partition_for_key(b"user-1", 3)
         # records without key or partition stick to one partition for a batch
-        loose = [
-            await sender.send(topic, None, b"y", partition=None, headers=(), timestamp_ms=None)
-            for _ in range(20)
-        ]
+        loose = [await sender.send((topic, None, b"y", None, (), None)) for _ in range(20)]
         loose_metas = [await sent for sent in loose]
         assert len({meta.partition for meta in loose_metas}) == 1
         before_last = 2001 + sum(m.partition == 1 for m in [keyed_meta, *loose_metas])
         with pytest.raises(ConfigurationError, match="partition 7 is invalid"):
-            await sender.send(topic, b"k", b"v", partition=7, headers=(), timestamp_ms=None)
+            await sender.send((topic, b"k", b"v", 7, (), None))
         with pytest.raises(RecordTooLargeError, match="max_request_size"):
-            await sender.send(
-                topic, b"k", bytes(2_000_000), partition=0, headers=(), timestamp_ms=None
-            )
+            await sender.send((topic, b"k", bytes(2_000_000), 0, (), None))
         # a task awaiting a send can be cancelled without cancelling the record's batch
-        pending = await sender.send(topic, b"k", b"last", partition=1, headers=(), timestamp_ms=0)
+        pending = await sender.send((topic, b"k", b"last", 1, (), 0))
         waiter = asyncio.ensure_future(_await(pending))
         await asyncio.sleep(0)
         waiter.cancel()

@@ -31,7 +31,7 @@ from streamjoin.query import TableClient
 from streamjoin.runtime.group.group_info import GroupInfo
 from streamjoin.runtime.ops.web import WebServer
 from streamjoin.runtime.tasks.agent_runtime import Stream
-from streamjoin.runtime.transport.consumer import KafkaConsumerService
+from streamjoin.runtime.transport.consumer import Fetcher
 from streamjoin.runtime.transport.producer import KafkaSender
 from streamjoin.state.windows import TumblingWindows
 from tests.integration.support import (
@@ -368,11 +368,11 @@ async def test_a_start_that_fails_after_the_web_server_started_closes_it(
         await original(self)
         started.append(self)
 
-    async def failing(self: KafkaConsumerService) -> None:
+    async def failing(self: Fetcher) -> None:
         raise StartupError("the consumer cannot start (test)")
 
     monkeypatch.setattr(WebServer, "start", recording)
-    monkeypatch.setattr(KafkaConsumerService, "start", failing)
+    monkeypatch.setattr(Fetcher, "start", failing)
     monkeypatch.setattr(KafkaSender, "on_start", recording_sender)
     with pytest.raises(StartupError, match="cannot start"):
         await app.start()

@@ -23,14 +23,12 @@ from streamjoin.codecs import (
     RAW,
     STR,
     Codec,
-    CodecError,
     DataclassJson,
-    DecodeError,
-    EncodeError,
     register_codec,
     registered_codec_names,
     resolve_codec,
 )
+from streamjoin.errors import CodecError, DecodeError, EncodeError
 
 # -- fixtures and schema ---------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """One error hierarchy: every exception streamjoin defines is a StreamjoinError from
-``streamjoin.errors``, one class per failure, with the built-in bases callers relied on."""
+``streamjoin.errors``, imported from there only, one class per failure a caller tells apart,
+with the built-in bases callers relied on."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import builtins
 import importlib
 import inspect
 import pkgutil
+import re
 from collections import defaultdict
 from enum import Enum
 from pathlib import Path
@@ -53,11 +55,11 @@ def test_the_walk_finds_the_errors_of_every_layer() -> None:
     for where in (
         "streamjoin.codecs.DecodeError",
         "streamjoin.app.ConfigurationError",
-        "streamjoin.state.base.StoreCorrupted",
-        "streamjoin.assignor.protocol.MalformedUserdata",
-        "streamjoin.runtime.tasks.agent_runtime.AgentFailed",
-        "streamjoin.spark.bootstrap_job.UnsupportedTable",
-        "streamjoin.testing.kafka.BrokerExitedError",
+        "streamjoin.state.rocksdb.StoreCorrupted",
+        "streamjoin.assignor.protocol.UserdataError",
+        "streamjoin.runtime.run.StartupError",
+        "streamjoin.spark.bootstrap_job.SparkJobError",
+        "streamjoin.local_kafka.BrokerExitedError",
     ):
         assert where in FOUND
 
@@ -116,6 +118,125 @@ def test_errors_imports_nothing_from_streamjoin() -> None:
     assert not [m for m in imported if m.split(".")[0] == "streamjoin"]
 
 
+#: Every error class and its streamjoin base(s): the tree docs/app.md ("Errors") shows. A new
+#: class is a new thing for users to learn: add one only for a failure callers handle apart
+#: from its family (else raise the family with a message saying what happened).
+TREE: dict[str, tuple[str, ...]] = {
+    "StreamjoinError": (),
+    "ConfigurationError": ("StreamjoinError",),
+    "CopartitioningError": ("ConfigurationError",),
+    "StateDirInUse": ("ConfigurationError",),
+    "ArgumentTypeError": ("StreamjoinError",),
+    "NotFoundError": ("StreamjoinError",),
+    "AppNotFound": ("NotFoundError",),
+    "UnknownTopicError": ("NotFoundError",),
+    "CodecError": ("StreamjoinError",),
+    "EncodeError": ("CodecError",),
+    "DecodeError": ("CodecError",),
+    "StateError": ("StreamjoinError",),
+    "StoreError": ("StateError",),
+    "StoreCorrupted": ("StoreError",),
+    "StoreLocked": ("StoreError",),
+    "KeyEncodingError": ("StateError",),
+    "IncompatibleWindowState": ("KeyEncodingError",),
+    "ChangelogReadError": ("StateError",),
+    "ChangelogOffsetOutOfRange": ("ChangelogReadError",),
+    "CorruptRecordSet": ("StateError",),
+    "ProcessingError": ("StreamjoinError",),
+    "LifecycleError": ("ProcessingError",),
+    "AgentFailed": ("ProcessingError",),
+    "TableAccessError": ("ProcessingError",),
+    "RecordRejected": ("ProcessingError",),
+    "RecordTooLargeError": ("RecordRejected",),
+    "GroupMembershipError": ("ProcessingError",),
+    "FencedInstanceError": ("GroupMembershipError",),
+    "TransactionError": ("ProcessingError",),
+    "TransactionFailed": ("ProcessingError",),
+    "JoinError": ("StreamjoinError",),
+    "CorruptJoinState": ("JoinError",),
+    "AssignorError": ("StreamjoinError",),
+    "InvalidScenarioError": ("AssignorError",),
+    "InvalidAssignmentError": ("AssignorError",),
+    "UserdataError": ("AssignorError",),
+    "UnsupportedUserdataVersion": ("UserdataError",),
+    "ProvisioningError": ("StreamjoinError",),
+    "OffsetMoveRefused": ("ProvisioningError",),
+    "KafkaProvisioningError": ("ProvisioningError",),
+    "BrokerExitedError": ("KafkaProvisioningError",),
+    "StartupError": ("StreamjoinError",),
+    "SparkJobError": ("StreamjoinError",),
+    "SparkNotInstalled": ("SparkJobError",),
+    "QueryError": ("StreamjoinError",),
+    "QueryKeyError": ("QueryError",),
+    "UnknownTableError": ("QueryError", "NotFoundError"),
+    "KeyNotFound": ("QueryError", "NotFoundError"),
+    "QueryUnauthorized": ("QueryError",),
+    "QueryUnavailable": ("QueryError",),
+    "QueryFailed": ("QueryError",),
+    "InternalError": ("StreamjoinError",),
+}
+
+
+def _error_classes() -> dict[str, type[BaseException]]:
+    return {
+        name: obj
+        for name in errors.__all__
+        if isinstance(obj := getattr(errors, name), type) and issubclass(obj, BaseException)
+    }
+
+
+def test_the_hierarchy_is_the_documented_tree() -> None:
+    tree = {
+        name: tuple(b.__name__ for b in cls.__bases__ if b.__module__ == "streamjoin.errors")
+        for name, cls in _error_classes().items()
+    }
+    assert tree == TREE
+
+
+def test_the_docs_show_every_error() -> None:
+    docs = (PACKAGE_DIR.parent / "docs" / "app.md").read_text()
+    section = docs.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in _error_classes() if not re.search(rf"\b{name}\b", section)]
+    assert missing == []
+
+
+def test_errors_are_imported_from_errors_only() -> None:
+    """No module re-exports an error (in ``__all__``, as ``X as X`` or under another name):
+    one import path per error, ``streamjoin.errors`` (and ``streamjoin.StreamjoinError``)."""
+    names = set(_error_classes())
+    offenders = []
+    for path in PACKAGE_DIR.rglob("*.py"):
+        if path == PACKAGE_DIR / "errors.py":
+            continue
+        where = path.relative_to(PACKAGE_DIR)
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value
+                if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                    assert isinstance(value, ast.List | ast.Tuple)
+                    exported = {e.value for e in value.elts if isinstance(e, ast.Constant)}
+                    if path != PACKAGE_DIR / "__init__.py":
+                        offenders += [f"{where}: __all__ has {n}" for n in exported & names]
+                elif isinstance(value, ast.Name) and value.id in names:
+                    offenders.append(f"{where}: {ast.unparse(node)}")
+        for imp in ast.walk(tree):
+            if isinstance(imp, ast.ImportFrom) and (imp.module or "").startswith("streamjoin"):
+                offenders += [
+                    f"{where}: imports {a.name} as {a.asname}"
+                    for a in imp.names
+                    if a.name in names and a.asname is not None
+                ]
+                if imp.module != "streamjoin.errors":
+                    offenders += [
+                        f"{where}: imports {a.name} from {imp.module}"
+                        for a in imp.names
+                        if a.name in names
+                    ]
+    assert offenders == []
+
+
 def test_the_package_exports_the_root_and_the_module() -> None:
     assert streamjoin.StreamjoinError is StreamjoinError
     assert streamjoin.errors is errors
@@ -123,35 +244,27 @@ def test_the_package_exports_the_root_and_the_module() -> None:
 
 
 def test_one_name_per_class() -> None:
-    # a class may be re-exported by many modules, but under its own name only, except the
-    # documented aliases of CopartitioningError
-    aliases = {
-        "streamjoin.runtime.transport.topic_admin.TopicPartitionCountMismatch",
-        "streamjoin.spark.backfill_job.PartitioningMismatch",
-    }
+    # a module may import an error to raise or catch it, but under its own name only
     by_class: dict[type[BaseException], set[str]] = defaultdict(set)
     for where, classes in FOUND.items():
         for cls in classes:
             by_class[cls].add(where.rsplit(".", 1)[1])
-            if where.rsplit(".", 1)[1] != cls.__name__:
-                assert where in aliases, f"{where} is another name for {cls.__name__}"
+            assert where.rsplit(".", 1)[1] == cls.__name__, f"{where} is another name for {cls}"
     names = [cls.__name__ for cls in by_class]
     assert len(names) == len(set(names))
 
 
-def test_copartitioning_has_one_class_under_every_old_name() -> None:
+def test_copartitioning_has_one_name() -> None:
     from streamjoin import spark
-    from streamjoin.app import CopartitioningError as from_app
-    from streamjoin.runtime.transport.topic_admin import TopicPartitionCountMismatch
-    from streamjoin.spark.backfill_job import PartitioningMismatch
+    from streamjoin.runtime.transport import topic_admin
+    from streamjoin.spark import backfill_job
 
-    cls = errors.CopartitioningError
-    assert from_app is cls
-    assert TopicPartitionCountMismatch is cls
-    assert PartitioningMismatch is cls
-    assert spark.PartitioningMismatch is cls  # lazy attribute of streamjoin.spark
-    assert spark.CopartitioningError is cls
-    assert issubclass(cls, errors.ConfigurationError)
+    assert not hasattr(topic_admin, "TopicPartitionCountMismatch")
+    assert not hasattr(backfill_job, "PartitioningMismatch")
+    for name in ("PartitioningMismatch", "CopartitioningError"):
+        with pytest.raises(AttributeError):
+            getattr(spark, name)
+    assert issubclass(errors.CopartitioningError, errors.ConfigurationError)
 
 
 @pytest.mark.parametrize(
@@ -159,6 +272,7 @@ def test_copartitioning_has_one_class_under_every_old_name() -> None:
     [
         (errors.ConfigurationError, ValueError),
         (errors.CopartitioningError, ValueError),
+        (errors.StateDirInUse, ValueError),
         (errors.ArgumentTypeError, TypeError),
         (errors.NotFoundError, LookupError),
         (errors.AppNotFound, LookupError),
@@ -167,28 +281,22 @@ def test_copartitioning_has_one_class_under_every_old_name() -> None:
         (errors.DecodeError, ValueError),
         (errors.EncodeError, ValueError),
         (errors.KeyEncodingError, ValueError),
-        (errors.WindowError, ValueError),
-        (errors.InvalidChangelogBounds, ValueError),
         (errors.ChangelogReadError, RuntimeError),
         (errors.CorruptRecordSet, ValueError),
-        (errors.ScanInvalidated, RuntimeError),
         (errors.LifecycleError, RuntimeError),
-        (errors.TransportNotReady, RuntimeError),
         (errors.AgentFailed, RuntimeError),
         (errors.TableAccessError, RuntimeError),
-        (errors.OffsetTrackingError, RuntimeError),
-        (errors.NullKeyError, TypeError),
         (errors.RecordTooLargeError, ValueError),
         (errors.JoinError, ValueError),
         (errors.InvalidScenarioError, ValueError),
         (errors.UserdataError, ValueError),
         (errors.ProvisioningError, RuntimeError),
-        (errors.TopicAdminError, RuntimeError),
         (errors.KafkaProvisioningError, RuntimeError),
+        (errors.OffsetMoveRefused, RuntimeError),
         (errors.SparkNotInstalled, ImportError),
-        (errors.UnsupportedTable, ValueError),
-        (errors.NonEmptyChangelog, RuntimeError),
-        (errors.ConnectorResolutionError, RuntimeError),
+        (errors.KeyNotFound, KeyError),
+        (errors.QueryKeyError, ValueError),
+        (errors.QueryUnavailable, RuntimeError),
         (errors.InternalError, RuntimeError),
     ],
     ids=lambda x: x.__name__,
@@ -203,10 +311,10 @@ def test_families_that_must_stay_apart() -> None:
     assert not issubclass(errors.ArgumentTypeError, ValueError)
     assert not issubclass(errors.NotFoundError, KeyError)
     assert not issubclass(errors.ConfigurationError, TypeError)
-    assert issubclass(errors.InvalidJoinSpec, errors.JoinError)
-    assert issubclass(errors.InvalidJoinSpec, errors.ConfigurationError)
-    assert issubclass(errors.ConnectorResolutionError, errors.SparkJobError)
-    assert issubclass(errors.ConnectorResolutionError, errors.ProvisioningError)
+    # a locked store is in use: wiping it as if corrupted would destroy a live worker's state
+    assert not issubclass(errors.StoreLocked, errors.StoreCorrupted)
+    # a bad join definition is a declaration error; JoinError is a bad event or state
+    assert not issubclass(errors.JoinError, errors.ConfigurationError)
     assert str(errors.UnknownTopicError("topic 'x' is not declared")) == (
         "topic 'x' is not declared"
     )
@@ -263,21 +371,16 @@ def test_declarations_and_plans() -> None:
         TopicSpec("t", 0)
     with pytest.raises(errors.InvalidScenarioError, match="member id"):
         MemberState("", frozenset())
-    with pytest.raises(errors.InvalidChangelogBounds):
+    with pytest.raises(errors.ChangelogReadError, match="invalid changelog bounds"):
         plan_restore(None, 5, 3)
 
 
 def test_userdata_encoding_out_of_range() -> None:
-    from streamjoin.assignor.protocol import (
-        AssignmentUserdata,
-        MalformedUserdata,
-        encode_assignment,
-    )
+    from streamjoin.assignor.protocol import AssignmentUserdata, encode_assignment
 
-    with pytest.raises(errors.UserdataOutOfRange, match="generation") as info:
+    with pytest.raises(errors.UserdataError, match="generation") as info:
         encode_assignment(AssignmentUserdata(generation=-5))
-    assert isinstance(info.value, errors.UserdataError)
-    assert not isinstance(info.value, MalformedUserdata)
+    assert not isinstance(info.value, errors.UnsupportedUserdataVersion)
 
 
 async def test_test_driver_errors() -> None:
@@ -309,3 +412,29 @@ def test_unsupported_userdata_version_message() -> None:
     with pytest.raises(errors.UnsupportedUserdataVersion, match="this decoder reads major") as info:
         decode_subscription(bytes(data))
     assert (info.value.kind, info.value.major) == ("subscription", MAJOR_VERSION + 1)
+
+
+def test_folded_variants_raise_their_family_with_their_message() -> None:
+    """Failures nobody handles apart are their family's error, the message says which."""
+    from aiokafka import TopicPartition
+
+    from streamjoin.joins.core import JoinInput, JoinSpec
+    from streamjoin.partitioner import partition_for_key
+    from streamjoin.runtime.tasks.offset_ledger import OffsetTracker
+    from streamjoin.state.memory import MemoryStorePartition
+    from streamjoin.state.windows import TumblingWindows
+
+    with pytest.raises(errors.ArgumentTypeError, match="does not hash null keys"):
+        partition_for_key(None, 3)  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigurationError, match="size_ms must be a positive int"):
+        TumblingWindows(0, 10)
+    with pytest.raises(errors.ConfigurationError, match="window_ms must be an int"):
+        JoinSpec(-1, 0)
+    with pytest.raises(errors.JoinError, match="side must be 'left' or 'right'"):
+        JoinInput("middle", b"k", b"v", 0, 0)  # type: ignore[arg-type]
+    store = MemoryStorePartition()
+    store.close()
+    with pytest.raises(errors.StoreError, match="is closed"):
+        store.get(b"k")
+    with pytest.raises(errors.InternalError, match="acknowledged but not pending"):
+        OffsetTracker().ack(TopicPartition("t", 0), 5)

@@ -32,10 +32,12 @@ PURE = (
     "streamjoin.joins.core",
     "streamjoin.joins.state",
     "streamjoin.partitioner",
+    "streamjoin.query.retries",
     "streamjoin.query.routing",
     "streamjoin.state.keys",
     "streamjoin.state.restore",
     "streamjoin.state.table_partition",
+    "streamjoin.state.window_partition",
     "streamjoin.state.windows",
     "streamjoin.runtime.tasks.alignment",
     "streamjoin.runtime.ops.metrics",
@@ -160,3 +162,110 @@ def test_pure_cores_import_only_pure_modules() -> None:
         if bad or third_party:
             offenders[name] = bad + third_party
     assert offenders == {}
+
+
+#: the runtime's folders, and the parts of the runtime each may not import (see each
+#: folder's docstring): fetching and producing know nothing of tasks or the group; tasks
+#: know nothing of the group or of Kafka; table state knows nothing of tasks or the group;
+#: the group knows nothing of tasks; only the worker (and operations, which report on
+#: everything) know the group member; nothing imports the worker but the test driver
+RUNTIME_FOLDERS: dict[str, tuple[str, ...]] = {
+    "streamjoin.runtime.transport": (
+        "streamjoin.runtime.tasks",
+        "streamjoin.runtime.group",
+        "streamjoin.runtime.member",
+        "streamjoin.runtime.worker",
+    ),
+    "streamjoin.runtime.tasks": (
+        "streamjoin.runtime.group",
+        "streamjoin.runtime.transport.consumer",
+        "streamjoin.runtime.transport.fetched_records",
+        "streamjoin.runtime.transport.liveness",
+        "streamjoin.runtime.transport.producer",
+        "streamjoin.runtime.transport.record_limits",
+        "streamjoin.runtime.transport.topic_admin",
+        "streamjoin.runtime.member",
+        "streamjoin.runtime.worker",
+    ),
+    "streamjoin.runtime.table_state": (
+        "streamjoin.runtime.tasks",
+        "streamjoin.runtime.group",
+        "streamjoin.runtime.member",
+        "streamjoin.runtime.worker",
+    ),
+    "streamjoin.runtime.group": (
+        "streamjoin.runtime.tasks",
+        "streamjoin.runtime.member",
+        "streamjoin.runtime.worker",
+    ),
+}
+#: the runtime services the Worker builds and wires: constructed nowhere else (the
+#: in-memory test driver, under ``testing/``, builds its own over in-memory transports)
+WORKER_BUILT = frozenset(
+    {
+        "AgentRuntime",
+        "Fetcher",
+        "GroupMember",
+        "GroupMembership",
+        "KafkaSender",
+        "QueryService",
+        "StateService",
+        "TableFlusher",
+        "TableStores",
+        "TaskManager",
+        "TaskProcessing",
+        "TimestampAligner",
+        "TransactionalSender",
+        "WorkerMonitor",
+        "WorkerTransaction",
+    }
+)
+
+
+def _constructed(path: Path) -> set[str]:
+    """Names of ``WORKER_BUILT`` classes called (constructed) in ``path``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in WORKER_BUILT:
+                found.add(name)
+    return found
+
+
+def test_runtime_folders_import_only_what_their_docstrings_allow() -> None:
+    offenders = {}
+    for name, deps in _graph().items():
+        for folder, forbidden in RUNTIME_FOLDERS.items():
+            if _under(name, (folder,)):
+                bad = sorted(d for d in deps if _under(d, forbidden))
+                if bad:
+                    offenders[name] = bad
+    assert offenders == {}
+
+
+def test_only_the_worker_constructs_the_runtime_services() -> None:
+    offenders = {
+        name: sorted(found)
+        for name, path in _modules().items()
+        if name != "streamjoin.runtime.worker"
+        and not _under(name, ("streamjoin.testing",))
+        and (found := _constructed(path))
+    }
+    assert offenders == {}
+
+
+def test_the_construction_check_sees_a_construction(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from x import TaskProcessing\np = TaskProcessing(1, 2)\nq = mod.Fetcher()\n")
+    assert _constructed(source) == {"TaskProcessing", "Fetcher"}
+
+
+def test_nothing_outside_testing_imports_testing() -> None:
+    offenders = {
+        name: sorted(d for d in deps if _under(d, ("streamjoin.testing",)))
+        for name, deps in _graph().items()
+        if not _under(name, ("streamjoin.testing",))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

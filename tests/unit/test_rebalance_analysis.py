@@ -14,6 +14,7 @@ from benchmarks.rebalance_analysis import (
     analyze_event,
     by_partition,
     count_errors,
+    describe_rebalances,
     duplicates,
     gaps,
     handover,
@@ -23,6 +24,8 @@ from benchmarks.rebalance_analysis import (
     overlaps,
     percentile,
     read_trace_dir,
+    read_worker_log,
+    rebalances,
     resume_after_stall,
     runs,
     summarize_logs,
@@ -67,7 +70,7 @@ def test_a_run_continues_across_a_pause_and_ends_at_a_seek() -> None:
     ]
     (first, second) = runs(records)[(T, 0)]
     assert (first.first_offset, first.last_offset, first.records) == (0, 7, 8)
-    assert (first.start, first.end) == (0.0, pytest.approx(2.7))
+    assert first.start == 0.0 and first.end == pytest.approx(2.7)
     assert (second.first_offset, second.last_offset, second.start) == (6, 8, 5.0)
     assert overlaps(runs(records)) == []  # one member never overlaps itself
 
@@ -307,3 +310,168 @@ def test_logs_give_assignments_and_restores_in_the_window() -> None:
     assert (summary.restores_planned, summary.restored) == (120, 120)
     assert summary.restore_seconds == 0.25
     assert handover([], ("a", 1), ("b", 1), 0.0) is None
+
+
+# ------------------------------------------------------------------ handovers, from the logs
+
+BASE = float(int(time.time()))
+
+
+def log(*lines: tuple[int, str, str]) -> str:
+    """A worker's log: (milliseconds after BASE, logger, message) per line."""
+    return "\n".join(
+        f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(BASE + ms // 1000))},"
+        f"{ms % 1000:03d}] INFO streamjoin.{logger}: {message}"
+        for ms, logger, message in lines
+    )
+
+
+def done(
+    ms: int, generation: int, how: str, took: float, added: int, revoked: int
+) -> tuple[int, str, str]:
+    return (
+        ms,
+        "membership",
+        f"rebalance done: generation {generation} ({how}) in {took:.3f}s: {added} partitions "
+        f"assigned, {revoked} revoked, 9 owned",
+    )
+
+
+def assigned(ms: int, *tps: str) -> tuple[int, str, str]:
+    return (ms, "consumer", f"assigned {len(tps)} partitions: {', '.join(tps)} (owning 9)")
+
+
+def restored(ms: int, partition: int, seconds: float) -> tuple[int, str, str]:
+    return (
+        ms,
+        "state",
+        f"restored counts[{partition}]: 40 records in {seconds:.2f}s (200 records/s)",
+    )
+
+
+def test_a_cooperative_rebalance_revokes_then_assigns_in_two_generations() -> None:
+    w1 = log(
+        assigned(0, "a[0]", "a[1]", "b[0]", "b[1]"),
+        done(1, 1, "cooperative, leader", 0.05, 4, 0),
+        (10_300, "assignor", "assignment epoch 1 for 2 members: 2 tasks, 1 moved (minimum 1)"),
+        (10_400, "membership", "rejoining group g: partitions revoked for their new owner"),
+        done(10_400, 2, "cooperative, leader", 0.4, 0, 2),  # the revoke round
+        done(10_700, 3, "cooperative, leader", 0.3, 0, 0),
+    )
+    w2 = log(
+        done(10_350, 2, "cooperative", 0.1, 0, 0),
+        assigned(10_690, "a[1]", "b[1]"),  # the assign round
+        done(10_690, 3, "cooperative", 0.2, 2, 0),
+        (10_750, "state", "restoring counts[1]: 40 changelog records to replay"),
+        restored(10_900, 1, 0.2),
+    )
+    first, second = rebalances([read_worker_log("w1", w1), read_worker_log("w2", w2)])
+    assert (first.generations, first.joined, len(first.started), first.moved) == (
+        (1,),
+        ("w1",),
+        4,
+        [],
+    )
+    assert (second.generations, second.cooperative) == ((2, 3), True)
+    assert (second.members, second.joined, second.stopped) == (("w1", "w2"), ("w2",), ())
+    moved = second.moved
+    assert sorted(h.tp for h in moved) == [("a", 1), ("b", 1)]
+    for h in moved:
+        assert (h.old, h.new, h.why) == ("w1", "w2", "revoked")
+        # from the end of w1's revocation to the end of w2's restore
+        assert h.paused == pytest.approx(0.5)
+        assert h.restore_seconds == 0.2
+    assert second.never_paused == 2  # a[0] and b[0] stayed on w1, processing throughout
+    assert second.notes == ()
+    assert describe_rebalances([first, second]) == [
+        "generation 1, cooperative, 1 member (w1 joined): 2 tasks started (w1 2)",
+        "generations 2-3, cooperative in 2 rounds (revoke, then assign), 2 members (w2 joined): "
+        "1 task moved, 2 partitions never paused",
+        "  a+b[1]: w1 -> w2, paused 0.50 s (restore 0.20 s)",
+    ]
+
+
+def test_the_tasks_of_a_stopped_worker_pause_from_its_stop_request() -> None:
+    w1 = log(
+        assigned(0, "a[0]", "b[0]"),
+        done(0, 1, "cooperative, leader", 0.1, 2, 0),
+        assigned(20_500, "a[1]", "b[1]"),
+        done(20_500, 2, "cooperative, leader", 0.4, 2, 0),
+    )
+    w2 = log(
+        assigned(2, "a[1]", "b[1]"),
+        done(2, 1, "cooperative", 0.1, 2, 0),
+        (20_000, "worker", "stop requested; finishing in-flight events and committing"),
+    )
+    _, stop = rebalances([read_worker_log("w1", w1), read_worker_log("w2", w2)])
+    assert (stop.generations, stop.members, stop.stopped, stop.joined) == (
+        (2,),
+        ("w1",),
+        ("w2",),
+        (),
+    )
+    assert [(h.old, h.new, h.why) for h in stop.moved] == [("w2", "w1", "stopped")] * 2
+    assert [h.paused for h in stop.moved] == [pytest.approx(0.5)] * 2
+    assert stop.never_paused == 2
+    assert describe_rebalances([stop]) == [
+        "generation 2, cooperative, 1 member (w2 stopped): 1 task moved, 2 partitions never paused",
+        "  a+b[1]: w2 -> w1, paused 0.50 s",
+    ]
+
+
+def test_an_eager_rebalance_pauses_every_partition_from_the_start_of_its_revocation() -> None:
+    w1 = log(
+        assigned(0, "a[0]", "a[1]", "b[0]", "b[1]"),
+        done(0, 1, "eager, leader", 0.1, 4, 0),
+        # revoked everything at 5.000 (0.6 s before the end), got a[0], b[0] back
+        assigned(5_600, "a[0]", "b[0]"),
+        done(5_600, 2, "eager, leader", 0.6, 2, 0),
+    )
+    w2 = log(
+        assigned(5_620, "a[1]", "b[1]"),
+        done(5_620, 2, "eager", 0.3, 2, 0),
+        restored(5_800, 1, 0.15),
+        restored(5_790, 0, 0.1),  # partition 0 is not w2's: not its restore
+    )
+    _, eager = rebalances([read_worker_log("w1", w1), read_worker_log("w2", w2)])
+    assert (eager.generations, eager.cooperative, eager.joined) == ((2,), False, ("w2",))
+    assert [(h.tp, h.old, h.why) for h in eager.moved] == [
+        (("a", 1), "w1", "eager"),
+        (("b", 1), "w1", "eager"),
+    ]
+    assert [h.paused for h in eager.moved] == [pytest.approx(0.8)] * 2
+    assert [h.paused for h in eager.paused_in_place] == [pytest.approx(0.6)] * 2
+    assert eager.never_paused == 0
+    assert describe_rebalances([eager]) == [
+        "generation 2, eager, 2 members (w2 joined): 1 task moved, 2 partitions paused and "
+        "stayed (up to 0.60 s), 0 partitions never paused",
+        "  a+b[1]: w1 -> w2, paused 0.80 s (restore 0.15 s)",
+    ]
+
+
+def test_unlogged_releases_and_revocations_are_shown_not_guessed() -> None:
+    w1 = log(
+        assigned(0, "a[0]", "a[1]"),
+        done(0, 1, "cooperative, leader", 0.1, 2, 0),
+        done(3_000, 2, "cooperative, leader", 0.1, 0, 3),  # says 3 revoked; 2 move
+        done(3_500, 3, "cooperative, leader", 0.1, 0, 0),
+    )
+    w2 = log(
+        done(3_000, 2, "cooperative", 0.1, 0, 0),
+        assigned(3_400, "a[1]"),
+        done(3_400, 3, "cooperative", 0.1, 1, 0),
+        assigned(9_000, "a[0]"),  # killed before its round ended: dropped
+    )
+    w3 = log(assigned(3_450, "a[0]"), done(3_450, 3, "cooperative", 0.1, 1, 0))
+    logs = [read_worker_log(w, text) for w, text in (("w1", w1), ("w2", w2), ("w3", w3))]
+    assert [len(r.assigned) for r in logs[1].rounds] == [0, 1]
+    _, moves = rebalances(logs)
+    assert [(h.tp, h.new) for h in moves.moved] == [(("a", 1), "w2"), (("a", 0), "w3")]
+    assert [h.paused for h in moves.moved] == [pytest.approx(0.4), pytest.approx(0.45)]
+    assert moves.notes == ("w1 revoked 3 partitions, 2 of them assigned again in this rebalance",)
+    # w1's stop or loss is not in its log: a partition it still owned has no known pause
+    w1_after = log(assigned(0, "a[0]"), done(0, 1, "cooperative, leader", 0.1, 1, 0))
+    w2_after = log(assigned(4_000, "a[0]"), done(4_000, 2, "cooperative, leader", 0.1, 1, 0))
+    _, unknown = rebalances([read_worker_log("w1", w1_after), read_worker_log("w2", w2_after)])
+    assert [(h.old, h.released, h.paused) for h in unknown.moved] == [("w1", None, None)]
+    assert describe_rebalances([unknown])[1] == "  a[0]: w1 -> w2, paused ?"

@@ -82,7 +82,7 @@ def test_the_memory_is_bounded() -> None:
 
 
 def test_bad_bytes_are_still_a_decode_error() -> None:
-    from streamjoin.codecs import DecodeError
+    from streamjoin.errors import DecodeError
 
     remembered = RememberedValues(JsonCodec())
     with pytest.raises(DecodeError):

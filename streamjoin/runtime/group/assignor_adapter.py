@@ -64,26 +64,23 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from streamjoin.assignor import (
-    AssignmentResult,
-    InvalidAssignmentError,
-    Violation,
-    assign,
-    fallback_assignment,
-    find_violations,
-)
+from streamjoin.assignor import AssignmentResult, assign, fallback_assignment, find_violations
 from streamjoin.assignor.cooperative import withhold_moves
 from streamjoin.assignor.model import AssignorConfig, MemberState, Scenario, TopicPartitions
 from streamjoin.assignor.protocol import (
     SubscriptionUserdata,
-    UnsupportedUserdataVersion,
-    UserdataError,
     assignment_userdata_for,
     decode_assignment,
     decode_subscription,
     encode_assignment,
     encode_subscription,
     next_generation,
+)
+from streamjoin.errors import (
+    InvalidAssignmentError,
+    UnsupportedUserdataVersion,
+    UserdataError,
+    Violation,
 )
 
 if TYPE_CHECKING:

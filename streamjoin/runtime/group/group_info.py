@@ -9,8 +9,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocol
 from aiokafka.errors import for_code
 
-from streamjoin.assignor.protocol import UserdataError, decode_assignment, decode_subscription
-from streamjoin.errors import ConsumerGroupError
+from streamjoin.assignor.protocol import decode_assignment, decode_subscription
+from streamjoin.errors import ProvisioningError, UserdataError
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ async def describe_group_raw(
         await admin.close()
     group: dict[str, Any] = responses[0].to_object()["groups"][0]
     if group["error_code"] != 0:
-        raise ConsumerGroupError(
+        raise ProvisioningError(
             f"describing group {group_id!r}: {for_code(group['error_code']).__name__}"
         )
     return group

@@ -14,7 +14,13 @@ added here, with our own AddOffsetsToTxn and the group's TxnOffsetCommit v3 (KIP
 Two private parts of aiokafka's producer are used for that, both read-mostly: the
 producer id and epoch the transaction runs under, and telling its transaction manager
 that a group was added (otherwise a transaction holding only offsets would never be
-ended).
+ended). Both are checked before the producer starts (:func:`check_transaction_manager`):
+an aiokafka without them stops the worker at start, saying what is missing.
+
+The send path is :class:`KafkaSender`'s; this sender adds what a transaction needs:
+records sent while a commit ends a transaction are held for the next one
+(:meth:`TransactionalSender._send_closed`), what an abort leaves unsent is dropped, and
+every record batch's outcome is watched.
 
 aiokafka does not fail a transaction when one of its record batches fails; every
 batch's outcome is watched here (one callback per record batch, not per record), and a
@@ -30,9 +36,10 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import aiokafka
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
@@ -42,22 +49,22 @@ from aiokafka.errors import (
     ProducerFenced,
 )
 
-from streamjoin.context import Delivery
-from streamjoin.errors import TransactionError, TransactionFailed
+from streamjoin.context import Delivery, OutgoingRecord
+from streamjoin.errors import StartupError, TransactionError, TransactionFailed
 from streamjoin.runtime.group.txn_protocol import (
     PRODUCER_FENCED_CODES,
     ErrorCode,
     add_offsets_to_txn,
+    check_protocol,
     error_name,
     find_transaction_coordinator,
 )
-from streamjoin.runtime.table_state.service import Sending, TakenWrites, send_writes
+from streamjoin.runtime.table_state.flush import Sending, TakenWrites, send_writes
 from streamjoin.runtime.transport.liveness import BACKOFF_MAX, BACKOFF_START
 from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent
 from streamjoin.runtime.transport.producer import KafkaSender, dropped_delivery, started_producer
 from streamjoin.runtime.transport.record_limits import RecordLimits, is_rejection
 from streamjoin.tables import Table
-from streamjoin.topics import Headers
 
 __all__ = [
     "CommitOffsets",
@@ -109,19 +116,6 @@ def transactional_id_for(app_id: str, instance_id: str | None) -> str:
 MAX_HELD_SENDS = 100_000
 
 
-@dataclass
-class _HeldSend:
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    partition: int | None
-    headers: Headers
-    timestamp_ms: int | None
-    future: asyncio.Future[Any] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-
-
 def _chain(source: Sent, target: asyncio.Future[Any]) -> None:
     """Resolve ``target`` as ``source`` resolves."""
 
@@ -137,6 +131,32 @@ def _chain(source: Sent, target: asyncio.Future[Any]) -> None:
             target.set_result(done.result())
 
     source.add_done_callback(copy)
+
+
+#: what a commit uses of aiokafka's private transaction manager (see the module docstring)
+_TXN_MANAGER_PARTS = ("producer_id", "producer_epoch", "consumer_group_added")
+
+
+def check_transaction_manager(producer: AIOKafkaProducer) -> None:
+    """Raise :class:`StartupError` unless ``producer`` (transactional, not started yet)
+    has the private transaction manager a commit reads and tells (``_txn_manager``, as in
+    aiokafka 0.14): a different aiokafka fails when the worker starts, naming what is
+    missing, instead of at its first commit."""
+    manager = getattr(producer, "_txn_manager", None)
+    if manager is None:
+        missing = ["_txn_manager"]
+    else:
+        missing = [
+            f"_txn_manager.{part}" for part in _TXN_MANAGER_PARTS if not hasattr(manager, part)
+        ]
+    if missing:
+        raise StartupError(
+            f"aiokafka {aiokafka.__version__}: its producer has no {', '.join(missing)}; "
+            "exactly-once commits offsets with the transaction's producer id and epoch and "
+            "tells aiokafka's transaction manager that the group joined the transaction "
+            "(written against aiokafka 0.14): install a tested aiokafka (see pyproject.toml), "
+            "or run with processing_guarantee='at_least_once'"
+        )
 
 
 class TransactionalSender(KafkaSender):
@@ -173,15 +193,17 @@ class TransactionalSender(KafkaSender):
         )
         self.transactional_id = transactional_id
         self.group_id = group_id
-        #: set while sends may join the open transaction
-        self._open = asyncio.Event()
+        #: set while sends may join the open transaction (:attr:`_closed` cleared)
+        self._opened = asyncio.Event()
+        self._closed = True
         #: the first send of the open transaction that failed (it must not commit)
         self._failure: BaseException | None = None
         self._sent = False
         #: the transaction coordinator's node id, once looked up
         self._coordinator: int | None = None
-        #: records sent while a commit ended the transaction, for the next one
-        self._held: list[_HeldSend] = []
+        #: records sent while a commit ended the transaction, for the next one, with the
+        #: futures their senders were given
+        self._held: list[tuple[OutgoingRecord, asyncio.Future[Any]]] = []
         #: what this transaction sent (record batches, changelog flushes): its commit waits
         #: until each one settled, so a failure is known before it commits
         self._outcomes: list[asyncio.Future[Any]] = []
@@ -194,8 +216,13 @@ class TransactionalSender(KafkaSender):
         await super().on_start()  # InitProducerId: fences and aborts our previous incarnation
         await self.begin()
 
+    def _check_seams(self, producer: AIOKafkaProducer) -> None:
+        super()._check_seams(producer)
+        check_transaction_manager(producer)
+        check_protocol()
+
     async def on_stop(self) -> None:
-        self._open.clear()
+        self.close_sends()
         self.drops += 1
         self._drop_held()
         await self._drop_unsent()  # (the transaction holding them is aborted below)
@@ -209,87 +236,49 @@ class TransactionalSender(KafkaSender):
 
     # ------------------------------------------------------------------ sends
 
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Delivery:
-        # A record the broker would refuse never enters a transaction: the agent's on_error
-        # policy applies to it here (a refusal would abort the whole transaction instead).
-        self.limits.check(topic, key, value, headers)
-        out = self.counters.records_out
-        out[topic] = out.get(topic, 0) + 1
-        if not self._open.is_set():
-            # A commit is ending the transaction: the record joins the next one. Held here
-            # (the agent goes on at once: its event counts as processed, and the next
-            # transaction commits this record or none of its events' effects).
-            if len(self._held) < MAX_HELD_SENDS:
-                held = _HeldSend(topic, key, value, partition, headers, timestamp_ms)
-                self._held.append(held)
-                return held.future
-            drops = self.drops
-            await self._open.wait()
-            if self.drops != drops:
-                return dropped_delivery()  # that transaction was aborted: its event is lost
-        sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
-        if sent is None:
-            # (an abort while this waits drops the record: its event's task was lost, and
-            # the record must not join the next transaction)
-            sent = await self._append(topic, key, value, partition, headers, timestamp_ms)
-            if sent is None:
-                return dropped_delivery()
-        return sent
+    def send_now(self, record: OutgoingRecord) -> Delivery | None:
+        """None while a commit ends the transaction: then send() holds the record."""
+        return None if self._closed else super().send_now(record)
 
-    def send_now(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Delivery | None:
-        if not self._open.is_set():
-            return None  # a commit is ending the transaction: send() holds the record
-        return super().send_now(
-            topic, key, value, partition=partition, headers=headers, timestamp_ms=timestamp_ms
-        )
+    async def _send_closed(self, record: OutgoingRecord) -> Delivery | None:
+        """A commit is ending the transaction: the record joins the next one. Held here
+        (the agent goes on at once: its event counts as processed, and the next
+        transaction commits this record or none of its events' effects); past
+        :data:`MAX_HELD_SENDS`, the send waits for the next transaction."""
+        if len(self._held) < MAX_HELD_SENDS:
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._held.append((record, future))
+            return future
+        drops = self.drops
+        await self._opened.wait()
+        if self.drops != drops:
+            return dropped_delivery()  # that transaction was aborted: its event is lost
+        # (an abort while the append waits drops the record too: its event's task was lost,
+        # and the record must not join the next transaction)
+        return None
 
     async def _send_held(self) -> None:
         """Send what was held while the last transaction ended, in order, into this one."""
         while self._held:
             batch, self._held = self._held, []
-            for held in batch:
+            for record, future in batch:
                 try:
-                    sent = await self._append(
-                        held.topic,
-                        held.key,
-                        held.value,
-                        held.partition,
-                        held.headers,
-                        held.timestamp_ms,
-                    )
+                    sent = await self._append(record)
                 except Exception as exc:
                     if self._failure is None:
                         self._failure = exc
-                    held.future.cancel()
+                    future.cancel()
                     continue
                 if sent is None:
-                    held.future.cancel()
+                    future.cancel()
                     continue
-                _chain(sent, held.future)
+                _chain(sent, future)
 
     def _drop_held(self) -> None:
         """The held records' events are processed again (an abort, a stop): forget them."""
         held, self._held = self._held, []
-        for item in held:
-            item.future.cancel()
+        for _, future in held:
+            future.cancel()
 
     async def send_many(
         self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -333,7 +322,12 @@ class TransactionalSender(KafkaSender):
 
     def close_sends(self) -> None:
         """From now on sends go into the next transaction (the commit's snapshot)."""
-        self._open.clear()
+        self._closed = True
+        self._opened.clear()
+
+    def _open_sends(self) -> None:
+        self._closed = False
+        self._opened.set()
 
     @property
     def has_data(self) -> bool:
@@ -341,7 +335,7 @@ class TransactionalSender(KafkaSender):
 
     async def reopen(self) -> None:
         """Let sends in again without ending the transaction."""
-        self._open.set()
+        self._open_sends()
 
     async def begin(self) -> None:
         """Begin the next transaction and let sends in."""
@@ -352,7 +346,7 @@ class TransactionalSender(KafkaSender):
         self._sent = False
         self._outcomes = []
         await self._send_held()
-        self._open.set()
+        self._open_sends()
 
     async def commit(self, offsets: Mapping[TP, int], commit_offsets: CommitOffsets) -> None:
         """Add ``offsets`` (through the group) and commit the open transaction; raises
@@ -433,7 +427,7 @@ class TransactionalSender(KafkaSender):
         """Abort the open transaction (a producer that cannot abort, because it was fenced
         or failed, is replaced: initialising the transactional id again aborts it), then
         begin the next one."""
-        self._open.clear()
+        self.close_sends()
         self.drops += 1  # (first: a send waiting for room is woken by the drop below)
         self._drop_held()
         await self._drop_unsent()

@@ -59,26 +59,35 @@ What Apache Kafka 4.3 answers (classic group; tests/integration/test_txn_protoco
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import aiokafka
 from aiokafka import AIOKafkaClient
 from aiokafka.errors import IncompatibleBrokerVersion
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.coordination import FindCoordinatorRequest
-from aiokafka.protocol.transaction import AddOffsetsToTxnRequest
-from aiokafka.protocol.types import (
-    Boolean,
-    CompactArray,
-    CompactString,
-    Int16,
-    Int32,
-    Int64,
-    Schema,
-    TaggedFields,
-)
 
-from streamjoin.errors import TransactionError
+from streamjoin.errors import StartupError, TransactionError
+
+try:  # aiokafka's protocol classes, undocumented: the requests below are built on them
+    from aiokafka.protocol.api import Request, RequestStruct, Response
+    from aiokafka.protocol.coordination import FindCoordinatorRequest
+    from aiokafka.protocol.transaction import AddOffsetsToTxnRequest
+    from aiokafka.protocol.types import (
+        Boolean,
+        CompactArray,
+        CompactString,
+        Int16,
+        Int32,
+        Int64,
+        Schema,
+        TaggedFields,
+    )
+except ImportError as missing:  # pragma: no cover - an aiokafka that moved them
+    raise StartupError(
+        f"aiokafka {aiokafka.__version__}: {missing}; streamjoin's group offset requests "
+        "are built on aiokafka 0.14's protocol classes: install a tested aiokafka (see "
+        "pyproject.toml)"
+    ) from missing
 
 __all__ = [
     "ErrorCode",
@@ -89,6 +98,7 @@ __all__ = [
     "TxnOffsetCommitRequest_v3",
     "TxnOffsetCommitResponse_v3",
     "add_offsets_to_txn",
+    "check_protocol",
     "error_name",
     "fetch_committed",
     "find_group_coordinator",
@@ -323,6 +333,55 @@ class StableOffsetFetchRequest(Request[OffsetFetchRequest_v7]):  # type: ignore[
                 by_topic.setdefault(topic, []).append(partition)
             topics = [(topic, indexes, {}) for topic, indexes in by_topic.items()]
         return request_struct_class(self.group_id, topics, self.require_stable, {})
+
+
+# -- the seam check --------------------------------------------------------------------------
+
+#: known answers: each request encoded as Kafka's message definitions say (the unit tests
+#: spell these bytes out field by field)
+_KNOWN_ENCODINGS: tuple[tuple[Callable[[], Any], str], ...] = (
+    (
+        lambda: TxnOffsetCommitRequest(
+            transactional_id="tx",
+            group_id="g",
+            producer_id=42,
+            producer_epoch=3,
+            generation_id=7,
+            member_id="m",
+            group_instance_id=None,
+            offsets={("t", 1): 11, ("t", 0): 10},
+        ).prepare({28: (3, 3)}),
+        "0374780267000000000000002a000300000007026d000202740300000000000000000000000affffffff"
+        "000000000001000000000000000bffffffff00000000",
+    ),
+    (
+        lambda: StableOffsetFetchRequest(
+            group_id="g", partitions=[("t", 1), ("t", 0)], require_stable=True
+        ).prepare({9: (7, 7)}),
+        "0267020274030000000000000001000100",
+    ),
+)
+
+
+def check_protocol() -> None:
+    """Raise :class:`StartupError` unless this aiokafka's protocol classes still encode the
+    requests of this module as Kafka defines them (they were written against aiokafka
+    0.14): run at start, so a changed encoder stops the worker there, instead of sending
+    requests a broker would misread."""
+    for build, expected in _KNOWN_ENCODINGS:
+        try:
+            request = build()
+            encoded = bytes(request.encode()).hex()
+            problem = None if encoded == expected else f"encodes {encoded}, not {expected}"
+        except Exception as exc:
+            request, problem = None, repr(exc)
+        if problem is not None:
+            name = type(request).__name__ if request is not None else "a request"
+            raise StartupError(
+                f"aiokafka {aiokafka.__version__}: {name} built on its protocol classes "
+                f"{problem}; streamjoin's group offset requests were written against "
+                "aiokafka 0.14: install a tested aiokafka (see pyproject.toml)"
+            )
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -20,12 +20,14 @@ from mode import Service
 
 from streamjoin.config import AppConfig
 from streamjoin.runtime.group.assignor_adapter import StreamjoinAssignor
+from streamjoin.runtime.group.membership import GroupMembership
+from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics
+from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.ops.metrics import WorkerCounters, registry_for
 from streamjoin.runtime.ops.web import WebServer
 from streamjoin.runtime.table_state.service import StateService
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.task import TaskManager, TaskState
-from streamjoin.runtime.transport.consumer import KafkaConsumerService
 from streamjoin.topology import Topology
 
 __all__ = ["MonitoredWorker", "WorkerMonitor", "collect", "status_line"]
@@ -52,7 +54,9 @@ class MonitoredWorker(Protocol):
     counters: WorkerCounters
     tasks: TaskManager
     runtime: AgentRuntime | None
-    consumer: KafkaConsumerService | None
+    member: GroupMember | None
+    membership: GroupMembership | None
+    rebalances: RebalanceMetrics
     state_service: StateService | None
     assignor: StreamjoinAssignor | None
     monitor: WorkerMonitor | None
@@ -68,11 +72,11 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
     counters = worker.counters
     monitor = worker.monitor
     rates = monitor.rates if monitor is not None else {}
-    consumer = worker.consumer
-    membership = consumer.membership if consumer is not None else None
+    member = worker.member
+    membership = worker.membership
     partitions: list[dict[str, Any]] = []
-    if consumer is not None:
-        for tp, (end, committed, processed) in consumer.partition_offsets().items():
+    if member is not None:
+        for tp, (end, committed, processed) in member.partition_offsets().items():
             task = worker.tasks.task_for(*tp)
             partitions.append(
                 {
@@ -89,8 +93,8 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
                 }
             )
     rebalance: dict[str, Any] = dict(worker.rebalance_metrics())
-    if consumer is not None:
-        metrics = consumer.rebalance_metrics
+    if member is not None:
+        metrics = worker.rebalances
         last = metrics.last
         if last is not None and metrics.last_rebalance_at is not None:
             rebalance["last"] = {
@@ -104,15 +108,11 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
                 "leader": last.leader,
             }
         rebalance["in_progress"] = metrics.in_progress
-    joins: dict[str, dict[str, int]] = {}
-    shared = worker.runtime.shared_values if worker.runtime is not None else {}
-    for key, stats in sorted(shared.items()):
-        if key.startswith("join:") and hasattr(stats, "late"):
-            joins[key[len("join:") :]] = {
-                "emitted": int(stats.emitted),
-                "late": int(stats.late),
-                "beyond_grace": int(stats.beyond_grace),
-            }
+    join_stats = worker.runtime.join_stats if worker.runtime is not None else {}
+    joins = {
+        name: {"emitted": stats.emitted, "late": stats.late, "beyond_grace": stats.beyond_grace}
+        for name, stats in sorted(join_stats.items())
+    }
     changelogs = _changelogs(worker)
     out_records = sum(n for t, n in counters.records_out.items() if t not in changelogs)
     return {
@@ -298,9 +298,9 @@ class WorkerMonitor(Service):
             interval = min(interval, self._status_log_interval)
         while not self.should_stop:
             await self.sleep(interval)
-            consumer = self._worker.consumer
-            if consumer is not None:
-                await consumer.refresh_end_offsets()
+            member = self._worker.member
+            if member is not None:
+                await member.refresh_end_offsets()
             now = time.monotonic()
             self._sample(now)
             self._log_status(now)

@@ -31,9 +31,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streamjoin.errors import (
     ConfigurationError,
-    ConsumerGroupError,
-    GroupNotStopped,
     OffsetMoveRefused,
+    ProvisioningError,
 )
 from streamjoin.runtime.group.group_info import describe_group_raw
 from streamjoin.runtime.transport.topic_admin import describe_partition_counts
@@ -205,10 +204,10 @@ async def active_members(
 
 
 async def ensure_stopped(bootstrap_servers: str, group_id: str, **client_kwargs: object) -> None:
-    """Raise :class:`GroupNotStopped` while the group has members."""
+    """Raise :class:`OffsetMoveRefused` while the group has members."""
     _, members = await active_members(bootstrap_servers, group_id, **client_kwargs)
     if members:
-        raise GroupNotStopped(
+        raise OffsetMoveRefused(
             f"group {group_id} has {members} active member{'s' if members != 1 else ''}; "
             "stop the workers first"
         )
@@ -293,7 +292,7 @@ async def apply_moves(
         consumer.assign(list(tps))
         await consumer.commit(tps)
     except Exception as exc:
-        raise ConsumerGroupError(
+        raise ProvisioningError(
             f"committing offsets for group {group_id!r} failed: {type(exc).__name__}: {exc} "
             "(did a worker start meanwhile?)"
         ) from exc

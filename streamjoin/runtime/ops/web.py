@@ -1,9 +1,10 @@
 """The worker's HTTP server (aiohttp): metrics, the status page and its JSON twin.
 
 Routes are a list of ``(method, path, handler)``; more can be added with
-:meth:`WebServer.add_route` before the server starts (interactive table queries
-will live here too). The access log is off: a scrape every few seconds must not
-become a log line every few seconds.
+:meth:`WebServer.add_route` before the server starts: the Worker adds the interactive
+table queries' ``GET /tables/<table>/<key>`` (``runtime/ops/query_endpoint.py``) this
+way. The access log is off: a scrape every few seconds must not become a log line every
+few seconds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class WebServer:
-    """Serves ``/metrics``, ``/status.json`` and ``/`` for one worker."""
+    """Serves ``/metrics``, ``/status.json``, ``/`` and the added routes for one worker."""
 
     def __init__(
         self,

@@ -38,13 +38,16 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.offset import OffsetRequest
 
-from streamjoin.errors import ChangelogOffsetOutOfRange as ChangelogOffsetOutOfRange
-from streamjoin.errors import ChangelogReadError as ChangelogReadError
-from streamjoin.errors import ConfigurationError, LifecycleError
+from streamjoin.errors import (
+    ChangelogOffsetOutOfRange,
+    ChangelogReadError,
+    ConfigurationError,
+    CorruptRecordSet,
+    LifecycleError,
+)
 from streamjoin.runtime.table_state.changelog_records import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
-    CorruptRecordSet,
     ErrorAction,
     Record,
     RecordBatch,

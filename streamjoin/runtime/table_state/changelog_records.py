@@ -30,7 +30,7 @@ from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-from streamjoin.errors import CorruptRecordSet as CorruptRecordSet
+from streamjoin.errors import CorruptRecordSet
 
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1

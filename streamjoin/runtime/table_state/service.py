@@ -1,10 +1,8 @@
-"""Table state at run time: local stores, flushing, restoration and standby replicas.
+"""Table state at run time: local stores, restoration and standby replicas.
 
 * :class:`TableStores` opens one store per table partition (RocksDB under
-  ``<state_dir>/tables/<table>/<partition>``, or in memory for the test driver)
-  and flushes buffered table writes in the at-least-once order: changelog
-  records first (awaiting their acknowledgements), then the store together with
-  the changelog offset, and only then may the caller commit source offsets.
+  ``<state_dir>/tables/<table>/<partition>``, or in memory for the test driver);
+  flushing their buffered writes is :mod:`streamjoin.runtime.table_state.flush`.
 * :class:`StateService` (a mode service with its own
   :class:`~streamjoin.runtime.table_state.changelog_reader.ChangelogReader`, which fetches
   raw changelog records without a consumer group) restores active partitions
@@ -22,7 +20,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,19 +28,19 @@ from typing import Any
 from aiokafka import TopicPartition
 from mode import Service
 
-from streamjoin.context import Sender
-from streamjoin.errors import InternalError, LifecycleError
-from streamjoin.runtime.table_state.changelog_reader import (
-    ChangelogChunk,
+from streamjoin.errors import (
     ChangelogOffsetOutOfRange,
-    ChangelogReader,
+    InternalError,
+    LifecycleError,
+    StoreCorrupted,
+    StoreError,
 )
+from streamjoin.runtime.table_state.changelog_reader import ChangelogChunk, ChangelogReader
 from streamjoin.runtime.table_state.changelog_records import READ_COMMITTED, READ_UNCOMMITTED
-from streamjoin.state.base import StoreCorrupted, StoreError, StorePartition, unordered_items
+from streamjoin.state.base import StorePartition
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
 from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition, open_or_rebuild
-from streamjoin.state.table_partition import Buffer, TablePartition
 from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.state")
@@ -169,99 +167,6 @@ class TableStores:
             return probe.changelog_offset()
         finally:
             probe.close()
-
-
-async def flush_partitions(
-    states: Iterable[TablePartition],
-    tables: Mapping[str, Table],
-    sender: Sender,
-    before_changelog: Callable[[], Awaitable[object]] | None = None,
-) -> None:
-    """Flush table partitions: changelog first (acknowledged), then each store with its
-    changelog offset.
-
-    ``before_changelog`` runs after the buffered writes were taken and before they are
-    sent: the worker flushes the producer there, so every output record produced from
-    this state is acknowledged before the state itself becomes durable (otherwise a
-    crash could leave a closed join window in the changelog whose output was lost).
-    """
-    taken = take_writes(states, tables)
-    if before_changelog is not None:
-        await before_changelog()
-    sending = await send_writes(taken, tables, sender)
-    offsets = await asyncio.gather(*(f for _, f in sending if f is not None))
-    apply_writes(sending, offsets)
-
-
-@dataclass
-class TakenWrites:
-    """The buffered writes of one table partition, taken for a flush."""
-
-    state: TablePartition
-    #: the last flush completed (deletes of keys the store never had need no tombstone)
-    clean: bool
-    records: Buffer
-
-
-#: one partition's flush under way: its state and the future of its last changelog offset
-#: (None: nothing needed sending)
-Sending = tuple[TablePartition, Awaitable[int] | None]
-
-
-def take_writes(states: Iterable[TablePartition], tables: Mapping[str, Table]) -> list[TakenWrites]:
-    """Take every buffered write of ``states`` (no await: the snapshot of a commit)."""
-    taken: list[TakenWrites] = []
-    for state in states:
-        tables[state.table].before_flush(state)
-        # Deletes of keys the store never had (written and deleted again since the last
-        # flush, as join buffers do when windows close during catch-up) need no tombstone:
-        # the changelog holds nothing for them. Only safe when the last flush completed
-        # (otherwise its writes may be in the changelog and not in the store).
-        clean = not state.flush_interrupted
-        writes = state.take_pending()
-        if writes:
-            taken.append(TakenWrites(state, clean, writes))
-    return taken
-
-
-async def send_writes(
-    taken: Iterable[TakenWrites], tables: Mapping[str, Table], sender: Sender
-) -> list[Sending]:
-    """Send taken writes to their changelogs; the futures resolve once acknowledged."""
-    sending: list[Sending] = []
-    for item in taken:
-        state = item.state
-        if state.abandoned:
-            # Lost while the producer flushed: its writes go nowhere (its next owner
-            # replays the events that made them), and its store may be closed already.
-            continue
-        pairs = unordered_items(item.records)  # the changelog needs no key order
-        store = state.store
-        records = list(pairs)
-        if item.clean:
-            stored = state.stored_deletes()  # known to be in the store: no lookup
-            try:
-                records = [
-                    (k, v) for k, v in records if v is not None or k in stored or store.contains(k)
-                ]
-            except StoreCorrupted as exc:
-                # Every tombstone is sent (harmless for absent keys); the commit goes on and
-                # reports the store for a rebuild, like corruption found by an agent's read.
-                state.corrupted = exc
-        if not records:
-            sending.append((state, None))
-            continue
-        changelog = tables[state.table].changelog.name
-        sending.append((state, await sender.send_many(changelog, state.partition, records)))
-    return sending
-
-
-def apply_writes(sending: Iterable[Sending], offsets: Iterable[int]) -> None:
-    """Write flushed writes into their stores with the changelog offsets they reached
-    (``offsets``: the results of the futures of ``sending``, in order)."""
-    last_offsets = iter(offsets)
-    for state, sent_to in sending:
-        state.finish_flush(next(last_offsets) if sent_to is not None else None)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from streamjoin.errors import StateDirInUse, StateDirUnusable
+from streamjoin.errors import ConfigurationError, StateDirInUse
 
 __all__ = ["LOCK_FILE", "StateDirLock"]
 
@@ -38,7 +38,7 @@ class StateDirLock:
 
     def acquire(self) -> None:
         """Check that the directory is writable and lock it, or raise
-        :class:`StateDirUnusable` / :class:`StateDirInUse` naming the path."""
+        :class:`ConfigurationError` / :class:`StateDirInUse` naming the path."""
         if self._fd is not None:
             return
         self._check_writable()
@@ -46,7 +46,7 @@ class StateDirLock:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise StateDirUnusable(
+            raise ConfigurationError(
                 f"state dir {self.path}: cannot open {lock_path}: {exc}"
             ) from exc
         try:
@@ -56,7 +56,7 @@ class StateDirLock:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StateDirInUse(self.path, holder) from None
-            raise StateDirUnusable(
+            raise ConfigurationError(
                 f"state dir {self.path}: cannot lock {lock_path}: {exc}"
             ) from exc
         try:
@@ -64,7 +64,7 @@ class StateDirLock:
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as exc:
             os.close(fd)
-            raise StateDirUnusable(
+            raise ConfigurationError(
                 f"state dir {self.path}: cannot write {lock_path}: {exc}"
             ) from exc
         self._fd = fd
@@ -85,7 +85,7 @@ class StateDirLock:
             with tempfile.TemporaryFile(dir=self.path, prefix=".write-check-"):
                 pass
         except OSError as exc:
-            raise StateDirUnusable(f"state dir {self.path} is not writable: {exc}") from exc
+            raise ConfigurationError(f"state dir {self.path} is not writable: {exc}") from exc
 
 
 def _read_pid(fd: int) -> int | None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from streamjoin.errors import OffsetTrackingError as OffsetTrackingError
+from streamjoin.errors import InternalError
 
 TopicPartition = tuple[str, int]
 
@@ -61,7 +61,7 @@ class OffsetTracker:
             ledger = self._ledgers[tp] = _PartitionLedger()
         last = ledger.pending[-1][0] if ledger.pending else ledger.position
         if last is not None and offset < last:
-            raise OffsetTrackingError(
+            raise InternalError(
                 f"{tp[0]}[{tp[1]}]: offset {offset} registered after {last}; "
                 "offsets of a partition must be registered in order"
             )
@@ -84,7 +84,7 @@ class OffsetTracker:
             ledger = self._ledgers[tp] = _PartitionLedger()
         last = ledger.pending[-1][0] if ledger.pending else ledger.position
         if last is not None and offsets[0] < last:
-            raise OffsetTrackingError(
+            raise InternalError(
                 f"{tp[0]}[{tp[1]}]: offset {offsets[0]} registered after {last}; "
                 "offsets of a partition must be registered in order"
             )
@@ -115,9 +115,7 @@ class OffsetTracker:
             offset = record.offset
             entry = None if ledger is None else ledger.index.get(offset)
             if ledger is None or entry is None:
-                raise OffsetTrackingError(
-                    f"{topic}[{partition}]@{offset} acknowledged but not pending"
-                )
+                raise InternalError(f"{topic}[{partition}]@{offset} acknowledged but not pending")
             entry[1] -= 1
             if entry[1] == 0:
                 del ledger.index[offset]

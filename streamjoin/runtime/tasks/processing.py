@@ -1,7 +1,8 @@
 """What happens to fetched records, commits and revocations, whatever the transport.
 
-The Kafka consumer and the in-memory test driver both hand records to
-:class:`TaskProcessing` and let it order commits and revocations, so the
+The worker's group member (:mod:`streamjoin.runtime.member`) and the in-memory test
+driver both hand records to :class:`TaskProcessing` and let it order commits and
+revocations, so the
 alignment of co-partitioned inputs and the exactness of revocation are the same
 code in tests without a broker and in workers:
 
@@ -9,8 +10,8 @@ code in tests without a broker and in workers:
   timestamp aligner when its topic is read together with others;
 * :meth:`release` hands over what the aligner may release now;
 * :meth:`commit` takes committable positions and the tables' writes with no await
-  in between, flushes the writes (changelog, then store), then commits the
-  positions through the transport;
+  in between, flushes them through the :class:`TableFlusher` (sends, changelog, then
+  store), then commits the positions to the group's offsets: downhill, no callbacks;
 * :meth:`revoke` suspends tasks before any await, lets their in-flight events
   finish, then commits exactly what they processed and closes them, or loses
   them (no flush, no commit) when the member was fenced or an agent is stuck.
@@ -27,25 +28,24 @@ from typing import Protocol
 
 from streamjoin.errors import TransactionFailed
 from streamjoin.events import RawRecord
-from streamjoin.runtime.table_state.service import Sending, TakenWrites, apply_writes, take_writes
+from streamjoin.runtime.table_state.flush import Sending, TableFlusher, TakenWrites, apply_writes
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.alignment import TimestampAligner, topic_partition_of
 from streamjoin.runtime.tasks.offset_ledger import TopicPartition
 from streamjoin.runtime.tasks.task import Task, TaskManager, TaskState
-from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.processing")
 
-#: flushes the tables of tasks (changelog, then store)
-FlushTables = Callable[[list[Task]], Awaitable[object]]
-#: commits source offsets; False when the group refused (the member was fenced)
-CommitOffsets = Callable[[Mapping[TopicPartition, int]], Awaitable[bool]]
+
+class OffsetCommitter(Protocol):
+    """Where source offsets are committed: the consumer group (or the test driver)."""
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
+        """Commit ``offsets``; False when the group refused (the member was fenced)."""
 
 
 class Transaction(Protocol):
     """Exactly-once: the worker's open transaction (:mod:`streamjoin.runtime.group.transaction`)."""
-
-    tables: Mapping[str, Table]
 
     def close_sends(self) -> None:
         """Sends made from now on go into the next transaction."""
@@ -84,20 +84,19 @@ class TaskProcessing:
         runtime: AgentRuntime,
         aligner: TimestampAligner,
         *,
-        flush_tables: FlushTables | None,
-        flush_sends: Callable[[], Awaitable[object]],
-        commit_offsets: CommitOffsets,
+        flusher: TableFlusher,
+        offsets: OffsetCommitter,
         member_ok: Callable[[], Awaitable[bool]] | None = None,
         revoke_timeout: float = 10.0,
         transaction: Transaction | None = None,
-        on_transaction_aborted: Callable[[TransactionFailed], None] | None = None,
+        on_transaction_aborted: Callable[[str], None] | None = None,
     ) -> None:
         self.tasks = tasks
         self.runtime = runtime
         self.aligner = aligner
-        self._flush_tables = flush_tables
-        self._flush_sends = flush_sends
-        self._commit_offsets = commit_offsets
+        #: flushes sends and table partitions (changelog, then store) before offsets move
+        self.flusher = flusher
+        self.offsets = offsets
         self._member_ok = member_ok
         self.revoke_timeout = revoke_timeout
         self._commit_lock = asyncio.Lock()
@@ -197,9 +196,9 @@ class TaskProcessing:
             # flight (only a crash before the next commit replays those on top).
             self.runtime.ack_finished()
             positions = self.tasks.committable(chosen)
-            if self._flush_tables is not None:
+            if self.flusher.tables:
                 # State and changelog first, then the source offsets (at-least-once).
-                await self._flush_tables(chosen)
+                await self.flusher.flush(state for task in chosen for state in task.tables.values())
                 self._report_corruption(chosen)
                 # A task lost meanwhile (the member was fenced) had its flush skipped:
                 # nothing of it is committed either.
@@ -209,7 +208,7 @@ class TaskProcessing:
                 positions = {tp: p for tp, p in positions.items() if tp not in lost}
             if not positions:
                 return {}
-            if not await self._commit_offsets(positions):
+            if not await self.offsets.commit(positions):
                 return {}
             self.tasks.mark_committed(positions)
             return positions
@@ -239,9 +238,8 @@ class TaskProcessing:
                 try:
                     # (every actor is between two events, so it acknowledged what it finished)
                     positions = self.tasks.committable(tasks)
-                    taken = take_writes(
-                        (state for task in tasks for state in task.tables.values()),
-                        transaction.tables,
+                    taken = self.flusher.take(
+                        state for task in tasks for state in task.tables.values()
                     )
                     transaction.close_sends()
                 finally:
@@ -324,7 +322,7 @@ class TaskProcessing:
                 fenced=exc.fenced,
             ) from exc
         if self._on_transaction_aborted is not None:
-            self._on_transaction_aborted(exc)
+            self._on_transaction_aborted(f"transaction aborted: {exc}")
 
     # ------------------------------------------------------------------ revocation
 
@@ -378,7 +376,7 @@ class TaskProcessing:
                 dropped,
             )
             return tasks
-        await self._flush_sends()
+        await self.flusher.flush_sends()
         await self.commit(tasks)
         self.tasks.close(tasks)
         return tasks
@@ -391,7 +389,7 @@ class TaskProcessing:
         if not await self.runtime.wait_idle(tasks, self.revoke_timeout):
             log.warning("agents still busy %.0fs after stop was requested", self.revoke_timeout)
         await self.runtime.stop()
-        await self._flush_sends()
+        await self.flusher.flush_sends()
         if commit:
             await self.commit(tasks)
         self.tasks.close(tasks)

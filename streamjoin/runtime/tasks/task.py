@@ -1,8 +1,9 @@
 """Tasks: partition *p* of one co-partition group, as the runtime holds it (no Kafka).
 
 Like Kafka Streams' ``StreamTask``, a :class:`Task` owns everything about its
-partition: its table partitions (store plus unflushed writes), its join cores,
-its offset ledger. The :class:`TaskManager` creates tasks from an assignment and
+partition: its table partitions (store plus unflushed writes), what windowed
+tables and joins keep per partition (stream time and expiry, join cores), its
+offset ledger. The :class:`TaskManager` creates tasks from an assignment and
 takes them through their lifecycle::
 
     created -> restoring -> running -> suspended -> closed
@@ -27,10 +28,11 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
 
+from streamjoin.joins.run_state import JoinPartition
 from streamjoin.runtime.tasks.offset_ledger import OffsetTracker, TopicPartition
 from streamjoin.state.table_partition import TablePartition
+from streamjoin.state.window_partition import WindowPartition
 from streamjoin.topology import TaskGroup, TaskId, Topology
 
 log = logging.getLogger("streamjoin.tasks")
@@ -50,14 +52,18 @@ class Task:
 
     __slots__ = (
         "awaiting_sends",
+        "committed_at_assignment",
         "group",
+        "handed_out_to",
         "id",
+        "joins",
         "partition",
+        "reset_offsets",
         "restoring",
         "state",
         "tables",
         "tracker",
-        "values",
+        "windows",
     )
 
     def __init__(self, group: TaskGroup, partition: int) -> None:
@@ -70,10 +76,21 @@ class Task:
         #: tables still restoring
         self.restoring: set[str] = set(group.tables)
         self.tracker = OffsetTracker()
-        #: per-task values made on first use (join cores)
-        self.values: dict[str, Any] = {}
+        #: windowed table name -> its partition's stream time and expiry (made at first use)
+        self.windows: dict[str, WindowPartition] = {}
+        #: stream-stream join name -> its core over this task's buffer partition (made at
+        #: first use)
+        self.joins: dict[str, JoinPartition] = {}
         #: processed events whose sends are not acknowledged yet
         self.awaiting_sends = 0
+        #: per source partition: the group's committed offset when it was assigned here
+        self.committed_at_assignment: dict[TopicPartition, int] = {}
+        #: per source partition without a committed offset: where the reset policy started it
+        self.reset_offsets: dict[TopicPartition, int] = {}
+        #: per source partition: the next offset to hand out (after the last record handed
+        #: to the task, or where a restoring partition was sought back to); the fetcher
+        #: resumes a kept partition here when it is pointed elsewhere
+        self.handed_out_to: dict[TopicPartition, int] = {}
 
     def __repr__(self) -> str:
         return f"Task({self.name}, {self.state.value})"
@@ -210,7 +227,8 @@ class TaskManager:
             if self.tasks.get(task.id) is not task:
                 continue
             task.state = final
-            task.values.clear()
+            task.windows.clear()
+            task.joins.clear()
             del self.tasks[task.id]
             for tp in task.source_partitions:
                 if self._by_source.get(tp) is task:

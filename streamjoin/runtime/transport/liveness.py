@@ -7,7 +7,7 @@ it lasts, the worker logs one line every ``interval`` seconds ("broker 127.0.0.1
 unreachable for 12 s; retrying"), and one when the broker answers again.
 :func:`wait_for_broker` is the start's patience: it retries, backing off exponentially,
 for ``startup_timeout`` seconds before the worker gives up with
-:class:`~streamjoin.errors.BrokerUnreachable`.
+:class:`~streamjoin.errors.StartupError`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Callable
 
-from streamjoin.errors import BrokerUnreachable
+from streamjoin.errors import StartupError
 
 __all__ = ["BrokerWatch", "broker_answers", "wait_for_broker"]
 
@@ -66,7 +66,7 @@ async def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
 
 async def wait_for_broker(bootstrap: str, timeout: float, *, report_every: float = 10.0) -> None:
     """Until a bootstrap server accepts a connection: retries with exponential backoff
-    (capped), one log line every ``report_every`` seconds; :class:`BrokerUnreachable`
+    (capped), one log line every ``report_every`` seconds; :class:`StartupError`
     after ``timeout`` seconds."""
     started = time.monotonic()
     reported = started
@@ -75,7 +75,7 @@ async def wait_for_broker(bootstrap: str, timeout: float, *, report_every: float
         now = time.monotonic()
         waited = now - started
         if waited >= timeout:
-            raise BrokerUnreachable(
+            raise StartupError(
                 f"broker {bootstrap} unreachable for {waited:.0f} s at start "
                 f"(startup_timeout={timeout:g} s); is it running, and is the address right?"
             )

@@ -12,20 +12,47 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections import deque
 from collections.abc import Callable, Generator
 from contextvars import Context
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiokafka.producer.message_accumulator import BatchBuilder
+import aiokafka
 from aiokafka.structs import RecordMetadata
 
-from streamjoin.context import Headers
+from streamjoin.context import OutgoingRecord
+from streamjoin.errors import StartupError
 
-__all__ = ["OutBatch", "Outbox", "Sent"]
+if TYPE_CHECKING:
+    from aiokafka.producer.message_accumulator import BatchBuilder
 
-#: one record as it was appended (kept to describe a refusal or to send it again)
-Record = tuple[bytes | None, bytes | None, Headers, int]
+__all__ = ["OutBatch", "Outbox", "Sent", "check_batch_builder"]
+
+#: the keywords the send path appends a record to aiokafka's batch builder with
+_APPEND_KEYWORDS = ("timestamp", "key", "value", "headers")
+
+
+def check_batch_builder(builder: object) -> None:
+    """Raise :class:`StartupError` unless ``builder`` (what ``AIOKafkaProducer.create_batch``
+    returned) appends as the send path expects: ``append(timestamp=, key=, value=,
+    headers=)``, None once full. Checked when the sender starts (aiokafka's batch
+    builder lives in a private module; this was written against aiokafka 0.14), so a
+    different aiokafka fails there, saying what is missing, not at the first record."""
+    append = getattr(builder, "append", None)
+    try:
+        parameters = inspect.signature(append).parameters if callable(append) else {}
+    except (TypeError, ValueError):
+        parameters = {}
+    missing = [name for name in _APPEND_KEYWORDS if name not in parameters]
+    if missing:
+        raise StartupError(
+            f"aiokafka {aiokafka.__version__}: its producer's record batch builder "
+            f"({type(builder).__qualname__}) has no append() taking {', '.join(missing)}=; "
+            "streamjoin appends records to batches itself and was written against aiokafka "
+            "0.14's BatchBuilder.append(timestamp=, key=, value=, headers=): install a "
+            "tested aiokafka (see pyproject.toml)"
+        )
 
 
 class OutBatch:
@@ -45,7 +72,9 @@ class OutBatch:
     def __init__(self, partition: int, builder: BatchBuilder, future: asyncio.Future[Any]):
         self.partition = partition
         self.builder = builder
-        self.records: list[Record] = []
+        #: each record as it was appended, its timestamp filled in (kept to describe a
+        #: refusal, or to send it again)
+        self.records: list[OutgoingRecord] = []
         #: the batch's acknowledgement: its first record's metadata, or why it failed
         self.future = future
         #: the producer it was handed to (a refusal retires that producer)
@@ -139,7 +168,7 @@ class Sent:
             return None
         timestamp = base.timestamp
         if timestamp == -1:  # the record's own time (CreateTime topics)
-            timestamp = batch.records[self.index][3]
+            timestamp = batch.records[self.index][5]
         return RecordMetadata(
             base.topic,
             base.partition,

@@ -6,6 +6,13 @@ own. A partition's batches are handed to aiokafka (``send_batch``) by a short-li
 at the end of the event-loop turn that filled them, or as soon as one is full; aiokafka
 sends each after ``linger_ms``. While it holds a partition's previous batch, records keep
 filling the next one.
+
+A record arrives as one :data:`~streamjoin.context.OutgoingRecord` tuple, built by the
+topic, and the batch keeps that same tuple (no copy per record). The transactional sender
+extends this send path through hooks (:attr:`KafkaSender._closed` with
+:meth:`KafkaSender._send_closed`, :meth:`KafkaSender._first_record`); what it uses of
+aiokafka beyond the documented API is checked before the producer starts
+(:meth:`KafkaSender._check_seams`).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import random
 import sys
 import time
 import weakref
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -29,7 +36,7 @@ from aiokafka.errors import (
 )
 from mode import Service
 
-from streamjoin.context import Delivery
+from streamjoin.context import Delivery, Headers, OutgoingRecord
 from streamjoin.errors import (
     ConfigurationError,
     InternalError,
@@ -39,14 +46,13 @@ from streamjoin.errors import (
 )
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.ops.metrics import WorkerCounters
-from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent
+from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent, check_batch_builder
 from streamjoin.runtime.transport.record_limits import (
     RecordLimits,
     describe_rejection,
     is_rejection,
     single_record_batch_size,
 )
-from streamjoin.topics import Headers
 
 log = logging.getLogger("streamjoin.producer")
 
@@ -62,11 +68,16 @@ _NO_HEADERS: list[tuple[str, bytes]] = []
 _ANY = sys.maxsize
 
 
-async def started_producer(options: Mapping[str, Any]) -> AIOKafkaProducer:
-    """A started producer; one whose start fails (or is cancelled) is stopped before the
-    error goes on, so no half-started client is left for the garbage collector."""
+async def started_producer(
+    options: Mapping[str, Any], check: Callable[[AIOKafkaProducer], None] | None = None
+) -> AIOKafkaProducer:
+    """A started producer (``check`` looks at it first); one whose check or start fails
+    (or is cancelled) is stopped before the error goes on, so no half-started client is
+    left for the garbage collector."""
     producer = AIOKafkaProducer(**options)
     try:
+        if check is not None:
+            check(producer)
         await producer.start()
     except BaseException:
         with contextlib.suppress(Exception):
@@ -118,6 +129,10 @@ class KafkaSender(Service):
             )
             self._options["max_batch_size"] = smallest
         self._producer: AIOKafkaProducer | None = None
+        #: True while records may not join a batch (a transactional sender ending its
+        #: transaction): send() asks _send_closed what becomes of them (and the subclass's
+        #: send_now declines them: this one's never closes, so it does not ask)
+        self._closed = False
         #: counts the times records not yet sent were dropped (an aborted transaction): a
         #: send that was waiting meanwhile is dropped too, not appended to what comes next
         self.drops = 0
@@ -137,7 +152,12 @@ class KafkaSender(Service):
         self._check_each_size = int(self._options["max_batch_size"]) > self._max_request_size
 
     async def on_start(self) -> None:
-        self._producer = await started_producer(self._options)
+        self._producer = await started_producer(self._options, self._check_seams)
+
+    def _check_seams(self, producer: AIOKafkaProducer) -> None:
+        """What this sender uses of aiokafka beyond its documented API, checked before the
+        first producer starts: a different aiokafka fails at start, naming what it lacks."""
+        check_batch_builder(producer.create_batch())
 
     async def on_stop(self) -> None:
         if self._producer is not None:
@@ -152,70 +172,66 @@ class KafkaSender(Service):
             raise LifecycleError("the producer is not started")
         return self._producer
 
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Delivery:
+    async def send(self, record: OutgoingRecord) -> Delivery:
         """Append the record to its partition's open batch (waits only while the producer
         is replaced, for the topic's metadata, or while too many full batches wait); the
         :class:`Sent` fails with :class:`RecordRejected` (naming topic, size and limit) if
-        the broker refuses it."""
+        the broker refuses it.
+
+        The one send path of every sender: one that closes its sends for a while (a
+        transaction ending) sets :attr:`_closed` and says in :meth:`_send_closed` what
+        becomes of a record sent meanwhile."""
+        topic, key, value, _, headers, _ = record
+        # A record the broker would refuse never enters a batch (or a transaction): the
+        # agent's on_error policy applies to it here.
         self.limits.check(topic, key, value, headers)
-        sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
+        sent = await self._send_closed(record) if self._closed else None
         if sent is None:
-            sent = await self._append(topic, key, value, partition, headers, timestamp_ms)
+            sent = self._append_now(record, False)
             if sent is None:
-                return dropped_delivery()
+                sent = await self._append(record)
+                if sent is None:
+                    return dropped_delivery()
         out = self.counters.records_out
         out[topic] = out.get(topic, 0) + 1
         return sent
 
-    def send_now(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Delivery | None:
+    def send_now(self, record: OutgoingRecord) -> Delivery | None:
         """:meth:`send` without awaiting when the record joins an open batch at once (None:
         the caller awaits :meth:`send`, which takes the long way)."""
-        limits = self.limits
-        if (
-            key is None
-            or headers
-            or limits.rejected
-            or len(key) + (0 if value is None else len(value)) >= limits.quick.get(topic, _ANY)
-        ):
-            limits.check(topic, key, value, headers)
-        sent = self._append_now(topic, key, value, partition, headers, timestamp_ms)
+        sent = self._append_now(record, True)
         if sent is not None:
             out = self.counters.records_out
+            topic = record[0]
             out[topic] = out.get(topic, 0) + 1
         return sent
 
-    def _append_now(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Sent | None:
+    async def _send_closed(self, record: OutgoingRecord) -> Delivery | None:
+        """What :meth:`send` does with a record while :attr:`_closed` is set: its delivery
+        (held for later, or dropped), or None when it may be appended now after all. This
+        sender never closes its sends."""
+        return None
+
+    def _append_now(self, record: OutgoingRecord, check: bool) -> Sent | None:
         """The common case without awaiting: a partition already sent to (None:
         :meth:`_append` handles the rest: a new partition, a producer being replaced, too
-        many full batches waiting, a record without key or partition starting a batch)."""
+        many full batches waiting, a record without key or partition starting a batch).
+        Not while sends are closed (:meth:`send` asks :meth:`_send_closed` first, a
+        subclass that closes them declines in send_now). ``check``: the record
+        has not passed :meth:`RecordLimits.check` yet (send_now: only a record near its
+        topic's limit, or with headers or without key, is checked in full)."""
         if self._replacing is not None:
             return None
+        topic, key, value, partition, headers, timestamp_ms = record
+        if check:
+            limits = self.limits
+            if (
+                key is None
+                or headers
+                or limits.rejected
+                or len(key) + (0 if value is None else len(value)) >= limits.quick.get(topic, _ANY)
+            ):
+                limits.check(topic, key, value, headers)
         if partition is None:
             if key is None:
                 outbox = self._sticky.get(topic)
@@ -230,6 +246,7 @@ class KafkaSender(Service):
             return None
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
+            record = (topic, key, value, partition, headers, timestamp_ms)
         listed = headers if type(headers) is list else list(headers) if headers else _NO_HEADERS
         batch = outbox.open
         if (
@@ -243,27 +260,18 @@ class KafkaSender(Service):
             producer = self._producer
             if producer is None or (partition is None and key is None):
                 return None
-            return self._append_to(
-                producer, outbox, topic, key, value, headers, listed, timestamp_ms
-            )
+            return self._append_to(producer, outbox, record, listed)
         records = batch.records
-        records.append((key, value, headers, timestamp_ms))
+        records.append(record)  # (kept as given: it describes a refusal, or is sent again)
         return Sent(topic, batch, len(records) - 1)
 
-    async def _append(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        partition: int | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-    ) -> Sent | None:
+    async def _append(self, record: OutgoingRecord) -> Sent | None:
         """Append a record that passed :meth:`RecordLimits.check` (the long way); None when
         what was not yet sent was dropped while this waited (:attr:`drops`): the record
         is dropped too."""
+        topic, key, _, partition, headers, timestamp_ms = record
         if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
+            record = (*record[:5], int(time.time() * 1000))
         listed = list(headers) if headers else _NO_HEADERS
         drops = self.drops
         while True:
@@ -279,9 +287,7 @@ class KafkaSender(Service):
                 continue  # type: ignore[unreachable]
             if self.drops != drops:
                 return None
-            sent = self._append_to(
-                producer, outbox, topic, key, value, headers, listed, timestamp_ms
-            )
+            sent = self._append_to(producer, outbox, record, listed)
             if sent is not None:
                 return sent
             await self._room(outbox)  # (then the checks above again, drops included)
@@ -290,16 +296,13 @@ class KafkaSender(Service):
         self,
         producer: AIOKafkaProducer,
         outbox: Outbox,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers,
+        record: OutgoingRecord,
         listed: list[tuple[str, bytes]],
-        timestamp_ms: int,
     ) -> Sent | None:
-        """Append to ``outbox``'s open batch, opening one if needed (a full batch waits for
-        its turn, the record starts the next one); None when too many full batches wait
-        already (the caller waits for room)."""
+        """Append ``record`` (its timestamp known) to ``outbox``'s open batch, opening one
+        if needed (a full batch waits for its turn, the record starts the next one); None
+        when too many full batches wait already (the caller waits for room)."""
+        topic, key, value, _, headers, timestamp_ms = record
         while True:
             if len(outbox.full) >= MAX_WAITING_BATCHES:
                 return None
@@ -319,7 +322,7 @@ class KafkaSender(Service):
                 continue
             if not batch.records:
                 self._first_record(outbox, batch)
-            batch.records.append((key, value, headers, timestamp_ms))
+            batch.records.append(record)
             return Sent(topic, batch, len(batch.records) - 1)
 
     def _check_size(
@@ -445,7 +448,7 @@ class KafkaSender(Service):
             return
         if is_rejection(exc):
             refusals: list[BaseException] = []
-            for key, value, _, _ in batch.records:
+            for _, key, value, _, _, _ in batch.records:
                 self.limits.remember(topic, key, value, exc)
                 rejected = RecordRejected(
                     "the broker refused the record: "
@@ -471,8 +474,9 @@ class KafkaSender(Service):
         settles once they all did (each :class:`Sent` reads its record's new place)."""
         moved: list[Sent] = []
         try:
-            for key, value, headers, timestamp in batch.records:
-                sent = await self._append(topic, key, value, batch.partition, headers, timestamp)
+            for record in batch.records:
+                # (to the same partition: a record without one is not placed again)
+                sent = await self._append((*record[:3], batch.partition, *record[4:]))
                 if sent is None:
                     batch.future.cancel()
                     return

@@ -15,16 +15,12 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
 
-from streamjoin.errors import ConfigurationError, CopartitioningError
-from streamjoin.errors import TopicAdminError as TopicAdminError
+from streamjoin.errors import ConfigurationError, CopartitioningError, ProvisioningError
 from streamjoin.runtime.transport.record_limits import TopicLimits
 
 _NO_ERROR = 0
 _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC_OR_PARTITION = 3
-
-#: The old name of :class:`~streamjoin.errors.CopartitioningError` here; kept importable.
-TopicPartitionCountMismatch = CopartitioningError
 
 
 def _count_mismatch(topic: str, declared: int, actual: int) -> CopartitioningError:
@@ -67,7 +63,7 @@ async def describe_partition_counts(
         if code == _UNKNOWN_TOPIC_OR_PARTITION:
             continue
         if code != _NO_ERROR:
-            raise TopicAdminError(
+            raise ProvisioningError(
                 f"describing topic {entry['topic']!r} failed: {for_code(code).__name__}"
             )
         counts[entry["topic"]] = len(entry["partitions"])
@@ -115,7 +111,7 @@ async def ensure_topics(
                 continue
             failures.append(f"{name}: {for_code(code).__name__} {message or ''}".strip())
         if failures:
-            raise TopicAdminError("creating topics failed: " + "; ".join(failures))
+            raise ProvisioningError("creating topics failed: " + "; ".join(failures))
         # A concurrent creator may have won the race with another partition count. A new
         # topic can take a moment to show up in metadata: wait for it, or later lookups
         # (partition counts, co-partitioning checks) would not find it.
@@ -139,7 +135,7 @@ async def _wait_visible(
         if not absent:
             return counts
         if time.monotonic() > deadline:
-            raise TopicAdminError(
+            raise ProvisioningError(
                 f"topics created but still not in the broker's metadata after {timeout:.0f}s: "
                 + ", ".join(absent)
             )

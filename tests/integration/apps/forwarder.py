@@ -33,7 +33,7 @@ async def forward(stream: Stream) -> None:
     async for event in stream:
         if event.value == "poison":
             raise ValueError("poison record")
-        who = (app.group_instance_id or "anonymous").encode()
+        who = (app.config.group_instance_id or "anonymous").encode()
         await sink.send(
             key=event.key,
             value=f"{event.partition}:{event.offset}:{event.value}",

@@ -66,7 +66,7 @@ class Trace:
 
     def open(self) -> None:
         pid = os.getpid()
-        self.worker = os.environ.get("SJT_WORKER") or app.group_instance_id or str(pid)
+        self.worker = os.environ.get("SJT_WORKER") or app.config.group_instance_id or str(pid)
         path = TRACE_DIR / f"{self.worker}.{pid}{TRACE_SUFFIX}"
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 

@@ -9,8 +9,6 @@ from assignor_support import active, counts, following, member, run, scenario, s
 
 from streamjoin.assignor import (
     AssignmentResult,
-    InvalidAssignmentError,
-    InvalidScenarioError,
     MemberAssignment,
     MemberState,
     Scenario,
@@ -18,6 +16,7 @@ from streamjoin.assignor import (
     assign,
     find_violations,
 )
+from streamjoin.errors import InvalidAssignmentError, InvalidScenarioError
 
 T4 = ("t0", "t1", "t2", "t3")
 JOIN = ("impressions", "clicks")

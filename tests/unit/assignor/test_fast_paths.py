@@ -40,14 +40,13 @@ from streamjoin.assignor.model import (
 )
 from streamjoin.assignor.pipeline import sorted_members
 from streamjoin.assignor.protocol import (
-    MalformedUserdata,
     SubscriptionUserdata,
     decode_subscription,
     encode_subscription,
 )
 from streamjoin.assignor.spread import Spread
 from streamjoin.assignor.standby import claimed_standbys
-from streamjoin.errors import InvalidScenarioError
+from streamjoin.errors import InvalidScenarioError, UserdataError
 
 # --------------------------------------------------------------------------- standbys
 
@@ -319,7 +318,7 @@ def test_a_run_of_varints_reads_as_one_at_a_time(values: list[int], tail: bytes)
         slow = protocol._Reader("subscription", body)
         try:
             expected: list[int] | None = [slow.uvarint("x") for _ in range(n)]
-        except MalformedUserdata:
+        except UserdataError:
             expected = None
         assert fast.uvarints(n) == expected
         if expected is not None:
@@ -349,7 +348,7 @@ def test_a_topic_twice_in_the_active_map_is_named() -> None:
     # the active map: 2 entries, (topic 0, set 0) and (topic 1, set 0)
     assert stored.count(b"\x02\x00\x00\x01\x00") == 1
     broken = stored.replace(b"\x02\x00\x00\x01\x00", b"\x02\x00\x00\x00\x00")
-    with pytest.raises(MalformedUserdata, match="duplicate topic 'a' in active"):
+    with pytest.raises(UserdataError, match="duplicate topic 'a' in active"):
         decode_subscription(broken)
 
 
@@ -363,7 +362,7 @@ def test_lags_of_several_bytes_and_a_lag_given_twice() -> None:
     body = stored[6:-1]  # without the minor-1 "owned" map (empty: one zero byte)
     assert body[-5:] == b"\x01\x00\x00\x01\x02"  # 1 entry: topic 0, set 0, lags 1 and 2
     twice = body[:-5] + b"\x02\x00\x00\x01\x02\x00\x00\x01\x02\x00"
-    with pytest.raises(MalformedUserdata, match=r"two state_lag values for t\[4\]"):
+    with pytest.raises(UserdataError, match=r"two state_lag values for t\[4\]"):
         decode_subscription(stored[:6] + twice)
 
 
@@ -392,7 +391,7 @@ def test_a_repeated_set_still_counts_towards_the_partition_limit() -> None:
         + one_set  # owned x -> the same set again: 5,000,000 in all
     )
     header = protocol.MAGIC + bytes((protocol.SUBSCRIPTION_KIND, protocol.MAJOR_VERSION, 1, 0))
-    with pytest.raises(MalformedUserdata, match="more than 4194304 partitions declared"):
+    with pytest.raises(UserdataError, match="more than 4194304 partitions declared"):
         decode_subscription(header + body)
     assert len(decode_subscription(header + body[: -len(one_set) - 3] + b"\x00").active["a"]) == (
         2_500_000

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import streamjoin
-from streamjoin.app import CopartitioningError
-from streamjoin.errors import ConfigurationError
+from streamjoin.context import OutgoingRecord
+from streamjoin.errors import ConfigurationError, CopartitioningError
 from streamjoin.events import RawRecord
 from streamjoin.testing.driver import TestDriver
 
@@ -185,8 +185,9 @@ def _enrich_app(**partitions: int) -> tuple[streamjoin.App, Any]:
 async def test_a_stream_table_join_without_partition_counts_uses_the_app_default() -> None:
     app, ads_table = _enrich_app()  # used to raise TableAccessError here
     async with TestDriver(app) as driver:
-        counts = {name: t.partitions for name, t in app.topics.items()}
+        counts = dict(app.runtime_link.partitions)  # settled at start, declarations untouched
         assert counts["ads"] == counts["views"] == ads_table.partitions == 3, counts
+        assert app.topics["ads"].partitions is None
         keys = [f"ad{i}" for i in range(12)]
         for key in keys:
             await driver.put("ads", key=key, value={"title": key.upper()})
@@ -201,9 +202,9 @@ async def test_a_stream_table_join_without_partition_counts_uses_the_app_default
 def test_a_stream_table_join_takes_the_one_count_given() -> None:
     for given in ({"views": 5}, {"ads": 5}):
         app, ads_table = _enrich_app(**given)
-        topology = app.topology()
-        topology.resolve_partitions({}, app.topic_partitions)
-        assert app.topics["views"].partitions == app.topics["ads"].partitions == 5, given
+        counts = app.topology().resolve_partitions({}, app.config.topic_partitions)
+        assert counts["views"] == counts["ads"] == 5, given
+        app.runtime_link.settle_partitions(counts)
         assert ads_table.partitions == 5
 
 
@@ -216,8 +217,9 @@ def test_a_table_table_join_without_partition_counts_declares() -> None:
     def merge(key: Any, user: Any, pref: Any) -> Any:
         return {"user": user, "pref": pref}
 
-    app.topology().resolve_partitions({}, app.topic_partitions)
-    assert {t.partitions for t in app.topics.values()} == {3}
+    counts = app.topology().resolve_partitions({}, app.config.topic_partitions)
+    assert set(counts.values()) == {3}
+    assert all(t.partitions is None for t in app.topics.values())  # declarations unchanged
 
 
 def test_a_stream_table_join_is_read_by_the_tables_agent_in_timestamp_order() -> None:
@@ -336,14 +338,15 @@ def _sends_now_every_other(driver: TestDriver) -> list[str]:
     taken: list[str] = []
     calls = 0
 
-    def send_now(topic: str, key: Any, value: Any, **options: Any) -> Any:
+    def send_now(record: OutgoingRecord) -> Any:
+        topic, key, value, partition, _, timestamp_ms = record
         nonlocal calls
         calls += 1
         if topic not in ("attributed", "enriched") or calls % 2 == 0:
             return None
-        partition = options["partition"]
+        assert partition is not None and timestamp_ms is not None
         log = driver._logs.setdefault(topic, {}).setdefault(partition, [])
-        log.append(RawRecord(topic, partition, len(log), options["timestamp_ms"], key, value))
+        log.append(RawRecord(topic, partition, len(log), timestamp_ms, key, value))
         taken.append(topic)
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -435,3 +438,32 @@ async def test_a_stream_table_join_sends_at_once_or_the_long_way_in_order() -> N
         got = [e.value["view"] for e in driver.records("enriched")]
     assert got == list(range(5))
     assert taken == ["enriched"] * 3
+
+
+async def test_a_joins_run_state_lives_in_its_tasks_and_its_counters_on_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each task keeps its part of the join (the core, and the summary of its late
+    events); the worker keeps the join's counters across tasks."""
+    app, _ = ad_app()
+    caplog.set_level("WARNING", logger="streamjoin.joins")
+    async with TestDriver(app) as driver:
+        await driver.put("impressions", key="k", value="imp", timestamp_ms=20 * MIN)
+        for late in range(3):  # closed long ago (window 10 min, grace 30 s): dropped
+            await driver.put("clicks", key="k", value="late", timestamp_ms=late)
+        await driver.drain()
+        assert driver.tasks is not None
+        (task,) = [t for t in driver.tasks.live() if t.joins]
+        part = task.joins["attribute"]
+        assert part.core.view is task.tables["attribute-buffer"]
+        assert part.core.stats.late == 3
+        assert driver.runtime is not None
+        counters = driver.runtime.join_stats["attribute"]
+        assert counters.late == 3
+        # the first late event is logged at once, the others are counted for the summary
+        assert len([r for r in caplog.records if "late and dropped" in r.message]) == 1
+        tps = [(topic, task.partition) for topic in ("impressions", "clicks")]
+        await driver.revoke(tps)
+        assert task.joins == {}  # gone with the task
+        assert driver.runtime.join_stats["attribute"] is counters  # kept by the worker
+        assert counters.late == 3

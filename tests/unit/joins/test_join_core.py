@@ -6,14 +6,12 @@ from typing import Any
 
 import pytest
 
+from streamjoin.errors import ConfigurationError, CorruptJoinState, JoinError
 from streamjoin.joins.core import (
     BUFFER_PREFIX,
     EXPIRY_PREFIX,
     META_KEY,
-    CorruptJoinState,
     How,
-    InvalidJoinInput,
-    InvalidJoinSpec,
     JoinInput,
     JoinOutput,
     JoinSpec,
@@ -66,7 +64,7 @@ def only_right(right: str, ts: int, key: bytes = b"k") -> JoinOutput:
     [(-1, 0, "inner"), (0, -1, "inner"), (1, 0, "right"), (True, 0, "inner"), (1.5, 0, "inner")],
 )
 def test_invalid_specs_are_rejected(args: tuple[Any, Any, Any]) -> None:
-    with pytest.raises(InvalidJoinSpec):
+    with pytest.raises(ConfigurationError, match="must be"):
         JoinSpec(*args)
 
 
@@ -87,12 +85,12 @@ def test_zero_window_and_grace_are_valid() -> None:
     ],
 )
 def test_invalid_inputs_are_rejected(args: tuple[Any, ...]) -> None:
-    with pytest.raises(InvalidJoinInput):
+    with pytest.raises(JoinError, match=r"must be|are bytes"):
         JoinInput(*args)
 
 
 def test_advance_rejects_negative_time() -> None:
-    with pytest.raises(InvalidJoinInput):
+    with pytest.raises(JoinError, match="stream_time_ms must be"):
         Harness().join.advance(-1)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamjoin.joins.state import KeyValueView, MemoryKeyValueView, ScanInvalidated
+from streamjoin.errors import InternalError
+from streamjoin.joins.state import KeyValueView, MemoryKeyValueView
 
 
 def test_get_put_delete() -> None:
@@ -38,7 +39,7 @@ def test_writing_during_an_open_scan_is_refused() -> None:
     scan = view.scan(b"", None)
     next(scan)
     view.put(b"c", b"3")
-    with pytest.raises(ScanInvalidated):
+    with pytest.raises(InternalError, match="written while this scan was open"):
         next(scan)
 
 

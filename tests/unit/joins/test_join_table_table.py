@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamjoin.joins.core import (
-    How,
-    InvalidJoinInput,
-    InvalidJoinSpec,
-    TableJoinChange,
-    TableTableJoin,
-)
+from streamjoin.errors import ConfigurationError, JoinError
+from streamjoin.joins.core import How, TableJoinChange, TableTableJoin
 
 K = b"k"
 
@@ -79,7 +74,7 @@ def test_has_row(how: How, rows: list[bool]) -> None:
 
 
 def test_invalid_how_and_side_are_rejected() -> None:
-    with pytest.raises(InvalidJoinSpec):
+    with pytest.raises(ConfigurationError, match="how must be"):
         TableTableJoin("right")  # type: ignore[arg-type]
-    with pytest.raises(InvalidJoinInput):
+    with pytest.raises(JoinError, match="side must be"):
         TableTableJoin().update(K, "middle", b"v", left=None, right=None)  # type: ignore[arg-type]

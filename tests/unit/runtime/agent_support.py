@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from streamjoin import App
+from streamjoin.context import OutgoingRecord
 from streamjoin.errors import RecordRejected
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.task import Task, TaskManager
@@ -32,31 +33,14 @@ class ManualSender:
         self.futures: list[asyncio.Future[Any]] = []
         self.sent: list[tuple[str, bytes | None]] = []
 
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Sequence[tuple[str, bytes]],
-        timestamp_ms: int | None,
-    ) -> asyncio.Future[Any]:
+    async def send(self, record: OutgoingRecord) -> asyncio.Future[Any]:
+        topic, _, value, _, _, _ = record
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.futures.append(future)
         self.sent.append((topic, value))
         return future
 
-    def send_now(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Sequence[tuple[str, bytes]],
-        timestamp_ms: int | None,
-    ) -> None:
+    def send_now(self, record: OutgoingRecord) -> None:
         return None  # every send goes through send(), which the test settles by hand
 
     def settle_all(

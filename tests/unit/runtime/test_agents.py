@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from streamjoin import App
-from streamjoin.errors import ArgumentTypeError, ConfigurationError, RecordRejected
+from streamjoin.context import OutgoingRecord
+from streamjoin.errors import AgentFailed, ArgumentTypeError, ConfigurationError, RecordRejected
 from streamjoin.events import RawRecord
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 from streamjoin.testing.driver import TestDriver
 from tests.unit.runtime.agent_support import ManualSender, running
 
@@ -293,16 +293,8 @@ class _BatchingSender:
     def new_batch(self) -> None:
         self.batches.append(asyncio.get_running_loop().create_future())
 
-    async def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        partition: int | None,
-        headers: Sequence[tuple[str, bytes]],
-        timestamp_ms: int | None,
-    ) -> _BatchedSend:
+    async def send(self, record: OutgoingRecord) -> _BatchedSend:
+        topic, _, value, _, _, _ = record
         error = RecordRejected(f"refused {value!r}", topic=topic)
         sent = _BatchedSend(self.batches[-1], error)
         self.sends.append(sent)
@@ -510,10 +502,10 @@ async def test_an_actor_sending_a_dead_letter_counts_as_inside_its_event(failure
         seen: list[list[str]] = []
         send = driver.send
 
-        async def watching_send(topic: str, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-            if topic == dlq.name:
+        async def watching_send(record: OutgoingRecord) -> asyncio.Future[Any]:
+            if record[0] == dlq.name:
                 seen.append(runtime.inside_events())
-            return await send(topic, *args, **kwargs)
+            return await send(record)
 
         driver.send = watching_send  # type: ignore[method-assign]
         if failure == "processing":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import textwrap
 from pathlib import Path
@@ -11,12 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 import streamjoin
-from streamjoin.app import ConfigurationError, CopartitioningError, parse_broker_url
+from streamjoin.app import parse_broker_url
 from streamjoin.cli import cli
 from streamjoin.codecs import STR
-from streamjoin.loader import AppNotFound, load_app
+from streamjoin.config import AppConfig
+from streamjoin.errors import AppNotFound, ConfigurationError, CopartitioningError, LifecycleError
+from streamjoin.loader import load_app
 from streamjoin.runtime.tasks.agent_runtime import Stream
-from streamjoin.topics import TransportNotReady
 
 
 @pytest.mark.parametrize(
@@ -59,13 +61,32 @@ def test_bad_settings_are_rejected(kwargs: dict[str, object], message: str) -> N
         streamjoin.App(**kwargs)  # type: ignore[arg-type]
 
 
+def test_an_unknown_setting_is_named_with_the_closest_one() -> None:
+    with pytest.raises(ConfigurationError, match=r"brokers \(did you mean 'broker'\?\)"):
+        streamjoin.App("x", brokers="kafka://127.0.0.1:9092")  # type: ignore[call-arg]
+    app = streamjoin.App("x")
+    with pytest.raises(ConfigurationError, match=r"unknown App settings: comit_interval"):
+        app.configure(comit_interval=2)
+
+
+def test_the_app_takes_the_settings_of_app_config() -> None:
+    app = streamjoin.App("x", key_serializer="str", value_serializer=Click)
+    assert app.config == AppConfig("x", key_serializer="str", value_serializer=Click)
+    assert app.config.key_codec is STR and app.config.value_codec.name == "json[Click]"
+    app.configure(key_serializer="json")
+    assert app.config.key_codec.name == "json" and app.topic("t").key_codec.name == "json"
+    # help(App) and IDEs show AppConfig's settings, not (id, **settings)
+    app_parameters = inspect.signature(streamjoin.App).parameters
+    assert app_parameters == inspect.signature(AppConfig).parameters
+
+
 def test_exactly_once_commits_every_100ms_unless_told_otherwise() -> None:
-    assert streamjoin.App("x").commit_interval == 1.0
+    assert streamjoin.App("x").config.commit_interval == 1.0
     eos = streamjoin.App("x", processing_guarantee="exactly_once")
-    assert eos.commit_interval == 0.1 and eos.config.transaction_timeout_ms == 10_000
+    assert eos.config.commit_interval == 0.1 and eos.config.transaction_timeout_ms == 10_000
     assert eos.config.exactly_once and not streamjoin.App("x").config.exactly_once
     slow = streamjoin.App("x", processing_guarantee="exactly_once", commit_interval=2)
-    assert slow.commit_interval == 2
+    assert slow.config.commit_interval == 2
 
 
 def test_repr_hides_client_options() -> None:
@@ -121,7 +142,7 @@ def test_agent_options_are_validated() -> None:
 async def test_send_before_start_is_a_clear_error() -> None:
     app = streamjoin.App("x")
     topic = app.topic("t")
-    with pytest.raises(TransportNotReady, match="not running"):
+    with pytest.raises(LifecycleError, match="not running"):
         await topic.send(value=1)
 
 

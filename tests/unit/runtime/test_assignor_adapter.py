@@ -25,7 +25,6 @@ from streamjoin.assignor import (
     AssignmentResult,
     AssignmentStats,
     AssignorConfig,
-    InvalidAssignmentError,
     MemberAssignment,
     Scenario,
     ViolationCode,
@@ -43,6 +42,7 @@ from streamjoin.assignor.protocol import (
     encode_assignment,
     encode_subscription,
 )
+from streamjoin.errors import InvalidAssignmentError
 from streamjoin.runtime.group import assignor_adapter
 from streamjoin.runtime.group.assignor_adapter import (
     StreamjoinAssignor,

@@ -14,12 +14,8 @@ from aiokafka.protocol.offset import OffsetRequest, OffsetResponse_v3
 from aiokafka.structs import TopicPartition
 from changelog_support import batch, marker, rec
 
-from streamjoin.runtime.table_state.changelog_reader import (
-    ChangelogChunk,
-    ChangelogOffsetOutOfRange,
-    ChangelogReader,
-    ChangelogReadError,
-)
+from streamjoin.errors import ChangelogOffsetOutOfRange, ChangelogReadError
+from streamjoin.runtime.table_state.changelog_reader import ChangelogChunk, ChangelogReader
 from streamjoin.runtime.table_state.changelog_records import Record
 
 T0, T1 = TopicPartition("cl", 0), TopicPartition("cl", 1)

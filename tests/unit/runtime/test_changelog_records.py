@@ -8,8 +8,8 @@ from changelog_support import Log, batch, marker, rec, steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjoin.errors import CorruptRecordSet
 from streamjoin.runtime.table_state.changelog_records import (
-    CorruptRecordSet,
     ErrorAction,
     Record,
     batch_records,

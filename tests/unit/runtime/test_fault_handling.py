@@ -102,11 +102,9 @@ def test_send_now_refuses_exactly_what_the_limits_refuse(
         limits.check("out", key, value, headers)
     except (RecordRejected, RecordTooLargeError) as exc:
         with pytest.raises(type(exc)):
-            sender.send_now("out", key, value, partition=0, headers=headers, timestamp_ms=1)
+            sender.send_now(("out", key, value, 0, headers, 1))
     else:  # (no producer yet: the record is left to send(), not refused)
-        assert (
-            sender.send_now("out", key, value, partition=0, headers=headers, timestamp_ms=1) is None
-        )
+        assert sender.send_now(("out", key, value, 0, headers, 1)) is None
 
 
 def test_broker_watch_swallows_connection_noise_and_reports_once_per_interval(

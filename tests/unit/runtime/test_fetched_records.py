@@ -14,12 +14,9 @@ from changelog_support import Log, batch, rec, steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjoin.errors import CorruptRecordSet
 from streamjoin.events import RawRecord
-from streamjoin.runtime.table_state.changelog_records import (
-    READ_COMMITTED,
-    READ_UNCOMMITTED,
-    CorruptRecordSet,
-)
+from streamjoin.runtime.table_state.changelog_records import READ_COMMITTED, READ_UNCOMMITTED
 from streamjoin.runtime.transport import fetched_records
 from streamjoin.runtime.transport.fetched_records import (
     RAW_RECORDS,

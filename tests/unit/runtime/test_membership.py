@@ -1,19 +1,18 @@
-"""GroupMembership's error handling, against a scripted fake of aiokafka's client.
+"""GroupMembership, the asyncio shell of the group protocol, against a scripted fake of
+aiokafka's client (tests/unit/runtime/group_support.py).
 
-The fake answers each request type from a script (a queue of responses, exceptions or
-callables) and records everything sent; a JoinGroup or SyncGroup with nothing scripted is
-held forever, as a broker holds a JoinGroup until the group's rebalance completes, so a
-test sees exactly the joins it scripted. Heartbeats answer NONE unless scripted, commits
-succeed and offset fetches find no committed offset.
+What each answer means is tested input by input in test_group_protocol.py; these tests
+check that the shell performs the decisions: the requests it sends, the listener calls in
+their order, the two tasks. "Nothing else happens" is never shown by sleeping: a test waits
+for an explicit event (a request sent, a task ended) and then reads the state that rules
+out anything further (no rejoin due, no probe planned, the coordination task ended).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,21 +23,12 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 from aiokafka.errors import KafkaConnectionError
-from aiokafka.protocol.commit import (
-    OffsetCommitRequest,
-    OffsetCommitResponse_v3,
-    OffsetFetchRequest,
-    OffsetFetchResponse_v3,
-)
+from aiokafka.protocol.commit import OffsetCommitRequest
 from aiokafka.protocol.group import (
     HeartbeatRequest,
-    HeartbeatResponse_v1,
     JoinGroupRequest,
-    JoinGroupResponse_v5,
     LeaveGroupRequest,
-    LeaveGroupResponse_v1,
     SyncGroupRequest,
-    SyncGroupResponse_v3,
 )
 
 from streamjoin.errors import FencedInstanceError, GroupMembershipError
@@ -48,234 +38,35 @@ from streamjoin.runtime.group.membership import (
     GroupMembership,
     MembershipSettings,
 )
+from tests.unit.runtime.group_support import (
+    COORDINATOR_NOT_AVAILABLE,
+    FENCED_INSTANCE_ID,
+    GROUP,
+    GROUP_AUTHORIZATION_FAILED,
+    ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_GROUP_ID,
+    MEMBER_ID_REQUIRED,
+    NOT_COORDINATOR,
+    REBALANCE_IN_PROGRESS,
+    TOPIC,
+    UNKNOWN_MEMBER_ID,
+    FakeAssignor,
+    FakeClient,
+    FakeListener,
+    assignment,
+    commit_answer,
+    eventually,
+    heartbeat,
+    join_error,
+    join_ok,
+    owned_in,
+    sync_error,
+    sync_ok,
+    tps,
+)
 
 TP = tuple[str, int]
-
-NONE = 0
-COORDINATOR_LOAD_IN_PROGRESS = 14
-COORDINATOR_NOT_AVAILABLE = 15
-NOT_COORDINATOR = 16
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-INVALID_GROUP_ID = 24
-UNKNOWN_MEMBER_ID = 25
-REBALANCE_IN_PROGRESS = 27
-GROUP_AUTHORIZATION_FAILED = 30
-MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
-
-TOPIC = "t"
-GROUP = "g"
-
-
-# --------------------------------------------------------------------------- responses
-
-
-def join_ok(
-    member_id: str = "m1",
-    *,
-    generation: int = 1,
-    leader: str = "leader",
-    protocol: str = COOPERATIVE_PROTOCOL,
-    members: Iterable[tuple[str, str | None, bytes]] = (),
-) -> JoinGroupResponse_v5:
-    return JoinGroupResponse_v5(0, NONE, generation, protocol, leader, member_id, list(members))
-
-
-def join_error(code: int, member_id: str = "") -> JoinGroupResponse_v5:
-    return JoinGroupResponse_v5(0, code, -1, "", "", member_id, [])
-
-
-def assignment(
-    partitions: Iterable[int], user_data: bytes = b""
-) -> ConsumerProtocolMemberAssignment:
-    return ConsumerProtocolMemberAssignment(0, [(TOPIC, sorted(partitions))], user_data)
-
-
-def sync_ok(partitions: Iterable[int], user_data: bytes = b"") -> SyncGroupResponse_v3:
-    return SyncGroupResponse_v3(0, NONE, assignment(partitions, user_data).encode())
-
-
-def sync_error(code: int) -> SyncGroupResponse_v3:
-    return SyncGroupResponse_v3(0, code, b"")
-
-
-def heartbeat(code: int) -> HeartbeatResponse_v1:
-    return HeartbeatResponse_v1(0, code)
-
-
-def commit_answer(code: int) -> Callable[[Any], OffsetCommitResponse_v3]:
-    """Every partition of the commit request answered ``code``."""
-
-    def answer(request: Any) -> OffsetCommitResponse_v3:
-        built = build(request)
-        return OffsetCommitResponse_v3(
-            0, [(topic, [(p, code) for p, _o, _m in parts]) for topic, parts in built.topics]
-        )
-
-    return answer
-
-
-def fetch_answer(offsets: Mapping[TP, int], error_code: int = NONE) -> OffsetFetchResponse_v3:
-    by_topic: dict[str, list[tuple[int, int, str, int]]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        by_topic.setdefault(topic, []).append((partition, offset, "", NONE))
-    return OffsetFetchResponse_v3(0, sorted(by_topic.items()), error_code)
-
-
-def build(request: Any) -> Any:
-    """The request as the newest version aiokafka can build of it (what a broker gets)."""
-    return request.build(type(request)._CLASSES[-1])
-
-
-def owned_in(join: Any) -> list[list[Any]]:
-    """What a JoinGroup request told the leader this member owns (FakeAssignor's metadata)."""
-    metadata = ConsumerProtocolMemberMetadata.decode(join.group_protocols[0][1])
-    owned: list[list[Any]] = json.loads(metadata.user_data)
-    return owned
-
-
-def tps(*partitions: int) -> frozenset[TP]:
-    return frozenset((TOPIC, p) for p in partitions)
-
-
-# --------------------------------------------------------------------------- fakes
-
-
-class FakeCluster:
-    def __init__(self, partitions: dict[str, int]) -> None:
-        self.partitions = partitions
-
-    def partitions_for_topic(self, topic: str) -> set[int] | None:
-        n = self.partitions.get(topic)
-        return set(range(n)) if n else None
-
-
-class FakeClient:
-    """What GroupMembership uses of AIOKafkaClient, answering from a script."""
-
-    def __init__(self, events: list[tuple[Any, ...]], partitions: dict[str, int]) -> None:
-        self.events = events
-        self.scripts: dict[type, deque[Any]] = {}
-        self.sent: list[tuple[int, Any, ConnectionGroup]] = []
-        self.lookups = 0
-        self.node = 1
-        #: topics the metadata learns at its next update (not known before)
-        self.unknown: dict[str, int] = {}
-        self.cluster = FakeCluster(dict(partitions))
-        self.added_topics: list[str] = []
-        self.metadata_updates = 0
-
-    def script(self, request_type: type, *answers: Any) -> None:
-        self.scripts.setdefault(request_type, deque()).extend(answers)
-
-    async def coordinator_lookup(self, _type: Any, key: str) -> int:
-        assert key == GROUP
-        self.lookups += 1
-        self.events.append(("lookup",))
-        return self.node
-
-    async def ready(self, node: int, *, group: ConnectionGroup = ConnectionGroup.DEFAULT) -> bool:
-        return True
-
-    def add_topic(self, topic: str) -> None:
-        self.added_topics.append(topic)
-
-    async def force_metadata_update(self) -> bool:
-        self.metadata_updates += 1
-        self.cluster.partitions.update(self.unknown)
-        return True
-
-    async def send(
-        self, node: int, request: Any, *, group: ConnectionGroup = ConnectionGroup.DEFAULT
-    ) -> Any:
-        self.sent.append((node, request, group))
-        self.events.append(("send", type(request).__name__))
-        queue = self.scripts.get(type(request))
-        answer = queue.popleft() if queue else self._default(request)
-        if callable(answer) and not hasattr(answer, "SCHEMA"):
-            answer = answer(request)
-            if asyncio.iscoroutine(answer):
-                answer = await answer
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    def _default(self, request: Any) -> Any:
-        if isinstance(request, (JoinGroupRequest, SyncGroupRequest)):
-            return _held
-        if isinstance(request, HeartbeatRequest):
-            return heartbeat(NONE)
-        if isinstance(request, OffsetCommitRequest):
-            return commit_answer(NONE)
-        if isinstance(request, OffsetFetchRequest):
-            return fetch_answer({(t, p): -1 for t, ps in build(request).topics for p in ps})
-        if isinstance(request, LeaveGroupRequest):
-            return LeaveGroupResponse_v1(0, NONE)
-        raise AssertionError(f"unexpected request {request!r}")
-
-    def requests(self, request_type: type) -> list[Any]:
-        """What was sent of ``request_type``, as built structs, oldest first."""
-        return [build(r) for _node, r, _group in self.sent if isinstance(r, request_type)]
-
-    def count(self, request_type: type) -> int:
-        return sum(isinstance(r, request_type) for _node, r, _group in self.sent)
-
-
-async def _held(_request: Any) -> Any:
-    await asyncio.Event().wait()  # the broker holds it (until the test stops the member)
-
-
-class FakeAssignor:
-    """Records the membership's calls; a SyncGroup whose user data is b"followup" plans a
-    probing rebalance (as the real assignor does while warmups catch up)."""
-
-    def __init__(self) -> None:
-        self.followup_rebalance = False
-        self.metadata_calls: list[tuple[list[str], frozenset[TP]]] = []
-        self.assign_calls: list[
-            tuple[dict[str, int], dict[str, ConsumerProtocolMemberMetadata], bool]
-        ] = []
-        self.assignments: list[ConsumerProtocolMemberAssignment] = []
-        self.plan: dict[str, ConsumerProtocolMemberAssignment] = {}
-
-    def metadata(
-        self, topics: Iterable[str], owned: Iterable[TP]
-    ) -> ConsumerProtocolMemberMetadata:
-        owned = frozenset(owned)
-        self.metadata_calls.append((list(topics), owned))
-        return ConsumerProtocolMemberMetadata(0, list(topics), json.dumps(sorted(owned)).encode())
-
-    def assign_members(
-        self,
-        topics: Mapping[str, int],
-        members: Mapping[str, ConsumerProtocolMemberMetadata],
-        *,
-        cooperative: bool,
-    ) -> dict[str, ConsumerProtocolMemberAssignment]:
-        self.assign_calls.append((dict(topics), dict(members), cooperative))
-        return dict(self.plan)
-
-    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
-        self.assignments.append(assignment)
-        self.followup_rebalance = assignment.user_data == b"followup"
-
-
-class FakeListener:
-    def __init__(self, events: list[tuple[Any, ...]]) -> None:
-        self.events = events
-        self.revoke_delay = 0.0
-
-    async def on_partitions_revoked(self, revoked: frozenset[TP]) -> None:
-        self.events.append(("revoked", revoked))
-        await asyncio.sleep(self.revoke_delay)
-        self.events.append(("revoked-done", revoked))
-
-    async def on_partitions_assigned(self, added: frozenset[TP], owned: frozenset[TP]) -> None:
-        self.events.append(("assigned", added, owned))
-
-    async def on_partitions_lost(self, lost: frozenset[TP]) -> None:
-        self.events.append(("lost", lost))
 
 
 @dataclass
@@ -293,14 +84,6 @@ class Member:
 
     def joins(self) -> list[Any]:
         return self.client.requests(JoinGroupRequest)
-
-
-async def eventually(condition: Callable[[], object], timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.002)
 
 
 @pytest.fixture
@@ -341,6 +124,12 @@ async def make_member() -> AsyncIterator[Callable[..., Member]]:
     yield make
     for membership in started:
         await membership.stop()
+
+
+def tasks_ended(member: Member) -> bool:
+    """Whether both of the membership's tasks (coordination, heartbeats) have ended."""
+    tasks = member.membership._tasks
+    return bool(tasks) and all(task.done() for task in tasks)
 
 
 async def assigned(member: Member, partitions: Iterable[int], *, times: int = 1) -> None:
@@ -505,23 +294,24 @@ async def test_a_cooperative_assignment_dropping_a_partition_revokes_it_and_rejo
     assert m.membership.metrics.last is not None and m.membership.metrics.last.generation == 3
 
 
-async def test_heartbeats_go_on_while_a_slow_revocation_runs(
+async def test_heartbeats_go_on_while_a_revocation_runs(
     make_member: Callable[..., Member],
 ) -> None:
     m = make_member()
-    m.listener.revoke_delay = 0.15
+    m.listener.hold_revocations = True
     m.client.script(
         JoinGroupRequest, join_ok(generation=1), join_ok(generation=2), join_ok(generation=3)
     )
     m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0]))
     await assigned(m, [0, 1])
     m.client.script(HeartbeatRequest, heartbeat(REBALANCE_IN_PROGRESS))
-    await eventually(lambda: ("revoked-done", tps(1)) in m.events)
-    during = m.events[
-        m.events.index(("revoked", tps(1))) : m.events.index(("revoked-done", tps(1)))
-    ]
-    beats = sum(e == ("send", "HeartbeatRequest") for e in during)
-    assert beats >= 4, during  # every 10 ms for 150 ms; a loaded machine still manages 4
+    await eventually(lambda: ("revoked", tps(1)) in m.events)
+    beats = m.client.count(HeartbeatRequest)
+    await eventually(lambda: m.client.count(HeartbeatRequest) >= beats + 4)
+    assert ("revoked-done", tps(1)) not in m.events  # held: the revocation still runs
+    m.listener.release_revocation.set()
+    await eventually(lambda: len(m.callbacks("assigned")) == 2)
+    assert m.membership.owned == tps(0)
 
 
 async def test_a_heartbeat_finds_a_lost_coordinator_again_during_a_slow_revocation(
@@ -530,7 +320,7 @@ async def test_a_heartbeat_finds_a_lost_coordinator_again_during_a_slow_revocati
     """The coordination task is busy revoking; the heartbeat task looks the coordinator up
     itself, so that the member's session does not run out meanwhile."""
     m = make_member()
-    m.listener.revoke_delay = 0.2
+    m.listener.hold_revocations = True
     m.client.script(JoinGroupRequest, join_ok(generation=1), join_ok(generation=2))
     m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0]))
     await assigned(m, [0, 1])
@@ -538,10 +328,12 @@ async def test_a_heartbeat_finds_a_lost_coordinator_again_during_a_slow_revocati
     await eventually(lambda: ("revoked", tps(1)) in m.events)
     m.client.script(HeartbeatRequest, heartbeat(NOT_COORDINATOR))
     await eventually(lambda: m.client.lookups == 2)
-    assert ("revoked-done", tps(1)) not in m.events
     beats = m.client.count(HeartbeatRequest)
     await eventually(lambda: m.client.count(HeartbeatRequest) >= beats + 2)
-    assert ("revoked-done", tps(1)) not in m.events  # heartbeating again while it revokes
+    assert ("revoked-done", tps(1)) not in m.events  # held: heartbeating again while it revokes
+    assert m.membership.generation == 2 and len(m.joins()) == 2  # no rejoin for the lookup
+    m.listener.release_revocation.set()
+    await eventually(lambda: ("revoked-done", tps(1)) in m.events)
 
 
 async def test_sync_group_rebalance_in_progress_joins_again(
@@ -569,7 +361,8 @@ async def test_a_join_refused_for_good_is_fatal(
     await eventually(lambda: m.fatal)
     [fatal] = m.fatal
     assert type(fatal) is GroupMembershipError and repr(GROUP) in str(fatal)
-    await asyncio.sleep(0.03)
+    # the coordination task, the only one that joins, has ended
+    await eventually(lambda: not m.membership.coordinating)
     assert len(m.joins()) == 1 and m.callbacks() == []
 
 
@@ -599,6 +392,25 @@ async def test_a_heartbeat_saying_the_member_was_removed_loses_its_partitions_an
     assert owned_in(second) == []  # it owns nothing any more
     assert m.membership.metrics.partitions_lost_total == 2
     assert m.membership.metrics.lost.count == 1 and not m.fatal
+
+
+async def test_a_removed_member_rejoins_only_once_its_lost_partitions_are_given_up(
+    make_member: Callable[..., Member],
+) -> None:
+    """The heartbeat task gives the partitions up; a join meanwhile would hand the listener
+    a new assignment while it still drops the old one."""
+    m = make_member()
+    m.listener.hold_losses = True
+    m.client.script(JoinGroupRequest, join_ok("m1", generation=1), join_ok("m2", generation=2))
+    m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0, 1]))
+    await assigned(m, [0, 1])
+    m.client.script(HeartbeatRequest, heartbeat(UNKNOWN_MEMBER_ID))
+    await eventually(lambda: ("lost", tps(0, 1)) in m.events)
+    assert not m.membership.state.rejoin_needed and len(m.joins()) == 1
+    m.listener.release_loss.set()
+    await assigned(m, [0, 1], times=2)
+    joins = [i for i, e in enumerate(m.events) if e == ("send", "JoinGroupRequest")]
+    assert m.events.index(("lost-done", tps(0, 1))) < joins[1]
 
 
 async def test_a_static_member_told_unknown_keeps_its_member_id_to_learn_whether_it_was_fenced(
@@ -653,11 +465,10 @@ async def test_fenced_instance_id_from_a_heartbeat_loses_the_partitions_and_is_f
     assert "'i1'" in str(fatal) and repr(GROUP) in str(fatal)
     assert m.callbacks() == [("assigned", tps(0, 1), tps(0, 1)), ("lost", tps(0, 1))]
     assert m.client.count(OffsetCommitRequest) == 0
-    beats = m.client.count(HeartbeatRequest)
-    await asyncio.sleep(0.05)
-    # it stops: no more heartbeats, no rejoin
-    assert m.client.count(HeartbeatRequest) == beats and len(m.joins()) == 1
-    assert len(m.fatal) == 1
+    # it stops: both tasks end (no more heartbeats, no rejoin)
+    await eventually(lambda: tasks_ended(m))
+    assert len(m.joins()) == 1 and len(m.fatal) == 1
+    assert not m.membership.state.rejoin_needed
 
 
 @pytest.mark.parametrize("where", ["JoinGroup", "SyncGroup"])
@@ -729,9 +540,9 @@ async def test_a_commit_answered_coordinator_gone_fails_and_looks_the_coordinato
     m.client.script(SyncGroupRequest, sync_ok([0, 1]))
     await assigned(m, [0, 1])
     m.client.script(OffsetCommitRequest, commit_answer(code))
-    assert await m.membership.commit({(TOPIC, 0): 10}) is False
+    assert await m.membership.offsets.commit({(TOPIC, 0): 10}) is False
     await eventually(lambda: m.client.lookups == 2)
-    assert await m.membership.commit({(TOPIC, 0): 10}) is True
+    assert await m.membership.offsets.commit({(TOPIC, 0): 10}) is True
     beats = m.client.count(HeartbeatRequest)
     await eventually(lambda: m.client.count(HeartbeatRequest) >= beats + 2)
     assert len(m.joins()) == 1 and m.membership.generation == 1
@@ -748,9 +559,9 @@ async def test_a_commit_whose_connection_broke_fails_and_looks_the_coordinator_u
     m.client.script(SyncGroupRequest, sync_ok([0, 1]))
     await assigned(m, [0, 1])
     m.client.script(OffsetCommitRequest, KafkaConnectionError("broken pipe"))
-    assert await m.membership.commit({(TOPIC, 1): 3}) is False
+    assert await m.membership.offsets.commit({(TOPIC, 1): 3}) is False
     await eventually(lambda: m.client.lookups == 2)
-    assert await m.membership.commit({(TOPIC, 1): 3}) is True
+    assert await m.membership.offsets.commit({(TOPIC, 1): 3}) is True
 
 
 # --------------------------------------------------------------------------- offsets
@@ -765,7 +576,7 @@ async def test_a_commit_refused_by_the_group_returns_false_and_rejoins(
     m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0, 1]))
     await assigned(m, [0, 1])
     m.client.script(OffsetCommitRequest, commit_answer(code))
-    assert await m.membership.commit({(TOPIC, 0): 5, (TOPIC, 1): 7}) is False
+    assert await m.membership.offsets.commit({(TOPIC, 0): 5, (TOPIC, 1): 7}) is False
     await assigned(m, [0, 1], times=2)
     assert len(m.joins()) == 2 and m.membership.generation == 2
     assert m.client.lookups == 1
@@ -782,9 +593,10 @@ async def test_a_commit_refused_during_a_rebalance_starts_no_other(
     m.client.script(SyncGroupRequest, sync_ok([0, 1]))
     await assigned(m, [0, 1])
     m.client.script(OffsetCommitRequest, commit_answer(REBALANCE_IN_PROGRESS))
-    assert await m.membership.commit({(TOPIC, 0): 5}) is False
-    await asyncio.sleep(0.05)
-    assert len(m.joins()) == 1
+    assert await m.membership.offsets.commit({(TOPIC, 0): 5}) is False
+    # nothing for the coordination task to do: it waits for a rejoin or a lost coordinator
+    assert not m.membership.state.wants_coordination
+    assert len(m.joins()) == 1 and m.membership.generation == 1
 
 
 async def test_a_commit_refused_for_a_generation_the_member_already_left_does_not_rejoin(
@@ -803,13 +615,13 @@ async def test_a_commit_refused_for_a_generation_the_member_already_left_does_no
         return commit_answer(ILLEGAL_GENERATION)(request)
 
     m.client.script(OffsetCommitRequest, late_refusal)
-    commit = asyncio.ensure_future(m.membership.commit({(TOPIC, 0): 5}))
+    commit = asyncio.ensure_future(m.membership.offsets.commit({(TOPIC, 0): 5}))
     await eventually(lambda: m.client.count(OffsetCommitRequest) == 1)
     m.client.script(HeartbeatRequest, heartbeat(REBALANCE_IN_PROGRESS))
     await assigned(m, [0, 1], times=2)
     release.set()
     assert await commit is False
-    await asyncio.sleep(0.03)
+    assert not m.membership.state.wants_coordination  # no rejoin due
     assert len(m.joins()) == 2 and m.membership.generation == 2
 
 
@@ -817,47 +629,9 @@ async def test_commit_without_a_generation_sends_nothing(
     make_member: Callable[..., Member],
 ) -> None:
     m = make_member(start=False)
-    assert await m.membership.commit({}) is True
-    assert await m.membership.commit({(TOPIC, 0): 1}) is False
+    assert await m.membership.offsets.commit({}) is True
+    assert await m.membership.offsets.commit({(TOPIC, 0): 1}) is False
     assert m.client.sent == []
-
-
-async def test_committed_leaves_out_partitions_without_a_committed_offset(
-    make_member: Callable[..., Member],
-) -> None:
-    m = make_member(start=False)
-    m.client.script(
-        OffsetFetchRequest, fetch_answer({(TOPIC, 0): 42, (TOPIC, 1): -1, (TOPIC, 2): 0})
-    )
-    got = await m.membership.committed([(TOPIC, 2), (TOPIC, 0), (TOPIC, 1), (TOPIC, 0)])
-    assert got == {(TOPIC, 0): 42, (TOPIC, 2): 0}
-    [fetch] = m.client.requests(OffsetFetchRequest)
-    assert fetch.consumer_group == GROUP and fetch.topics == [(TOPIC, [0, 1, 2])]
-    assert await m.membership.committed([]) == {}
-    assert m.client.count(OffsetFetchRequest) == 1
-
-
-@pytest.mark.parametrize("code", [COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR])
-async def test_committed_retries_a_fetch_the_coordinator_refused_as_a_whole(
-    make_member: Callable[..., Member], code: int
-) -> None:
-    """OffsetFetch v2+ reports a coordinator that is loading or moved in its top-level error
-    code, with no partitions at all: that is not "nothing committed" (which would restart
-    every partition from the reset policy's offset), the fetch must be retried."""
-    m = make_member(start=False)
-    m.client.script(
-        OffsetFetchRequest, fetch_answer({}, error_code=code), fetch_answer({(TOPIC, 0): 42})
-    )
-    assert await m.membership.committed([(TOPIC, 0)]) == {(TOPIC, 0): 42}
-    assert m.client.count(OffsetFetchRequest) == 2
-    assert m.client.lookups == 2
-
-
-async def test_committed_refused_for_good_raises(make_member: Callable[..., Member]) -> None:
-    m = make_member(start=False)
-    m.client.script(OffsetFetchRequest, fetch_answer({}, error_code=GROUP_AUTHORIZATION_FAILED))
-    with pytest.raises(GroupMembershipError, match="GROUP_AUTHORIZATION_FAILED"):
-        await m.membership.committed([(TOPIC, 0)])
 
 
 # --------------------------------------------------------------------------- probing, metrics
@@ -876,9 +650,10 @@ async def test_a_planned_followup_rebalance_rejoins_after_the_probing_interval(
     waited = time.monotonic() - done
     assert 0.06 <= waited < 1.0, waited
     await assigned(m, [0, 1], times=2)
-    # the follow-up planned no further probe: the member stays put
+    # the follow-up planned no further probe: the member stays put (no timer, no rejoin)
     assert m.membership.metrics.last is not None and not m.membership.metrics.last.followup
-    await asyncio.sleep(0.12)
+    assert m.membership.state.probe_at is None
+    assert not m.membership.state.wants_coordination
     assert len(m.joins()) == 2
 
 
@@ -955,10 +730,12 @@ async def test_a_stopping_member_joins_no_rebalance_and_commits_at_its_generatio
     await assigned(m, [0, 1])
     m.membership.stop_joining()
     m.client.script(HeartbeatRequest, heartbeat(REBALANCE_IN_PROGRESS))
-    await eventually(lambda: m.client.count(HeartbeatRequest) >= 3)
+    # a rejoin is due, and the coordination task ends rather than join
+    await eventually(lambda: not m.membership.coordinating)
+    assert m.membership.state.rejoin_needed and not m.fatal
     await m.membership.settle(1.0)  # nothing under way: returns at once
     m.client.script(OffsetCommitRequest, commit_answer(0))
-    assert await m.membership.commit({(TOPIC, 0): 5, (TOPIC, 1): 7}) is True
+    assert await m.membership.offsets.commit({(TOPIC, 0): 5, (TOPIC, 1): 7}) is True
     assert len(m.joins()) == 1
     assert m.membership.generation == 1 and m.membership.owned == tps(0, 1)
     assert m.client.requests(OffsetCommitRequest)[-1].consumer_group_generation_id == 1

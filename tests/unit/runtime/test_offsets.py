@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjoin.errors import InternalError
 from streamjoin.events import RawRecord
-from streamjoin.runtime.tasks.offset_ledger import OffsetTracker, OffsetTrackingError
+from streamjoin.runtime.tasks.offset_ledger import OffsetTracker
 
 TP = ("orders", 0)
 
@@ -70,10 +71,10 @@ def test_mark_committed_hides_unchanged_positions() -> None:
 
 def test_errors_name_the_record() -> None:
     tracker = OffsetTracker()
-    with pytest.raises(OffsetTrackingError, match=r"orders\[0\]@3 acknowledged but not pending"):
+    with pytest.raises(InternalError, match=r"orders\[0\]@3 acknowledged but not pending"):
         tracker.ack(TP, 3)
     tracker.register(TP, 5, 1)
-    with pytest.raises(OffsetTrackingError, match="registered in order"):
+    with pytest.raises(InternalError, match="registered in order"):
         tracker.register(TP, 4, 1)
 
 
@@ -134,7 +135,7 @@ def test_registering_a_batch_at_once_is_registering_each_record(
 def test_a_batch_registered_behind_later_offsets_is_refused() -> None:
     tracker = OffsetTracker()
     tracker.register_many(TP, [5, 6], 1)
-    with pytest.raises(OffsetTrackingError, match="registered after 6"):
+    with pytest.raises(InternalError, match="registered after 6"):
         tracker.register_many(TP, [4, 7], 1)
 
 
@@ -171,5 +172,5 @@ def test_acknowledging_a_record_not_pending_names_it() -> None:
     tracker = OffsetTracker()
     tracker.register(TP, 0, 1)
     tracker.ack_records([RawRecord("orders", 0, 0, 0, None, None)])
-    with pytest.raises(OffsetTrackingError, match=r"orders\[0\]@0 acknowledged but not pending"):
+    with pytest.raises(InternalError, match=r"orders\[0\]@0 acknowledged but not pending"):
         tracker.ack_records([RawRecord("orders", 0, 0, 0, None, None)])

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import pytest
 from aiokafka.errors import KafkaConnectionError
+from aiokafka.producer.message_accumulator import BatchBuilder
 
 from streamjoin.runtime.transport import producer as producer_module
 
@@ -17,6 +18,9 @@ class FailingProducer:
     def __init__(self, **options: Any) -> None:
         self.stopped = False
         FailingProducer.instances.append(self)
+
+    def create_batch(self) -> BatchBuilder:
+        return BatchBuilder(16384, 0)
 
     async def start(self) -> None:
         raise KafkaConnectionError("no broker")

@@ -9,12 +9,9 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from streamjoin.app import App
+from streamjoin.errors import ChangelogOffsetOutOfRange, ChangelogReadError
 from streamjoin.runtime.table_state import service as state_module
-from streamjoin.runtime.table_state.changelog_reader import (
-    ChangelogChunk,
-    ChangelogOffsetOutOfRange,
-    ChangelogReadError,
-)
+from streamjoin.runtime.table_state.changelog_reader import ChangelogChunk
 from streamjoin.runtime.table_state.changelog_records import Record
 from streamjoin.runtime.table_state.service import StateService, TableStores
 from streamjoin.tables import Table
@@ -92,7 +89,10 @@ def one_table_service(**options: Any) -> tuple[StateService, Table, TopicPartiti
     table = app.tables["t"]
     options.setdefault("on_ready", lambda name, partition, store: None)
     service = StateService(
-        TableStores(app.tables, None), bootstrap_servers=app.broker, client_options={}, **options
+        TableStores(app.tables, None),
+        bootstrap_servers=app.config.broker,
+        client_options={},
+        **options,
     )
     return service, table, TopicPartition(table.changelog.name, 0)
 

@@ -10,9 +10,9 @@ import pytest
 
 import streamjoin
 from streamjoin import App
-from streamjoin.errors import ConfigurationError
+from streamjoin.errors import AgentFailed, ConfigurationError
 from streamjoin.events import RawRecord
-from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 from streamjoin.state.windows import TumblingWindows
 from streamjoin.stream import EventBatch
 from streamjoin.testing.driver import TestDriver

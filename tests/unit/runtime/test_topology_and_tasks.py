@@ -13,12 +13,13 @@ import streamjoin
 from streamjoin.cli import cli
 from streamjoin.config import AppConfig, Secret
 from streamjoin.errors import ConfigurationError, StoreCorrupted, StreamjoinError
-from streamjoin.runtime.table_state.service import flush_partitions
+from streamjoin.runtime.table_state.flush import TableFlusher
 from streamjoin.runtime.tasks.task import Task, TaskManager, TaskState
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.stream import Stream
 from streamjoin.testing.driver import TestDriver
+from tests.declarations import differences, every_kind_app, fingerprint
 from tests.unit.runtime.counting_app import counting_app
 
 # ------------------------------------------------------------------ AppConfig
@@ -50,19 +51,19 @@ def test_credentials_never_print() -> None:
     assert isinstance(app.config.client_options["sasl_plain_password"], Secret)
     # the Kafka clients get the real value
     assert app.config.client_kwargs()["sasl_plain_password"] == "hunter2"
-    assert app.client_options["sasl_plain_username"] == "me"
+    assert app.config.client_kwargs()["sasl_plain_username"] == "me"
 
 
 def test_app_settings_go_through_the_same_validation() -> None:
     app = streamjoin.App("settings-app")
-    app.broker = "kafka://127.0.0.1:9999"
-    assert app.broker == "127.0.0.1:9999"
+    app.configure(broker="kafka://127.0.0.1:9999")
+    assert app.config.broker == "127.0.0.1:9999"
     with pytest.raises(ConfigurationError, match="broker"):
-        app.broker = "kafka://nohost"
+        app.configure(broker="kafka://nohost")
     with pytest.raises(ConfigurationError, match="group_instance_id"):
-        app.group_instance_id = "  "
-    app.state_dir = "/tmp/x"
-    assert app.state_dir == Path("/tmp/x")
+        app.configure(group_instance_id="  ")
+    app.configure(state_dir="/tmp/x")
+    assert app.config.state_path == Path("/tmp/x")
     with pytest.raises(StreamjoinError):
         app.configure(capacity=0)
 
@@ -117,13 +118,33 @@ def test_topology_is_frozen_and_groups_tasks() -> None:
     assert topology.aligned_groups() == [("left", "right")]
 
 
-def test_declarations_hold_no_runtime_state() -> None:
-    app = _join_app()
-    table = app.tables["counts"]
-    for attribute in ("stores", "pending", "flushing", "ready"):
-        assert not hasattr(table, attribute)
-    for attribute in ("_cores", "emitted", "late"):
-        assert not hasattr(app.joins["j"], attribute)
+async def test_a_run_changes_no_declaration() -> None:
+    app = every_kind_app("declarations-driver")
+    before = fingerprint(app)
+    async with TestDriver(app) as driver:
+        for i in range(40):
+            key = f"k{i % 7}"
+            await driver.put("ads", key=key, value={"ad": i}, timestamp_ms=i * 100)
+            await driver.put("clicks", key=key, value=i, timestamp_ms=i * 100)
+            await driver.put("views", key=key, value=i, timestamp_ms=i * 100 + 50)
+        await driver.drain()
+        assert driver.records("click-view") and driver.records("view-ad")
+        await driver.commit()
+        await driver.revoke([("clicks", 0), ("views", 0), ("ads", 0)])
+        await driver.assign([("clicks", 0), ("views", 0), ("ads", 0)])
+        await driver.put("views", key="k1", value=99, timestamp_ms=60_000)
+        await driver.drain()
+    assert differences(before, fingerprint(app)) == []
+
+
+def test_the_fingerprint_sees_a_field_a_run_writes() -> None:
+    app = every_kind_app("declarations-seen")
+    before = fingerprint(app)
+    app.topics["clicks"].partitions = 4
+    assert differences(before, fingerprint(app)) == ["topics['clicks'].partitions: None -> 4"]
+    app.topics["clicks"].partitions = None
+    app.tables["per-second"].__dict__["_latest"] = {0: 5}  # a per-partition dict
+    assert any("per-second" in d for d in differences(before, fingerprint(app)))
 
 
 # ------------------------------------------------------------------ TaskManager
@@ -131,7 +152,6 @@ def test_declarations_hold_no_runtime_state() -> None:
 
 def test_task_lifecycle() -> None:
     topology = _join_app().topology()
-    topology.resolve_partitions({}, 8)
     manager = TaskManager(topology)
     created = manager.assign([("left", 1), ("right", 1), ("other", 0)])
     assert len(created) == 2  # left[1] and right[1] are one task
@@ -223,13 +243,7 @@ async def test_a_task_lost_while_its_commit_flushes_is_skipped_not_crashed() -> 
             reached.set()
             await gate.wait()
 
-        async def flush_tables(tasks: list[Task]) -> None:
-            states = [state for task in tasks for state in task.tables.values()]
-            await flush_partitions(
-                states, topology.tables, driver, before_changelog=slow_producer_flush
-            )
-
-        processing._flush_tables = flush_tables
+        processing.flusher = TableFlusher(driver, topology.tables, flush_sends=slow_producer_flush)
         (task,) = driver.tasks.live() if driver.tasks is not None else []
         store = task.tables["counts"].store
         commit = asyncio.create_task(driver.commit())

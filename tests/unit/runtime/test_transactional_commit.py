@@ -11,7 +11,7 @@ import pytest
 
 import streamjoin
 from streamjoin.errors import TransactionFailed
-from streamjoin.runtime.table_state.service import Sending, TakenWrites, send_writes
+from streamjoin.runtime.table_state.flush import Sending, TakenWrites, send_writes
 from streamjoin.runtime.tasks.processing import MAX_ABORTS_IN_A_ROW, TaskProcessing
 from streamjoin.runtime.tasks.task import TaskState
 from streamjoin.stream import Stream

@@ -49,7 +49,7 @@ def _sender(producer: FakeProducer) -> TransactionalSender:
         group_id="test-group",
     )
     sender._producer = producer  # type: ignore[assignment]
-    sender._open.set()
+    sender._open_sends()
     return sender
 
 
@@ -59,9 +59,7 @@ async def test_a_send_waiting_across_an_abort_is_dropped_not_put_in_the_next_tra
     transaction that begins next (it would be committed twice)."""
     producer = FakeProducer()
     sender = _sender(producer)
-    waiting = asyncio.create_task(
-        sender.send("out", b"k", b"v", partition=0, headers=(), timestamp_ms=1)
-    )
+    waiting = asyncio.create_task(sender.send(("out", b"k", b"v", 0, (), 1)))
     await asyncio.sleep(0.01)
     assert not waiting.done()
     await sender.abort()
@@ -69,7 +67,7 @@ async def test_a_send_waiting_across_an_abort_is_dropped_not_put_in_the_next_tra
     producer.metadata.set()
     delivery = await waiting
     assert delivery.cancelled()
-    await sender.send("out", b"k2", b"v2", partition=1, headers=(), timestamp_ms=2)
+    await sender.send(("out", b"k2", b"v2", 1, (), 2))
     await sender._submit_all()
     sent = [
         (topic, partition, builder.record_count()) for topic, partition, builder in producer.batches
@@ -80,12 +78,29 @@ async def test_a_send_waiting_across_an_abort_is_dropped_not_put_in_the_next_tra
 async def test_a_send_that_waited_without_an_abort_goes_into_the_transaction() -> None:
     producer = FakeProducer()
     sender = _sender(producer)
-    waiting = asyncio.create_task(
-        sender.send("out", b"k", b"v", partition=0, headers=(), timestamp_ms=1)
-    )
+    waiting = asyncio.create_task(sender.send(("out", b"k", b"v", 0, (), 1)))
     await asyncio.sleep(0.01)
     producer.metadata.set()
     delivery = await waiting
     assert not delivery.cancelled()
     await sender._submit_all()
     assert [(t, p, b.record_count()) for t, p, b in producer.batches] == [("out", 0, 1)]
+
+
+async def test_a_record_sent_while_a_commit_ends_the_transaction_goes_into_the_next() -> None:
+    """The transactional sender's one hook into the send path: while sends are closed,
+    send_now declines and send() holds the record; the next transaction sends it first."""
+    producer = FakeProducer()
+    producer.metadata.set()
+    sender = _sender(producer)
+    sender.close_sends()
+    record = ("out", b"k", b"v", 1, (), 5)
+    assert sender.send_now(record) is None
+    held = await sender.send(record)
+    assert not held.done() and producer.batches == []
+    assert sender.counters.records_out == {"out": 1}
+    await sender.begin()
+    await sender._submit_all()
+    assert [(t, p, b.record_count()) for t, p, b in producer.batches] == [("out", 1, 1)]
+    assert producer.transactions == ["begin"]
+    assert sender.send_now(("out", b"k2", b"v2", 1, (), 6)) is not None  # open again

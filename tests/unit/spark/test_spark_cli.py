@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 import streamjoin
 from examples.ad_traffic import generate
-from streamjoin.spark.bootstrap_job import UnsupportedTable, bootstrap
+from streamjoin.errors import SparkJobError
+from streamjoin.spark.bootstrap_job import bootstrap
 from streamjoin.spark.cli import backfill_command, bootstrap_command, is_path, parse_time
 from streamjoin.spark.sources import FileSource
 from tests.unit.spark.history_files import write_records
@@ -71,7 +72,7 @@ def test_parsers() -> None:
 def test_bootstrap_refuses_tables_not_read_from_a_topic() -> None:
     app = streamjoin.App("boot-unit")
     app.table("counts", default=int)
-    with pytest.raises(UnsupportedTable, match="topic_table"):
+    with pytest.raises(SparkJobError, match="topic_table"):
         bootstrap(app, "counts", source=FileSource(["nowhere.json"]))
 
 
@@ -83,14 +84,14 @@ def test_bootstrap_says_why_windowed_and_joined_tables_cannot_be_built() -> None
     left = app.topic_table(app.topic("users", key_serializer="str"))
     right = app.topic_table(app.topic("scores", key_serializer="str"))
     app.join(left, right, name="user-scores")(lambda k, a, b: [a, b])
-    with pytest.raises(UnsupportedTable, match="windowed table: its values are written by agent"):
+    with pytest.raises(SparkJobError, match="windowed table: its values are written by agent"):
         bootstrap(app, "per-minute", source=FileSource(["nowhere.json"]))
-    with pytest.raises(UnsupportedTable, match="result of table-table join 'user-scores'"):
+    with pytest.raises(SparkJobError, match="result of table-table join 'user-scores'"):
         bootstrap(app, "user-scores", source=FileSource(["nowhere.json"]))
 
 
 def test_backfill_refuses_options_of_another_join_kind() -> None:
-    from streamjoin.errors import ConfigurationError, UnsupportedJoin
+    from streamjoin.errors import ConfigurationError, SparkJobError
     from streamjoin.spark import FileSink, backfill
 
     app = streamjoin.App("backfill-kinds")
@@ -106,7 +107,7 @@ def test_backfill_refuses_options_of_another_join_kind() -> None:
         backfill(app, "enrich", source=source, output=sink, close_windows_at_end=True)
     with pytest.raises(ConfigurationError, match="--final-only"):
         backfill(app, "enrich", source=source, output=sink, final_only=True)
-    with pytest.raises(UnsupportedJoin, match="written by agents"):
+    with pytest.raises(SparkJobError, match="written by agents"):
         backfill(app, "agents", source=source, output=sink)
 
 

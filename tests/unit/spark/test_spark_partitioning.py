@@ -37,7 +37,8 @@ def test_import_without_pyspark_names_the_extra() -> None:
     code = (
         "import sys; sys.modules['pyspark'] = None\n"
         "import streamjoin, streamjoin.spark as s\n"
-        "try:\n    s.require_pyspark()\nexcept s.SparkNotInstalled as e:\n    print(e)\n"
+        "try:\n    s.require_pyspark()\nexcept streamjoin.errors.SparkNotInstalled as e:\n"
+        "    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install streamjoin[spark]" in out.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from streamjoin.errors import ChangelogReadError
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
 
 
@@ -37,7 +38,7 @@ def test_plan(
 
 
 def test_invalid_bounds_are_rejected() -> None:
-    with pytest.raises(ValueError, match="invalid changelog bounds"):
+    with pytest.raises(ChangelogReadError, match="invalid changelog bounds"):
         plan_restore(None, 10, 5)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
-from streamjoin.state.base import StoreCorrupted, StoreError, StoreLocked
+from streamjoin.errors import StoreCorrupted, StoreError, StoreLocked
 from streamjoin.state.keys import (
     META_CHANGELOG_OFFSET,
     META_FORMAT_VERSION,
@@ -321,7 +321,7 @@ def test_a_store_locked_by_another_process_is_locked_not_corrupted(
     script = textwrap.dedent(
         """
         import sys
-        from streamjoin.state.base import StoreLocked
+        from streamjoin.errors import StoreLocked
         from streamjoin.state.rocksdb import RocksDBStorePartition
         try:
             RocksDBStorePartition(sys.argv[1], table="counts", partition=3)

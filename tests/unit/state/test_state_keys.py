@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamjoin.errors import KeyEncodingError
 from streamjoin.state.keys import (
     MAX_UINT64,
-    KeyEncodingError,
     decode_uint64,
     encode_uint64,
     prefix_range,

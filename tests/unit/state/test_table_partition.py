@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamjoin.runtime.table_state.service import apply_writes, send_writes, take_writes
+from streamjoin.runtime.table_state.flush import apply_writes, send_writes, take_writes
 from streamjoin.state.keys import length_prefixed
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.table_partition import TablePartition
@@ -222,9 +222,6 @@ class _Changelog:
         #: the last flush completed: no tombstone for a key the changelog does not hold
         self.strict = True
 
-    def before_flush(self, state: TablePartition) -> None:
-        pass
-
     async def send_many(self, topic: str, partition: int, records: Any) -> Any:
         future = asyncio.get_running_loop().create_future()
         for key, value in records:
@@ -269,7 +266,7 @@ def test_insert_and_remove_hints_keep_reads_and_the_changelog_exact(
 
     async def flush(states: list[TablePartition]) -> None:
         log.strict = not states[0].flush_interrupted
-        sending = await send_writes(take_writes(states, tables), tables, log)
+        sending = await send_writes(take_writes(states), tables, log)
         offsets = await asyncio.gather(*(f for _, f in sending if f is not None))
         apply_writes(sending, offsets)
 
@@ -355,7 +352,7 @@ def test_removing_a_stored_key_sends_its_tombstone_without_a_lookup() -> None:
     view.group_keys_by(data_group(space_length=1))
 
     async def flush() -> None:
-        sending = await send_writes(take_writes([view], tables), tables, log)
+        sending = await send_writes(take_writes([view]), tables, log)
         apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
 
     stored = DATA + b"L" + length_prefixed(b"k") + b"1"
@@ -386,7 +383,7 @@ def test_removing_a_key_while_its_flush_runs_sends_its_tombstone_without_a_looku
     view.insert(key, b"v", DATA + b"L" + length_prefixed(b"k"))
 
     async def flush_with_remove_during_send() -> None:
-        sending = await send_writes(take_writes([view], tables), tables, log)
+        sending = await send_writes(take_writes([view]), tables, log)
         view.remove(
             key, DATA + b"L" + length_prefixed(b"k")
         )  # an event processed while the changelog send is under way
@@ -394,7 +391,7 @@ def test_removing_a_key_while_its_flush_runs_sends_its_tombstone_without_a_looku
         apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
 
     async def flush() -> None:
-        sending = await send_writes(take_writes([view], tables), tables, log)
+        sending = await send_writes(take_writes([view]), tables, log)
         apply_writes(sending, await asyncio.gather(*(f for _, f in sending if f is not None)))
 
     asyncio.run(flush_with_remove_during_send())

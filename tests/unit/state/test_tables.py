@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 import streamjoin
-from streamjoin.app import CopartitioningError
-from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
-from streamjoin.tables import TableAccessError
+from streamjoin.errors import AgentFailed, CopartitioningError, TableAccessError
+from streamjoin.runtime.tasks.agent_runtime import Stream
 from streamjoin.testing.driver import TestDriver
 
 

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from state_store_support import StoreFactory
 
+from streamjoin.errors import IncompatibleWindowState, KeyEncodingError
 from streamjoin.joins import core
 from streamjoin.state import window_layout as layout
 from streamjoin.state.base import StorePartition
@@ -21,8 +22,6 @@ from streamjoin.state.window_layout import (
     META,
     STREAM_TIME_KEY,
     DataEntry,
-    IncompatibleWindowState,
-    WindowLayoutError,
 )
 
 user_keys = st.binary(max_size=6)
@@ -57,18 +56,73 @@ def test_the_join_core_uses_the_layout() -> None:
     assert core.BUFFER_PREFIX == DATA
 
 
+def test_the_fast_key_builders_are_pinned() -> None:
+    """Known bytes: stores and changelogs written before must still read."""
+    # windowed tables: the window's value, and its expiry index entry
+    assert layout.table_keys(b"ab", 258) == (
+        b"\x02" + b"\x00\x00\x00\x02ab" + bytes(6) + b"\x01\x02",
+        b"\x01" + bytes(6) + b"\x01\x02" + b"\x00\x00\x00\x02ab",
+    )
+    assert layout.table_data_key(b"ab", 258) == layout.table_keys(b"ab", 258)[0]
+    # join buffers: a buffered event (side, key, ts, seq) and its expiry entry
+    prefixed = b"\x00\x00\x00\x02ab"
+    assert layout.join_buffer_key(b"L", prefixed, 258, 3) == (
+        b"\x02L" + prefixed + bytes(6) + b"\x01\x02" + bytes(7) + b"\x03"
+    )
+    assert layout.join_index_key(b"R", prefixed, 258, 3) == (
+        b"\x01" + bytes(6) + b"\x01\x02" + b"R" + bytes(7) + b"\x03" + prefixed
+    )
+    assert layout.pack_u64(258) == bytes(6) + b"\x01\x02"
+    assert layout.pack_key_length(2) == b"\x00\x00\x00\x02"
+
+
+@pytest.mark.parametrize(
+    ("key", "start"),
+    [(b"", 0), (b"k", 60_000), (b"\x00\xff" * 10, (1 << 63) - 1), (b"x" * 70_000, 5)],
+)
+def test_the_table_key_builders_equal_the_checked_functions(key: bytes, start: int) -> None:
+    """Ordinary keys are packed directly, others (a key of 70 kB) through the checks."""
+    assert layout.table_keys(key, start) == (
+        layout.data_key(key, start),
+        layout.index_key(start, length_prefixed(key)),
+    )
+    assert layout.table_data_key(key, start) == layout.data_key(key, start)
+
+
+def test_the_table_key_builders_check_what_they_do_not_pack() -> None:
+    for start in (-1, MAX_UINT64 + 1):
+        with pytest.raises(KeyEncodingError):
+            layout.table_keys(b"k", start)
+        with pytest.raises(KeyEncodingError):
+            layout.table_data_key(b"k", start)
+
+
 @given(sides, user_keys, st.integers(0, core.MAX_TIMESTAMP_MS), seqs)
-def test_the_join_cores_fast_keys_equal_the_layouts(
+def test_the_join_key_builders_equal_the_checked_functions(
     side: bytes, key: bytes, ts: int, seq: int
 ) -> None:
-    """The core packs its keys itself (per-event path); they must be the layout's."""
+    """The join core builds these keys with the same packers, inline (per-event path)."""
     prefixed = length_prefixed(key)
-    buffer_key = core._buffer_key(side, prefixed, ts, seq)
+    buffer_key = layout.join_buffer_key(side, prefixed, ts, seq)
     assert buffer_key == layout.data_key(key, ts, space=side, suffix=encode_uint64(seq))
     assert layout.split_data_key(buffer_key, 1, 8) == DataEntry(side, key, ts, encode_uint64(seq))
-    expiry_key = core._expiry_key(side, prefixed, ts, seq)
-    assert expiry_key == layout.index_key(ts, side + encode_uint64(seq) + prefixed)
-    assert core._split_expiry_key(expiry_key) == (ts, side, seq, prefixed)
+    index_key = layout.join_index_key(side, prefixed, ts, seq)
+    assert index_key == layout.index_key(ts, side + encode_uint64(seq) + prefixed)
+    assert layout.split_join_index_key(index_key) == (ts, side, seq, prefixed)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        b"",
+        layout.join_index_key(b"X", length_prefixed(b"k"), 1, 2),  # no such side
+        layout.join_index_key(b"L", length_prefixed(b"k"), 1, 2)[:-1],  # key cut short
+        b"\x02" + layout.join_index_key(b"L", length_prefixed(b"k"), 1, 2)[1:],  # not INDEX
+    ],
+)
+def test_malformed_join_index_entries_are_refused(entry: bytes) -> None:
+    with pytest.raises(KeyEncodingError, match="malformed join index entry"):
+        layout.split_join_index_key(entry)
 
 
 # ------------------------------------------------------------------ round trips
@@ -119,14 +173,14 @@ def test_a_meta_int_of_another_layout_is_refused_not_misread(raw: bytes) -> None
     ],
 )
 def test_malformed_entries_are_refused(split: object, entry: bytes) -> None:
-    with pytest.raises(WindowLayoutError):
+    with pytest.raises(KeyEncodingError, match=r"malformed|does not match its length"):
         split(entry)  # type: ignore[operator]
 
 
 def test_bad_names_and_namespaces_are_refused() -> None:
-    with pytest.raises(WindowLayoutError):
+    with pytest.raises(KeyEncodingError, match="metadata names are non-empty bytes"):
         layout.meta_key(b"")
-    with pytest.raises(WindowLayoutError):
+    with pytest.raises(KeyEncodingError, match="unknown namespace"):
         layout.namespace_range(b"\x03")
 
 

@@ -9,16 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamjoin
-from streamjoin.errors import TableAccessError
+from streamjoin.errors import AgentFailed, IncompatibleWindowState, TableAccessError
 from streamjoin.joins.core import JoinInput, JoinSpec, StreamStreamJoin
 from streamjoin.joins.state import MemoryKeyValueView
-from streamjoin.runtime.tasks.agent_runtime import AgentFailed, Stream
+from streamjoin.runtime.tasks.agent_runtime import Stream
 from streamjoin.state import window_layout as layout
 from streamjoin.state.keys import encode_uint64, length_prefixed
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import HoppingWindows, TumblingWindows
 from streamjoin.testing.driver import TestDriver
-from streamjoin.windowed import WindowedTable, _data_key_of, _keys_of
+from streamjoin.windowed import WindowedTable
 
 
 async def test_tumbling_counts_per_window_and_expiry() -> None:
@@ -322,7 +322,7 @@ async def test_state_of_the_earlier_layout_is_refused() -> None:
     app, table = counting_app()
     async with TestDriver(app) as driver:
         table.view(0).put(layout.LEGACY_TABLE_STREAM_TIME_KEY, b"300000")
-        with pytest.raises(layout.IncompatibleWindowState, match=r"'counts' partition 0.*reset"):
+        with pytest.raises(IncompatibleWindowState, match=r"'counts' partition 0.*reset"):
             table.expire()
         await driver.put("clicks", key="k", value=1, timestamp_ms=5_000)
         with pytest.raises(AgentFailed, match=r"must be reset"):
@@ -458,18 +458,6 @@ async def test_every_window_stays_indexed_through_deletes_and_expiry() -> None:
         assert data == index == {(b"j", 1_000)}
 
 
-@pytest.mark.parametrize(
-    ("key", "start"),
-    [(b"", 0), (b"k", 60_000), (b"\x00\xff" * 10, (1 << 63) - 1), (b"x" * 70_000, 5)],
-)
-def test_window_keys_are_the_layouts(key: bytes, start: int) -> None:
-    assert _keys_of(key, start) == (
-        layout.data_key(key, start),
-        layout.index_key(start, length_prefixed(key)),
-    )
-    assert _data_key_of(key, start) == layout.data_key(key, start)
-
-
 async def test_a_read_then_a_write_of_a_key_in_the_next_event_writes_that_events_window() -> None:
     """``+=`` reuses the key its read encoded; a read in one event (odd offsets) and a write
     in the next (even ones), in another window, must still write the new window and index
@@ -500,3 +488,37 @@ async def test_a_read_then_a_write_of_a_key_in_the_next_event_writes_that_events
         await driver.put("clicks", key="other", value="write", timestamp_ms=200_000)
         await driver.drain()
         assert last.windows_of("k", 0, 200_000) == []  # type: ignore[attr-defined]
+
+
+async def test_per_partition_state_lives_in_the_task_not_in_the_declaration() -> None:
+    app = streamjoin.App("win-unit")
+    clicks = app.topic("clicks", key_serializer="str", partitions=2)
+    counts = app.table(
+        "counts",
+        default=int,
+        key_serializer="str",
+        window=TumblingWindows(size_ms=10, retention_ms=10),
+        copartitioned_with=clicks,
+    )
+
+    @app.agent(clicks)
+    async def count(stream: Stream) -> None:
+        async for event in stream:
+            counts[event.key] += 1
+
+    declared = dict(vars(counts))
+    async with TestDriver(app) as driver:
+        for ts, key in ((5, "a"), (7, "b"), (50, "a")):
+            await driver.put("clicks", key=key, value=1, timestamp_ms=ts)
+        await driver.drain()
+        assert driver.tasks is not None
+        latest = []
+        for task in driver.tasks.live():
+            assert set(task.windows) <= {"counts"}
+            if task.windows:
+                part = task.windows["counts"]
+                assert part.view is task.tables["counts"]
+                latest.append(part.latest)
+        assert len(latest) in (1, 2) and max(latest) == 50  # type: ignore[type-var]
+        counts.expire()  # reaches each partition's state through its task
+    assert vars(counts) == declared

@@ -9,14 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from streamjoin.testing import kafka
-from streamjoin.testing.kafka import (
-    BrokerSettings,
-    JavaNotFoundError,
-    KafkaResolutionError,
-    LocalKafka,
-    MavenNotFoundError,
-)
+from streamjoin import local_kafka as kafka
+from streamjoin.errors import KafkaProvisioningError
+from streamjoin.local_kafka import BrokerSettings, LocalKafka
 from streamjoin.testing.pytest_plugin import check_loopback_bootstrap, topic_name_for
 
 
@@ -73,7 +68,7 @@ def test_parse_java_major(output: str, major: int) -> None:
 
 
 def test_parse_java_major_rejects_garbage() -> None:
-    with pytest.raises(JavaNotFoundError, match="could not read the Java version"):
+    with pytest.raises(KafkaProvisioningError, match="could not read the Java version"):
         kafka.parse_java_major("command not found")
 
 
@@ -103,7 +98,7 @@ def test_cache_dir_precedence(tmp_path: Path) -> None:
 
 
 def test_missing_java_names_what_to_install(tmp_path: Path) -> None:
-    with pytest.raises(JavaNotFoundError, match="apt-get install openjdk-17-jre-headless"):
+    with pytest.raises(KafkaProvisioningError, match="apt-get install openjdk-17-jre-headless"):
         kafka.find_java({"PATH": str(tmp_path)})
 
 
@@ -115,7 +110,7 @@ def _fake_executable(path: Path, script: str) -> Path:
 
 def test_too_old_java_is_rejected(tmp_path: Path) -> None:
     _fake_executable(tmp_path / "java", "echo 'java version \"1.8.0_1\"' >&2\n")
-    with pytest.raises(JavaNotFoundError, match="is Java 8"):
+    with pytest.raises(KafkaProvisioningError, match="is Java 8"):
         kafka.find_java({"PATH": str(tmp_path)})
 
 
@@ -127,7 +122,7 @@ def test_java_home_takes_precedence(tmp_path: Path) -> None:
 
 
 def test_missing_maven_names_what_to_install(tmp_path: Path) -> None:
-    with pytest.raises(MavenNotFoundError, match="apt-get install maven"):
+    with pytest.raises(KafkaProvisioningError, match="apt-get install maven"):
         kafka.find_maven({"PATH": str(tmp_path)})
 
 
@@ -158,7 +153,7 @@ def test_failed_resolution_reports_maven_output(
 ) -> None:
     mvn = _fake_executable(tmp_path / "mvn", "echo 'Could not resolve dependencies' ; exit 1\n")
     monkeypatch.setattr(kafka, "find_maven", lambda *a, **k: str(mvn))
-    with pytest.raises(KafkaResolutionError, match="Could not resolve dependencies"):
+    with pytest.raises(KafkaProvisioningError, match="Could not resolve dependencies"):
         kafka.resolve_kafka("0.0.0-nope", tmp_path / "cache")
     assert not (kafka.kafka_libs_dir(tmp_path / "cache", "0.0.0-nope") / ".complete").exists()
 
@@ -167,13 +162,13 @@ def test_start_without_java_fails_clearly(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("JAVA_HOME", raising=False)
     broker = LocalKafka(cache_dir=tmp_path)
-    with pytest.raises(JavaNotFoundError, match="Java was not found"):
+    with pytest.raises(KafkaProvisioningError, match="Java was not found"):
         broker.start()
     assert not broker.running
 
 
 def test_bootstrap_servers_before_start_is_an_error() -> None:
-    with pytest.raises(kafka.KafkaProvisioningError, match="not running"):
+    with pytest.raises(KafkaProvisioningError, match="not running"):
         _ = LocalKafka().bootstrap_servers
 
 
@@ -194,7 +189,7 @@ def test_loopback_bootstrap_accepted(bootstrap: str) -> None:
 
 @pytest.mark.parametrize("bootstrap", ["10.0.0.5:9092", "kafka.example.com:9092"])
 def test_non_loopback_bootstrap_refused(bootstrap: str) -> None:
-    with pytest.raises(kafka.KafkaProvisioningError, match="loopback"):
+    with pytest.raises(KafkaProvisioningError, match="loopback"):
         check_loopback_bootstrap(bootstrap)
 
 
@@ -223,7 +218,7 @@ def test_listen_ports_stay_outside_the_ephemeral_range() -> None:
     assert kafka.listen_port_candidates((20000, 60999)) == range(10000, 20000)
     # an ephemeral range starting very low leaves the ports above it
     assert kafka.listen_port_candidates((1024, 50000)) == range(50001, 65536)
-    with pytest.raises(kafka.KafkaProvisioningError, match="outside the ephemeral range"):
+    with pytest.raises(KafkaProvisioningError, match="outside the ephemeral range"):
         kafka.listen_port_candidates((1024, 65535))
     low, high = kafka.ephemeral_port_range()
     for _ in range(20):
@@ -236,7 +231,7 @@ def test_a_taken_port_is_never_picked() -> None:
         taken = sock.getsockname()[1]
         sock.listen()
         assert not kafka.port_is_free(taken)
-        with pytest.raises(kafka.KafkaProvisioningError, match="no free TCP port"):
+        with pytest.raises(KafkaProvisioningError, match="no free TCP port"):
             kafka.free_port(candidates=range(taken, taken + 1))
 
 
@@ -248,5 +243,5 @@ def test_stored_cluster_id_is_read_from_meta_properties(tmp_path: Path) -> None:
     )
     assert kafka.stored_cluster_id(tmp_path) == "7zyIX6IQTrucA83diNelwQ"
     (tmp_path / "meta.properties").write_text("node.id=1\n")
-    with pytest.raises(kafka.BrokerStartError, match=r"has no cluster\.id"):
+    with pytest.raises(KafkaProvisioningError, match=r"has no cluster\.id"):
         kafka.stored_cluster_id(tmp_path)

@@ -1,0 +1,418 @@
+"""The agent actor: one concurrent instance of an agent, its queue and its event loop.
+
+Each actor has a bounded queue (backpressure on fetching) and a
+:class:`~streamjoin.stream.Stream` its function iterates. The queue holds chunks (one
+fetched batch's records for this actor, with their
+:class:`~streamjoin.runtime.tasks.task.Task`); the actor walks the chunk it took without
+touching the queue again. An event counts as processed when the function asks for the
+next one; it is then handed to the acknowledgements. A record whose task stopped
+running (revocation began) is dropped when it reaches the actor: it was never
+acknowledged, so its next owner reads it again.
+
+This is the per-event hot path: the steps of handing out the next buffered event are
+spelled out in :meth:`AgentRunner._walk_events` rather than split into calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
+
+from streamjoin.agents import Agent
+from streamjoin.context import current_event
+from streamjoin.errors import AgentFailed, DecodeError, StoreCorrupted
+from streamjoin.events import Event, RawRecord
+from streamjoin.joins.run_state import JoinStats
+from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.tasks.acknowledgements import Acknowledgements
+from streamjoin.runtime.tasks.error_policy import ErrorPolicy, corrupted_store_behind
+from streamjoin.runtime.tasks.in_flight import InFlight
+from streamjoin.runtime.tasks.record_queue import RecordQueue
+from streamjoin.runtime.tasks.task import Task, TaskState
+from streamjoin.stream import EventBatch, Stream
+
+_RUNNING = TaskState.RUNNING
+
+#: what an actor's queue holds: a task and records of it in order (None: stop)
+_Chunk = tuple[Task, list[RawRecord]] | None
+
+#: an actor gives the event loop a turn after this many events in a row: records it has
+#: buffered are taken without suspending, so without it a long backlog would starve the
+#: producer's sender, acknowledgements and the commit loop for seconds (nothing would be
+#: committed until the backlog ends)
+YIELD_EVERY = 64
+
+
+class Hold(Protocol):
+    """What an actor checks before it hands out an event: whether a transaction's snapshot
+    holds it (:class:`~streamjoin.runtime.tasks.barrier.TransactionBarrier`)."""
+
+    #: held: wait for ``opened`` (a plain flag: checked before every event)
+    holding: bool
+    #: a snapshot waits for the actors sharing a topic: hand out a batch being filled now
+    settling: bool
+    opened: asyncio.Event
+
+
+class AgentRunner:
+    """One actor of one agent: its queue, its stream and the task running the function."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        index: int,
+        *,
+        queue_size: int,
+        hold: Hold,
+        acks: Acknowledgements,
+        errors: ErrorPolicy,
+        counters: WorkerCounters,
+        join_stats: dict[str, JoinStats],
+        on_store_corrupted: Callable[[Task, StoreCorrupted], None],
+    ) -> None:
+        self.agent = agent
+        self.index = index
+        self.queue: RecordQueue[_Chunk] = RecordQueue(maxsize=queue_size)
+        self.stream = Stream(self)
+        self.current: InFlight | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.processed = 0
+        #: the worker is stopping: the function returning is expected
+        self.stopping = False
+        self._hold = hold
+        self._acks = acks
+        self._errors = errors
+        self._join_stats = join_stats
+        self._on_store_corrupted = on_store_corrupted
+        self._since_yield = 0
+        #: the chunk being walked: its task, its records and the next one's index
+        self._chunk_task: Task | None = None
+        #: a finished event's context, reused for the next event
+        self._spare: InFlight | None = None
+        self._chunk: list[RawRecord] = []
+        self._pos = 0
+        #: chunks to walk before the queue's (the rest of a batch whose event failed)
+        self._redo: list[tuple[Task, list[RawRecord]]] = []
+        self._decode = agent.decode
+        #: this agent's processing-time histogram, and when the current event was handed out
+        self._latency = counters.latency_of(agent.name)
+        self._started = 0.0
+        #: finished events of ``_done_task`` that sent nothing, not yet acknowledged: they
+        #: are acknowledged together (see :meth:`ack_finished`)
+        self._done: list[RawRecord] = []
+        self._done_task: Task | None = None
+        #: the actor's events (see _walk_events)
+        self._events = self._walk_events()
+        #: waiting for more records to fill a batch (``stream.take(within=...)``): records
+        #: taken from the queue but not handed out yet
+        self.forming = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.agent.name}#{self.index}"
+
+    def end_stream(self) -> None:
+        """The worker stops: drop buffered records and end the stream after the event
+        being processed (the function then returns)."""
+        self.stopping = True
+        self.queue.clear()
+        self._redo.clear()
+        self._pos = len(self._chunk)
+        self.queue.put_nowait(None)
+
+    def busy(self) -> bool:
+        """Inside an event, or holding records not yet handed to the function."""
+        return (
+            self.current is not None
+            or self._pos < len(self._chunk)
+            or bool(self._redo)
+            or not self.queue.empty()
+        )
+
+    def next_event(self) -> Awaitable[Event]:
+        """The next event (marks the previous one processed); what ``anext(stream)`` awaits."""
+        return self._events.__anext__()
+
+    def events(self) -> AsyncIterator[Event]:
+        """What ``async for event in stream`` iterates (see :meth:`_walk_events`)."""
+        return self._events
+
+    async def _walk_events(self) -> AsyncIterator[Event]:
+        """The actor's events, one at a time: one async generator for the actor's lifetime
+        (an agent function restarted after an error goes on with it). A step that finds the
+        next event buffered costs no coroutine and no call: the steps are spelled out here.
+        Asking for the next event marks the one being processed done."""
+        hold = self._hold
+        join_stats = self._join_stats
+        decode = self._decode
+        latency = self._latency
+        perf_counter = time.perf_counter
+        set_current = current_event.set
+        while True:
+            current = self.current
+            if current is not None:
+                if current.sends or current.batch is not None:
+                    self._finish_current()
+                else:
+                    # the usual case: an event that sent nothing is done now, and its
+                    # acknowledgement joins the others' (see ack_finished)
+                    self.current = None
+                    self.processed += 1
+                    latency.observe(perf_counter() - self._started)
+                    if current.task is not self._done_task:
+                        self.ack_finished()
+                        self._done_task = current.task
+                    self._done.append(current.record)
+                    self._spare = current
+            while True:
+                if self._since_yield >= YIELD_EVERY:
+                    self._since_yield = 0
+                    self.ack_finished()  # (before anything else runs, here and below)
+                    await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
+                    continue
+                if hold.holding:
+                    self.ack_finished()
+                    await hold.opened.wait()  # a transaction is taking its snapshot
+                    continue
+                chunk = self._chunk
+                pos = self._pos
+                if pos >= len(chunk):
+                    try:
+                        if not self._next_buffered_chunk():
+                            self.ack_finished()
+                            await self._wait_for_chunk()
+                    except StopAsyncIteration:
+                        return  # the end of the stream (a generator must not raise it)
+                    continue
+                # From here to handing the event out nothing awaits: a snapshot or a
+                # revocation sees this record either still buffered or being processed.
+                raw = chunk[pos]
+                self._pos = pos + 1
+                task = self._chunk_task
+                if task is None or task.state is not _RUNNING:
+                    continue  # revocation began: its next owner reads it again
+                inflight = self._spare
+                if inflight is None:
+                    inflight = InFlight(raw, task, join_stats, self)
+                else:
+                    self._spare = None
+                    inflight.record = raw
+                    inflight.task = task
+                try:
+                    event = decode(raw)
+                except DecodeError as exc:
+                    self.ack_finished()
+                    await self._handle_failure(inflight, exc, "decode")
+                    continue
+                break
+            self._since_yield += 1
+            self.current = inflight
+            set_current(inflight)
+            self._started = perf_counter()
+            yield event
+
+    def ack_finished(self) -> None:
+        """Acknowledge the finished events that sent nothing, in one call to their task's
+        ledger instead of one per event. Done before the actor waits for anything (so while
+        it is idle, or held by a transaction's snapshot, none is left), when the next such
+        event is another task's, and by :meth:`AgentRuntime.ack_finished` before a commit
+        reads the ledgers (an agent may be inside an event that awaits)."""
+        done = self._done
+        if done:
+            self._done = []
+            task = self._done_task
+            if task is not None and task.accepts_acks:
+                task.tracker.ack_records(done)
+
+    def _next_buffered_chunk(self) -> bool:
+        """Make the next buffered chunk the one walked, without suspending: the rest of a
+        batch whose event failed first, then the queue's; False when nothing is buffered."""
+        if self._redo:
+            self._walk(self._redo.pop())
+            return True
+        ready, item = self.queue.get_nowait()
+        if not ready:
+            return False
+        self._walk(item)
+        return True
+
+    async def _wait_for_chunk(self) -> None:
+        """Wait for the next chunk and make it the one walked."""
+        self._since_yield = 0
+        current_event.set(None)  # (an event's context is set when it is handed out)
+        self._walk(await self.queue.get())
+
+    def _walk(self, item: _Chunk) -> None:
+        if item is None:
+            # the end of the stream: records taken but not handed out (a batch being
+            # filled) were never acknowledged, so the partition's next owner reads them
+            current_event.set(None)
+            raise StopAsyncIteration
+        self._chunk_task, self._chunk = item
+        self._pos = 0
+
+    def next_batch(
+        self, max_events: int, within: float, per_event_errors: bool
+    ) -> Awaitable[EventBatch]:
+        """The next batch of events (marks the previous event or batch processed); what
+        ``async for batch in stream.take(...)`` awaits."""
+        if self.current is not None:
+            self._finish_current()
+        self.ack_finished()  # (events taken one at a time before)
+        return self._next_batch(max_events, within, per_event_errors)
+
+    async def _next_batch(
+        self, max_events: int, within: float, per_event_errors: bool
+    ) -> EventBatch:
+        if self._since_yield >= YIELD_EVERY:
+            self._since_yield = 0
+            await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
+        hold = self._hold
+        decode = self._decode
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            task: Task | None = None
+            raws: list[RawRecord] = []
+            events: list[Event] = []
+            while len(raws) < max_events:
+                chunk = self._chunk
+                pos = self._pos
+                if pos >= len(chunk):
+                    if self._next_buffered_chunk():
+                        continue
+                    if raws:
+                        if not within or hold.settling:
+                            break  # (a transaction's snapshot waits for this batch)
+                        if deadline is None:
+                            deadline = loop.time() + within
+                        self._since_yield = 0
+                        self.forming = True
+                        try:
+                            more = await self.queue.wait_nonempty(deadline - loop.time())
+                        finally:
+                            self.forming = False
+                        if more:
+                            continue
+                        break
+                    await self._wait_for_chunk()
+                    continue
+                chunk_task = self._chunk_task
+                if chunk_task is None or chunk_task.state is not _RUNNING:
+                    self._pos = len(chunk)  # revocation began: its next owner reads these again
+                    continue
+                if task is None:
+                    task = chunk_task
+                elif chunk_task is not task:
+                    break  # another task's records start the next batch
+                end = min(len(chunk), pos + max_events - len(raws))
+                self._pos = end
+                for raw in chunk[pos:end]:
+                    try:
+                        event = decode(raw)
+                    except DecodeError as exc:
+                        failed = InFlight(raw, task, self._join_stats, self)
+                        await self._handle_failure(failed, exc, "decode")
+                        continue
+                    raws.append(raw)
+                    events.append(event)
+            if task is None or not raws:
+                continue
+            if hold.holding:
+                await hold.opened.wait()  # a transaction is taking its snapshot
+            if task.state is not _RUNNING:
+                continue  # revocation began meanwhile: its next owner reads these again
+            # From here to handing the batch out nothing awaits (as for one event).
+            inflight = InFlight(raws[0], task, self._join_stats, self)
+            inflight.batch = raws
+            inflight.split_errors = per_event_errors
+            self._since_yield += len(raws)
+            self.current = inflight
+            current_event.set(inflight)
+            self._started = time.perf_counter()
+            return EventBatch(events, raws, inflight)
+
+    def _split_batch(self, inflight: InFlight) -> InFlight:
+        """A batch's event failed: the events before it count as processed (once the
+        batch's sends are acknowledged), the events after it are handed out again, and the
+        failed one is returned for the error policy, as if it had come alone."""
+        batch = inflight.batch
+        assert batch is not None
+        failing = inflight.record
+        index = next((i for i, raw in enumerate(batch) if raw is failing), 0)
+        rest = batch[index + 1 :]
+        if rest:
+            if self._pos < len(self._chunk) and self._chunk_task is not None:
+                self._redo.append((self._chunk_task, self._chunk[self._pos :]))
+            self._redo.append((inflight.task, rest))
+            self._pos = len(self._chunk)
+        failed = InFlight(batch[index], inflight.task, self._join_stats, self)
+        if index:
+            inflight.batch = batch[:index]
+            # what the failed event sent before it raised is settled by its own policy
+            inflight.settled.add(id(batch[index]))
+            self.processed += index
+            self._acks.complete(inflight)
+        return failed
+
+    def _finish_current(self) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            if current.batch is not None:
+                self.processed += len(current.batch)
+                self._latency.observe(time.perf_counter() - self._started)
+                self._acks.complete(current)
+                return
+            self.processed += 1
+            self._latency.observe(time.perf_counter() - self._started)
+            if current.sends:
+                self._acks.complete(current)
+                return
+            self._acks.acknowledge(current)  # nothing sent: acknowledged now
+            # referenced by nothing the acknowledgements keep: the next event's context
+            self._spare = current
+
+    async def _handle_failure(self, inflight: InFlight, exc: BaseException, kind: str) -> None:
+        """The error policy, with the actor still inside the event: a transaction's snapshot
+        (or a revocation) waits until its dead letter is sent, so it belongs to the same
+        transaction as the event's offset."""
+        self.current = inflight
+        try:
+            await self._errors.apply(inflight, exc, kind)
+            self._acks.acknowledge(inflight)
+        finally:
+            self.current = None
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.agent(self.stream)
+            except AgentFailed:
+                raise
+            except Exception as exc:
+                current, self.current = self.current, None
+                current_event.set(None)
+                self.ack_finished()
+                corrupted = corrupted_store_behind(exc)
+                if current is not None and corrupted is not None:
+                    # Not the record's fault: its task's store is rebuilt and the record is
+                    # read again (never acknowledged), whatever the error policy says.
+                    self._on_store_corrupted(current.task, corrupted)
+                    continue
+                if current is None:
+                    raise AgentFailed(
+                        f"agent {self.name} raised outside of event processing: {exc!r}"
+                    ) from exc
+                if current.batch is not None and current.split_errors:
+                    current = self._split_batch(current)
+                await self._handle_failure(current, exc, "processing")
+                continue  # skip / dead_letter: restart the function on the same stream
+            if self.stopping:
+                self._finish_current()
+                self.ack_finished()
+                return
+            raise AgentFailed(
+                f"agent {self.name} returned; an agent must keep iterating over its stream"
+            )
