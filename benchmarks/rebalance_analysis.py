@@ -565,6 +565,7 @@ _ROUND_DONE = re.compile(
     r"^rebalance done: generation (-?\d+) \((\w+)(?:, leader)?\) in ([\d.]+)s: "
     r"\d+ partitions assigned, (\d+) revoked"
 )
+_REVOKING = re.compile(r"^revoking \d+ partitions: (.*) \(owning \d+\)$")
 _STOP_REQUESTED = re.compile(r"^stop requested")
 _GAVE_UP = re.compile(r"^(?:lost|giving up) \d+ partitions")
 
@@ -590,7 +591,10 @@ class Release:
 
     worker: str
     time: float
-    why: str  #: "stopped", "lost" or "eager" (an eager member's revocation)
+    why: str  #: "stopped", "lost", "eager" (an eager member's revocation) or "revoked"
+    #: what it gave up: everything it owned (None), or the partitions a cooperative
+    #: revocation names (its ``revoking`` line, logged when the revocation starts)
+    partitions: tuple[TP, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -639,6 +643,9 @@ def read_worker_log(worker: str, text: str) -> WorkerLog:
                     revoked=int(d[4]),
                 )
             )
+        elif v := _REVOKING.match(message):
+            tps = tuple((t, int(p)) for t, p in _TOPIC_PARTITION.findall(v[1]))
+            releases.append(Release(worker, at, "revoked", tps))
         elif _STOP_REQUESTED.match(message):
             releases.append(Release(worker, at, "stopped"))
         elif _GAVE_UP.match(message):
@@ -783,8 +790,10 @@ def _hand_over(
     owned_after: list[set[TP]] = [set() for _ in range(episodes)]
     for _, _, event in timeline:
         if isinstance(event, Release):
+            gone = event.partitions
             for tp in [tp for tp, w in owner.items() if w == event.worker]:
-                released[tp] = (owner.pop(tp), event.time, event.why)
+                if gone is None or tp in gone:
+                    released[tp] = (owner.pop(tp), event.time, event.why)
             continue
         episode = episode_of[event.generation]
         for tp in event.assigned:

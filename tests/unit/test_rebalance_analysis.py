@@ -391,6 +391,29 @@ def test_a_cooperative_rebalance_revokes_then_assigns_in_two_generations() -> No
     ]
 
 
+def test_a_logged_revocation_start_counts_the_revocations_own_time() -> None:
+    # "revoking ..." is logged when the revocation starts (before the flush and commit of
+    # what moves): the pause counts from there, not from the end of the revoke round
+    w1 = log(
+        assigned(0, "a[0]", "a[1]", "b[0]", "b[1]"),
+        done(1, 1, "cooperative, leader", 0.05, 4, 0),
+        (10_100, "consumer", "revoking 2 partitions: a[1], b[1] (owning 4)"),
+        done(10_400, 2, "cooperative, leader", 0.4, 0, 2),
+        done(10_700, 3, "cooperative, leader", 0.3, 0, 0),
+    )
+    w2 = log(
+        done(10_350, 2, "cooperative", 0.1, 0, 0),
+        assigned(10_690, "a[1]", "b[1]"),
+        done(10_690, 3, "cooperative", 0.2, 2, 0),
+    )
+    _, second = rebalances([read_worker_log("w1", w1), read_worker_log("w2", w2)])
+    assert sorted(h.tp for h in second.moved) == [("a", 1), ("b", 1)]
+    for h in second.moved:
+        assert (h.old, h.new, h.why) == ("w1", "w2", "revoked")
+        assert h.paused == pytest.approx(0.59)  # 10.100 -> 10.690
+    assert second.never_paused == 2
+
+
 def test_the_tasks_of_a_stopped_worker_pause_from_its_stop_request() -> None:
     w1 = log(
         assigned(0, "a[0]", "b[0]"),
