@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from streamjoin.errors import ConfigurationError
-from streamjoin.runtime.ops.metrics import METRICS, histograms, samples
+from streamjoin.runtime.metrics import METRICS, histograms, samples
 
 __all__ = ["instrument"]
 

@@ -31,7 +31,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.tasks.processing import TaskProcessing
 from streamjoin.runtime.tasks.task import Task, TaskManager, TaskState
 from streamjoin.runtime.transport.consumer import Fetcher

@@ -49,7 +49,7 @@ from streamjoin.runtime.group.transaction import (
     transactional_id_for,
 )
 from streamjoin.runtime.member import GroupMember
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.ops.monitor import WorkerMonitor, collect
 from streamjoin.runtime.ops.query_endpoint import QueryService, advertised_host
 from streamjoin.runtime.table_state.flush import TableFlusher

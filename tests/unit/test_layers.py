@@ -40,7 +40,7 @@ PURE = (
     "streamjoin.state.window_partition",
     "streamjoin.state.windows",
     "streamjoin.runtime.tasks.alignment",
-    "streamjoin.runtime.ops.metrics",
+    "streamjoin.runtime.metrics",
     "streamjoin.runtime.tasks.offset_ledger",
     "streamjoin.runtime.ops.status_page",
 )
@@ -267,5 +267,15 @@ def test_nothing_outside_testing_imports_testing() -> None:
         name: sorted(d for d in deps if _under(d, ("streamjoin.testing",)))
         for name, deps in _graph().items()
         if not _under(name, ("streamjoin.testing",))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_only_the_worker_imports_operations() -> None:
+    offenders = {
+        name: sorted(d for d in deps if _under(d, ("streamjoin.runtime.ops",)))
+        for name, deps in _graph().items()
+        if _under(name, ("streamjoin.runtime",))
+        and not _under(name, ("streamjoin.runtime.ops", "streamjoin.runtime.worker"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}

@@ -1,8 +1,10 @@
 """The consumer group, as this worker takes part in it.
 
-Owns: our membership protocol (join, sync, heartbeat), the group's committed offsets,
-the adapter that runs the pure assignor as the group leader, rebalance metrics, and the
-exactly-once transaction with the KIP-447 requests aiokafka lacks. May import the pure
-cores (assignor, codecs), ``runtime.ops.metrics`` and ``runtime.tasks.offset_ledger``;
-never the tasks' processing, the transport services or the worker.
+Owns: our membership protocol (the decisions in ``protocol``, pure; the asyncio shell in
+``membership``), the group's committed offsets (``group_offsets``), the adapter that runs
+the pure assignor as the group leader, rebalance metrics, and the exactly-once
+transaction with the KIP-447 requests aiokafka lacks. May import the pure cores,
+``runtime.metrics``, ``runtime.table_state.flush`` (a transaction sends changelog
+writes) and the transport (the transactional sender extends the producer); never tasks,
+the group member or the worker.
 """

@@ -3,7 +3,7 @@
 Every record a worker produces (agent outputs, ``group_by`` repartitioning, dead
 letters, table changelogs) goes through :class:`TransactionalSender`, so one
 transaction holds all of them; the commit adds the consumed offsets (through the
-group: :meth:`GroupMembership.commit_in_transaction`) and ends the transaction. The
+group: :meth:`GroupOffsets.commit_in_transaction`) and ends the transaction. The
 transactional id is stable per worker instance: a restarted worker with the same
 ``group_instance_id`` initialises it again, which aborts its previous incarnation's
 open transaction at once and fences that incarnation's producer.

@@ -2,7 +2,7 @@
 
 :func:`collect` reads the worker's services into one plain dict (the *snapshot*):
 ``App.metrics()`` returns it, ``/status.json`` serves it, and the Prometheus and
-OpenTelemetry exports are made from it (:mod:`streamjoin.runtime.ops.metrics`). The
+OpenTelemetry exports are made from it (:mod:`streamjoin.runtime.metrics`). The
 :class:`WorkerMonitor` service lists the end offsets of the owned partitions every
 few seconds (one request, never per scrape), keeps each partition's input rate,
 logs one INFO line of throughput and lag every ``status_log_interval`` seconds, and
@@ -23,7 +23,7 @@ from streamjoin.runtime.group.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.group.membership import GroupMembership
 from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics
 from streamjoin.runtime.member import GroupMember
-from streamjoin.runtime.ops.metrics import WorkerCounters, registry_for
+from streamjoin.runtime.metrics import WorkerCounters, registry_for
 from streamjoin.runtime.ops.web import WebServer
 from streamjoin.runtime.table_state.service import StateService
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime

@@ -18,7 +18,7 @@ from typing import Any
 
 from streamjoin.context import Delivery
 from streamjoin.errors import AgentFailed, RecordRejected
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.tasks.error_policy import ErrorPolicy
 from streamjoin.runtime.tasks.in_flight import InFlight
 from streamjoin.runtime.transport.out_batches import Sent

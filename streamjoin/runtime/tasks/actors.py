@@ -25,7 +25,7 @@ from streamjoin.context import current_event
 from streamjoin.errors import AgentFailed, DecodeError, StoreCorrupted
 from streamjoin.events import Event, RawRecord
 from streamjoin.joins.run_state import JoinStats
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.tasks.acknowledgements import Acknowledgements
 from streamjoin.runtime.tasks.error_policy import ErrorPolicy, corrupted_store_behind
 from streamjoin.runtime.tasks.in_flight import InFlight

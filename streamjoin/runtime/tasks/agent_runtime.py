@@ -25,7 +25,7 @@ from streamjoin.context import Sender, current_record
 from streamjoin.errors import StoreCorrupted
 from streamjoin.events import RawRecord
 from streamjoin.joins.run_state import JoinStats
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.tasks.acknowledgements import Acknowledgements
 from streamjoin.runtime.tasks.actors import AgentRunner
 from streamjoin.runtime.tasks.barrier import TransactionBarrier

@@ -16,7 +16,7 @@ import traceback
 
 from streamjoin.context import Sender
 from streamjoin.errors import AgentFailed, DecodeError, RecordRejected, StoreCorrupted
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.tasks.in_flight import InFlight
 
 log = logging.getLogger("streamjoin.agents")

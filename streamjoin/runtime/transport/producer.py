@@ -45,7 +45,7 @@ from streamjoin.errors import (
     RecordTooLargeError,
 )
 from streamjoin.partitioner import partition_for_key
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent, check_batch_builder
 from streamjoin.runtime.transport.record_limits import (
     RecordLimits,

@@ -13,7 +13,7 @@ from aiokafka import TopicPartition
 import streamjoin
 from streamjoin.events import RawRecord
 from streamjoin.runtime.member import GroupMember
-from streamjoin.runtime.ops.metrics import WorkerCounters
+from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.table_state.flush import TableFlusher
 from streamjoin.runtime.tasks.alignment import TimestampAligner
 from streamjoin.runtime.tasks.processing import TaskProcessing

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import streamjoin
 from streamjoin.errors import ConfigurationError
-from streamjoin.runtime.ops.metrics import METRICS, Histogram, WorkerCounters, registry_for, samples
+from streamjoin.runtime.metrics import METRICS, Histogram, WorkerCounters, registry_for, samples
 from streamjoin.runtime.ops.monitor import WorkerMonitor, status_line
 from streamjoin.runtime.ops.status_page import render_status_page
 from streamjoin.runtime.table_state.service import RestoreProgress
