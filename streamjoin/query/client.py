@@ -80,32 +80,37 @@ def _host_list(hosts: Sequence[str], client: str) -> list[str]:
     return [h.strip() for h in hosts]
 
 
-def _read(
-    hosts: Sequence[str],
-    turn: int,
-    retry_for: float,
-    table: str,
-    key: Any,
-    *,
-    from_ms: int | None,
-    to_ms: int | None,
-    allow_stale: bool,
-    redirect: bool,
-) -> ReadRetries:
-    """The retry loop of one read of ``key`` (both clients drive it)."""
-    url_of = functools.partial(
-        query_url,
-        table=table,
-        key=key_text(key),
-        from_ms=from_ms,
-        to_ms=to_ms,
-        allow_stale=allow_stale,
-        redirect=redirect,
-    )
-    return ReadRetries(hosts, turn, retry_for, url_of)
+class _Reads:
+    """What both clients keep between reads: the hosts, taken in turn, and how to retry."""
+
+    def __init__(self, hosts: list[str], retry_for: float, redirect: bool) -> None:
+        self.hosts = hosts
+        self._retry_for = retry_for
+        self._redirect = redirect
+        self._next = 0
+
+    def _retries(
+        self,
+        table: str,
+        key: Any,
+        from_ms: int | None,
+        to_ms: int | None,
+        allow_stale: bool,
+    ) -> ReadRetries:
+        """The retry loop of one read of ``key`` (each client drives it with its I/O)."""
+        url_of = functools.partial(
+            query_url,
+            table=table,
+            key=key_text(key),
+            from_ms=from_ms,
+            to_ms=to_ms,
+            allow_stale=allow_stale,
+            redirect=self._redirect,
+        )
+        return ReadRetries(self.hosts, self._next, self._retry_for, url_of)
 
 
-class TableClient:
+class TableClient(_Reads):
     """Reads tables through any of ``hosts`` (``"host:port"`` of workers' web servers).
 
     ``token`` is the bearer token the workers want (``query_token``), if any.
@@ -124,13 +129,10 @@ class TableClient:
         redirect: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.hosts = _host_list(hosts, "TableClient")
+        super().__init__(_host_list(hosts, "TableClient"), retry_for, redirect)
         self._token = token
         self._timeout = timeout
-        self._retry_for = retry_for
-        self._redirect = redirect
         self._sleep = sleep
-        self._next = 0
 
     def get(
         self,
@@ -148,17 +150,7 @@ class TableClient:
         :class:`QueryUnauthorized`; :class:`QueryUnavailable` when every retry within
         ``retry_for`` got a 503; :class:`QueryFailed` when no host answered.
         """
-        retries = _read(
-            self.hosts,
-            self._next,
-            self._retry_for,
-            table,
-            key,
-            from_ms=from_ms,
-            to_ms=to_ms,
-            allow_stale=allow_stale,
-            redirect=self._redirect,
-        )
+        retries = self._retries(table, key, from_ms, to_ms, allow_stale)
         url = retries.url
         while True:
             step = retries.decide(self._fetch(url))
@@ -191,7 +183,7 @@ class TableClient:
             return Answer(exc.code, exc.read(), exc.headers.get("Retry-After"), exc.url)
 
 
-class AsyncTableClient:
+class AsyncTableClient(_Reads):
     """:class:`TableClient` for asyncio code (aiohttp, one keep-alive session): the same
     hosts in turn, redirects, bounded 503 retries and errors. ``async with`` it, or call
     :meth:`close`."""
@@ -207,10 +199,7 @@ class AsyncTableClient:
     ) -> None:
         import aiohttp
 
-        self.hosts = _host_list(hosts, "AsyncTableClient")
-        self._retry_for = retry_for
-        self._redirect = redirect
-        self._next = 0
+        super().__init__(_host_list(hosts, "AsyncTableClient"), retry_for, redirect)
         headers = {"Accept": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
@@ -245,17 +234,7 @@ class AsyncTableClient:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
-        retries = _read(
-            self.hosts,
-            self._next,
-            self._retry_for,
-            table,
-            key,
-            from_ms=from_ms,
-            to_ms=to_ms,
-            allow_stale=allow_stale,
-            redirect=self._redirect,
-        )
+        retries = self._retries(table, key, from_ms, to_ms, allow_stale)
         url = retries.url
         while True:
             outcome: Answer | Unreachable
