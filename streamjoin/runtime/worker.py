@@ -246,28 +246,37 @@ class Worker(Service):
             raise
 
     async def _stop_started(self) -> None:
-        """After a failed start: stop what did start, latest first. The web server starts
-        before the group is joined, so a later failure must not leave its port open (nor
-        the routing task running); nor the producer and the state service's consumer,
+        """After a failed start: stop what did start, in the order of a stop. The web server
+        starts before the group is joined, so a later failure must not leave its port open
+        (nor the routing task running); nor the producer and the state service's consumer,
         which would be left to the garbage collector ("Unclosed AIOKafkaProducer")."""
+        for stop in self._stops(monitor_started=False):
+            try:
+                await stop()
+            except Exception:  # the start's own error is the one to report
+                log.warning("stopping after a failed start: %s failed", stop, exc_info=True)
+
+    def _stops(self, *, monitor_started: bool) -> list[Callable[[], Awaitable[Any]]]:
+        """What a stop awaits, in order, of what was built: queries, the monitor (its web
+        server, if it never started), the group member (see :meth:`_leave_group`), the
+        agents (if no group member stops them), the state service, the producer."""
         stops: list[Callable[[], Awaitable[Any]]] = []
-        if self.member is not None or self.fetcher is not None or self.group_client is not None:
-            stops.append(self._leave_group)
         if self.queries is not None:
             stops.append(self.queries.stop)
-        if self.monitor is not None and self.monitor.web is not None:
-            stops.append(self.monitor.web.stop)
+        if self.monitor is not None:
+            if monitor_started:
+                stops.append(self.monitor.stop)
+            elif self.monitor.web is not None:
+                stops.append(self.monitor.web.stop)
+        if self.member is not None or self.fetcher is not None or self.group_client is not None:
+            stops.append(self._leave_group)
         if self.runtime is not None and self.member is None:
             stops.append(self.runtime.stop)
         if self.state_service is not None:
             stops.append(self.state_service.stop)
         if self.sender is not None:
             stops.append(self.sender.stop)
-        for stop in stops:
-            try:
-                await stop()
-            except Exception:  # the start's own error is the one to report
-                log.warning("stopping after a failed start: %s failed", stop, exc_info=True)
+        return stops
 
     async def _start_services(self) -> None:
         topology, config = self.topology, self.config
@@ -471,17 +480,8 @@ class Worker(Service):
                 # First: workers stopped together must not join the rebalance the first
                 # one's leave starts (see GroupMembership.stop_joining).
                 self.membership.stop_joining()
-            if self.queries is not None:
-                await self.queries.stop()
-            if self.monitor is not None:
-                await self.monitor.stop()
-            await self._leave_group()
-            if self.member is None and self.runtime is not None:
-                await self.runtime.stop()
-            if self.state_service is not None:
-                await self.state_service.stop()
-            if self.sender is not None:
-                await self.sender.stop()
+            for stop in self._stops(monitor_started=True):
+                await stop()
         finally:
             self.link.disconnect()
             self.state_dir_lock.release()
