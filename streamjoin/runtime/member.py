@@ -149,12 +149,7 @@ class GroupMember(Service):
                 self.fetcher.resume(tp, "align")
 
     def _handed_out(self, tps: Iterable[TP]) -> dict[TP, int]:
-        out: dict[TP, int] = {}
-        for tp in tps:
-            task = self._task_manager.task_for(*tp)
-            if task is not None and tp in task.handed_out_to:
-                out[tp] = task.handed_out_to[tp]
-        return out
+        return {tp: at for tp in tps if (at := self._handed_out_to(tp)) is not None}
 
     def resume(self, topic: str, partition: int) -> None:
         """Fetch a partition again: its tables finished restoring."""

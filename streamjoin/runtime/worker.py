@@ -360,7 +360,7 @@ class Worker(Service):
             self.queries.self_host = self.advertised_host
             self.queries.start(serving=web is not None)
         if self.runtime.topics:
-            await self._join_group()
+            await self._join_group(self.sender, self.runtime)
         log.info(
             "app %s started: %d agents on %s",
             config.id,
@@ -368,11 +368,11 @@ class Worker(Service):
             ", ".join(sorted(self.runtime.topics)) or "no topics",
         )
 
-    async def _join_group(self) -> None:
+    async def _join_group(self, sender: KafkaSender, runtime: AgentRuntime) -> None:
         """Build the group member's parts (fetcher, membership, aligner, transaction,
-        flusher, processing), wire them downhill, and join the group."""
-        topology, config, sender, runtime = self.topology, self.config, self.sender, self.runtime
-        assert sender is not None and runtime is not None  # built by _start_services
+        flusher, processing) around ``sender`` and ``runtime``, wire them downhill, and
+        join the group."""
+        topology, config = self.topology, self.config
         self.assignor = StreamjoinAssignor.for_topology(
             topology,
             config.replace(host=self.advertised_host),

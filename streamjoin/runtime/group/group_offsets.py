@@ -400,7 +400,7 @@ class GroupOffsets:
                 return verdict.offsets
             if verdict is not None and verdict.step is FetchStep.FAILED:
                 [code, *_] = sorted(verdict.codes)
-                reason = FATAL.get(GroupErrorCode(code), "refused") if code in FATAL else "refused"
+                reason = FATAL[GroupErrorCode(code)] if code in FATAL else "refused"
                 raise GroupMembershipError(
                     f"cannot read the committed offsets of group {self.group_id!r}: "
                     f"{reason} ({_names(verdict.codes)} from OffsetFetch)"

@@ -25,6 +25,7 @@ from streamjoin.runtime.group.transaction import TransactionalSender, check_tran
 from streamjoin.runtime.transport import producer as producer_module
 from streamjoin.runtime.transport import record_limits
 from streamjoin.runtime.transport.out_batches import check_batch_builder
+from tests.unit.runtime.test_fault_handling import sizes_match_what_aiokafka_builds
 
 VERSION = f"aiokafka {aiokafka.__version__}"
 
@@ -188,18 +189,7 @@ def test_record_sizes_fall_back_to_ours_with_a_warning(
     assert VERSION in warning and "size_of" in warning and "same results" in warning
     # the fallback sizes batches exactly as aiokafka builds them
     monkeypatch.setattr(record_limits, "_size_of", size_of)
-    for key, value in [(b"k", b"v" * 10), (None, b"x" * 5000), (b"key", None)]:
-        builder = DefaultRecordBatchBuilder(
-            magic=2,
-            compression_type=0,
-            is_transactional=0,
-            producer_id=-1,
-            producer_epoch=-1,
-            base_sequence=-1,
-            batch_size=1 << 20,
-        )
-        builder.append(0, 0, key, value, [])
-        assert record_limits.single_record_batch_size(key, value, ()) == len(builder.build())
+    sizes_match_what_aiokafka_builds()
 
 
 @settings(max_examples=200, deadline=None)

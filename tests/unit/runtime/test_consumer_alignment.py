@@ -22,6 +22,8 @@ from streamjoin.runtime.transport.consumer import FETCH_MAX_WAIT_MS, Fetcher, fe
 from streamjoin.stream import Stream
 
 TP = tuple[str, int]
+#: the partitions of the one task: imp[0] and clk[0], read together
+OWNED = frozenset({("imp", 0), ("clk", 0)})
 
 
 class _Runtime:
@@ -219,18 +221,24 @@ async def test_an_assignment_starts_new_partitions_at_the_committed_offset() -> 
     assert len(consumer.calls) == calls
 
 
-async def test_a_kept_partition_resumes_where_its_task_was_handed_out_to() -> None:
+async def _assigned_with_imp_handed_out_to_42() -> tuple[_Consumer, _Offsets, GroupMember, Task]:
+    """A member owning imp[0] and clk[0] (committed at 3 and 7), its task having handed
+    imp[0] out up to 42."""
     consumer = _Consumer(set())
     offsets = _Offsets({("clk", 0): 7, ("imp", 0): 3})
     member, tasks = _member(_Runtime(), consumer, offsets)
-    owned = frozenset({("imp", 0), ("clk", 0)})
-    await member.on_partitions_assigned(owned, owned)
+    await member.on_partitions_assigned(OWNED, OWNED)
     (task,) = tasks.live()
     task.handed_out_to[("imp", 0)] = 42
+    return consumer, offsets, member, task
+
+
+async def test_a_kept_partition_resumes_where_its_task_was_handed_out_to() -> None:
+    consumer, offsets, member, _ = await _assigned_with_imp_handed_out_to_42()
     member.fetcher._dropped.add(TopicPartition("x", 0))  # forces the fetcher to be re-pointed
     offsets.asked.clear()
     consumer.calls.clear()
-    await member.on_partitions_assigned(frozenset(), owned)
+    await member.on_partitions_assigned(frozenset(), OWNED)
     assert offsets.asked == [[("clk", 0)]]  # the kept, handed-out partition is not asked for
     assert ("seek", (TopicPartition("imp", 0), 42)) in consumer.calls
     assert ("seek", (TopicPartition("clk", 0), 7)) in consumer.calls
@@ -258,13 +266,7 @@ async def test_a_kept_partition_resumes_where_it_was_handed_out_to_after_the_loo
     # The fetch loop goes on handing records out while the committed offsets are asked
     # for: a start read before that lookup sought a kept partition back, and its records
     # were handed out twice ("offset 314 registered after 315").
-    consumer = _Consumer(set())
-    offsets = _Offsets({("clk", 0): 7, ("imp", 0): 3})
-    member, tasks = _member(_Runtime(), consumer, offsets)
-    owned = frozenset({("imp", 0), ("clk", 0)})
-    await member.on_partitions_assigned(owned, owned)
-    (task,) = tasks.live()
-    task.handed_out_to[("imp", 0)] = 42
+    consumer, offsets, member, task = await _assigned_with_imp_handed_out_to_42()
     asked = offsets.committed
 
     async def fetch_goes_on(tps: Iterable[TP]) -> dict[TP, int]:
@@ -274,5 +276,5 @@ async def test_a_kept_partition_resumes_where_it_was_handed_out_to_after_the_loo
     offsets.committed = fetch_goes_on  # type: ignore[method-assign]
     member.fetcher._dropped.add(TopicPartition("x", 0))  # forces the fetcher to be re-pointed
     consumer.calls.clear()
-    await member.on_partitions_assigned(frozenset(), owned)
+    await member.on_partitions_assigned(frozenset(), OWNED)
     assert ("seek", (TopicPartition("imp", 0), 50)) in consumer.calls

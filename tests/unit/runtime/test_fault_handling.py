@@ -21,7 +21,9 @@ from streamjoin.runtime.transport.record_limits import (
 )
 
 
-def test_single_record_batch_size_is_what_aiokafka_builds() -> None:
+def sizes_match_what_aiokafka_builds() -> None:
+    """``single_record_batch_size`` is the length of the batch aiokafka builds for one record
+    (also checked with the size function's fallback, test_aiokafka_seams.py)."""
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
     for key, value in [(b"k", b"v" * 10), (None, b"x" * 5000), (b"key", None)]:
@@ -36,6 +38,10 @@ def test_single_record_batch_size_is_what_aiokafka_builds() -> None:
         )
         builder.append(0, 0, key, value, [])
         assert single_record_batch_size(key, value, ()) == len(builder.build())
+
+
+def test_single_record_batch_size_is_what_aiokafka_builds() -> None:
+    sizes_match_what_aiokafka_builds()
 
 
 def test_record_limits_refuse_too_large_and_null_keys_on_compacted_topics() -> None:
