@@ -40,7 +40,8 @@ log = logging.getLogger("streamjoin.agents")
 
 class AgentRuntime:
     """All agent actors of an app and the routing of records to them; builds the actors'
-    acknowledgements, barrier and error policy, and answers for them to the worker."""
+    acknowledgements, barrier and error policy (commits and revocations hold the actors
+    through :attr:`barrier`)."""
 
     def __init__(
         self,
@@ -199,42 +200,6 @@ class AgentRuntime:
         together (see :meth:`AgentRunner.ack_finished`): before a commit reads the ledgers."""
         for runner in self.runners:
             runner.ack_finished()
-
-    # -- the barrier (see :mod:`~streamjoin.runtime.tasks.barrier`)
-
-    async def settle_shared(self, timeout: float) -> bool:
-        """Agents sharing a topic caught up with each other, nothing new handed out (see
-        :meth:`TransactionBarrier.settle_shared`); False on timeout."""
-        return await self.barrier.settle_shared(timeout)
-
-    def open_dispatch(self) -> None:
-        """Hand records to the actors again (after :meth:`settle_shared`)."""
-        self.barrier.open_dispatch()
-
-    def sharing_behind(self) -> list[str]:
-        """Actors of agents sharing a topic that still have records to process."""
-        return self.barrier.sharing_behind()
-
-    def busy_with(self, tasks: Iterable[Task]) -> list[str]:
-        """Actors processing an event of one of ``tasks`` right now."""
-        return self.barrier.busy_with(tasks)
-
-    async def wait_idle(self, tasks: Iterable[Task], timeout: float) -> bool:
-        """No actor inside an event of ``tasks``, their sends acknowledged; False on timeout."""
-        return await self.barrier.wait_idle(tasks, timeout)
-
-    def inside_events(self) -> list[str]:
-        """Actors processing an event right now (of any task)."""
-        return self.barrier.inside_events()
-
-    async def quiesce(self, timeout: float) -> bool:
-        """Hold every actor between two events (see :meth:`TransactionBarrier.quiesce`);
-        False on timeout, the barrier staying closed: call :meth:`resume`."""
-        return await self.barrier.quiesce(timeout)
-
-    def resume(self) -> None:
-        """Let the actors take new events again."""
-        self.barrier.resume()
 
 
 def _stopped(task: Task) -> bool:

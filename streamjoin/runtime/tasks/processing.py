@@ -227,13 +227,13 @@ class TaskProcessing:
             try:
                 await self._settle_shared()
                 tasks = self.tasks.live()
-                if not await self.runtime.quiesce(self.revoke_timeout):
+                if not await self.runtime.barrier.quiesce(self.revoke_timeout):
                     log.warning(
                         "commit waits for agents still inside an event after %.0fs: %s",
                         self.revoke_timeout,
-                        ", ".join(self.runtime.inside_events()),
+                        ", ".join(self.runtime.barrier.inside_events()),
                     )
-                    while not await self.runtime.quiesce(self.revoke_timeout):
+                    while not await self.runtime.barrier.quiesce(self.revoke_timeout):
                         pass
                 try:
                     # (every actor is between two events, so it acknowledged what it finished)
@@ -243,9 +243,9 @@ class TaskProcessing:
                     )
                     transaction.close_sends()
                 finally:
-                    self.runtime.resume()
+                    self.runtime.barrier.resume()
             finally:
-                self.runtime.open_dispatch()
+                self.runtime.barrier.open_dispatch()
             if not positions and not taken and not transaction.has_data:
                 await transaction.reopen()  # nothing happened: the transaction goes on
                 return {}
@@ -265,13 +265,14 @@ class TaskProcessing:
 
     async def _settle_shared(self) -> None:
         """Agents reading one topic caught up with each other (see
-        :meth:`AgentRuntime.settle_shared`), however long it takes."""
-        while not await self.runtime.settle_shared(self.revoke_timeout):
+        :meth:`~streamjoin.runtime.tasks.barrier.TransactionBarrier.settle_shared`), however
+        long it takes."""
+        while not await self.runtime.barrier.settle_shared(self.revoke_timeout):
             log.warning(
                 "commit waits for agents sharing a topic to process what they were given "
                 "after %.0fs: %s",
                 self.revoke_timeout,
-                ", ".join(self.runtime.sharing_behind()),
+                ", ".join(self.runtime.barrier.sharing_behind()),
             )
 
     def _report_corruption(self, tasks: Iterable[Task]) -> None:
@@ -306,16 +307,16 @@ class TaskProcessing:
         # for the next transaction, and the abort drops it (nothing of theirs may be
         # committed with the next transaction, which has no offsets for them).
         transaction.close_sends()
-        if not await self.runtime.quiesce(self.revoke_timeout):
+        if not await self.runtime.barrier.quiesce(self.revoke_timeout):
             log.warning(
                 "agents still inside an event %.0fs after the abort began: %s",
                 self.revoke_timeout,
-                ", ".join(self.runtime.inside_events()),
+                ", ".join(self.runtime.barrier.inside_events()),
             )
         try:
             await transaction.abort()
         finally:
-            self.runtime.resume()
+            self.runtime.barrier.resume()
         if self._aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
             raise TransactionFailed(
                 f"{self._aborts_in_a_row} transactions in a row were aborted; the last: {exc}",
@@ -354,14 +355,14 @@ class TaskProcessing:
                     # (the others are reported when their partitions are given up)
                     self._lost_by_abort = [t for t in self._lost_by_abort if t not in tasks]
             return tasks
-        idle = fenced or await self.runtime.wait_idle(tasks, self.revoke_timeout)
+        idle = fenced or await self.runtime.barrier.wait_idle(tasks, self.revoke_timeout)
         if fenced or not idle:
             if not fenced:
                 log.warning(
                     "agents still busy %.0fs after partitions were revoked (%s); their tasks "
                     "are given up without a commit",
                     self.revoke_timeout,
-                    ", ".join(self.runtime.busy_with(tasks)) or "sends not acknowledged",
+                    ", ".join(self.runtime.barrier.busy_with(tasks)) or "sends not acknowledged",
                 )
             dropped = self.tasks.lose(tasks)
             # A commit under way may be flushing these tasks: it skips them from now on,
@@ -386,7 +387,7 @@ class TaskProcessing:
         flush sends, commit (unless ``commit`` is False), close."""
         tasks = self.tasks.live()
         self.tasks.suspend(tasks)
-        if not await self.runtime.wait_idle(tasks, self.revoke_timeout):
+        if not await self.runtime.barrier.wait_idle(tasks, self.revoke_timeout):
             log.warning("agents still busy %.0fs after stop was requested", self.revoke_timeout)
         await self.runtime.stop()
         await self.flusher.flush_sends()

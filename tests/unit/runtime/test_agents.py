@@ -409,7 +409,7 @@ async def test_revoke_drops_buffered_records() -> None:
         await asyncio.sleep(0)
         manager.suspend([task])  # revocation begins while offset 0 is being processed
         gate.set()
-        assert await runtime.wait_idle([task], 1.0)
+        assert await runtime.barrier.wait_idle([task], 1.0)
         assert seen == [0]  # the in-flight event finished; buffered ones were dropped
         # ...and it counts: the revocation commit covers it, so its next owner does not
         # process it again (acknowledgements after revocation began used to be dropped)
@@ -504,7 +504,7 @@ async def test_an_actor_sending_a_dead_letter_counts_as_inside_its_event(failure
 
         async def watching_send(record: OutgoingRecord) -> asyncio.Future[Any]:
             if record[0] == dlq.name:
-                seen.append(runtime.inside_events())
+                seen.append(runtime.barrier.inside_events())
             return await send(record)
 
         driver.send = watching_send  # type: ignore[method-assign]
@@ -515,4 +515,4 @@ async def test_an_actor_sending_a_dead_letter_counts_as_inside_its_event(failure
         await driver.drain()
         assert len(driver.raw_records(dlq.name)) == 1
         assert seen == [["checker#0"]]
-        assert runtime.inside_events() == []
+        assert runtime.barrier.inside_events() == []

@@ -33,15 +33,16 @@ async def test_quiesce_waits_for_the_event_inside_and_holds_the_next_until_resum
     async with running(app, ManualSender(), "t", lambda e: None) as (runtime, _, task):
         await runtime.dispatch_many([_record(0), _record(1)], task)
         await asyncio.sleep(0)
-        assert runtime.inside_events() == ["slow#0"]
-        assert not await runtime.quiesce(0.01)  # still inside event 0: the barrier stays closed
+        assert runtime.barrier.inside_events() == ["slow#0"]
+        # still inside event 0: the barrier stays closed
+        assert not await runtime.barrier.quiesce(0.01)
         gate.set()
-        assert await runtime.quiesce(1.0)
+        assert await runtime.barrier.quiesce(1.0)
         assert seen == [0]  # event 0 finished; event 1 waits behind the barrier
         for _ in range(10):
             await asyncio.sleep(0)
-        assert seen == [0] and runtime.inside_events() == []
-        runtime.resume()
+        assert seen == [0] and runtime.barrier.inside_events() == []
+        runtime.barrier.resume()
         for _ in range(10):
             await asyncio.sleep(0)
         assert seen == [0, 1]
@@ -64,12 +65,12 @@ async def test_settle_shared_hands_out_nothing_until_open_dispatch() -> None:
 
     async with running(app, ManualSender(), "t", lambda e: None) as (runtime, _, task):
         await runtime.dispatch_many([_record(0)], task)
-        assert await runtime.settle_shared(1.0)  # both agents caught up with offset 0
-        assert seen == {"a": [0], "b": [0]} and runtime.sharing_behind() == []
+        assert await runtime.barrier.settle_shared(1.0)  # both agents caught up with offset 0
+        assert seen == {"a": [0], "b": [0]} and runtime.barrier.sharing_behind() == []
         held = asyncio.ensure_future(runtime.dispatch_many([_record(1)], task))
         await asyncio.sleep(0.01)
         assert not held.done() and seen == {"a": [0], "b": [0]}
-        runtime.open_dispatch()
+        runtime.barrier.open_dispatch()
         await held
         for _ in range(10):
             await asyncio.sleep(0)
@@ -89,7 +90,7 @@ async def test_settle_shared_has_nothing_to_wait_for_without_agents_sharing_a_to
     async with running(app, ManualSender(), "t", lambda e: None) as (runtime, _, task):
         await runtime.dispatch_many([_record(0)], task)
         await asyncio.sleep(0)
-        assert await runtime.settle_shared(0.01)
+        assert await runtime.barrier.settle_shared(0.01)
         await asyncio.wait_for(runtime.dispatch_many([_record(1)], task), 1.0)  # still open
         gate.set()
 

@@ -327,7 +327,8 @@ async def test_a_revoked_tasks_collected_records_are_not_handed_out() -> None:
         await runtime.dispatch_many([RawRecord("t", 0, 0, 0, None, b"0")], task)
         await settle()  # collected, waiting within 30 s for more
         manager.suspend([task])
-        assert await runtime.wait_idle([task], 1.0)  # waiting to fill is not inside an event
+        # waiting to fill is not inside an event
+        assert await runtime.barrier.wait_idle([task], 1.0)
         await runtime.dispatch_many([RawRecord("t", 0, 1, 0, None, b"0")], task)
         await settle()
         assert seen == []
