@@ -51,7 +51,8 @@ if WORKLOAD == "count":
         key_serializer="str",
         value_serializer="json",
         copartitioned_with=source,
-        window=TumblingWindows(WINDOW_MS, retention_ms=3_600_000),
+        # (grace: the input has up to 2 s of jitter; Quix's app waits 5 s too)
+        window=TumblingWindows(size_ms=WINDOW_MS, grace_ms=5_000, retention_ms=3_600_000),
     )
 
     def _dump(topic: str, partition: int) -> None:

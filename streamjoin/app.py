@@ -15,11 +15,12 @@ import inspect
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import timedelta, tzinfo
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from streamjoin.agents import Agent, AgentFunction, OnError
+from streamjoin.aggregations import Aggregator
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
 from streamjoin.context import RuntimeLink
@@ -27,14 +28,42 @@ from streamjoin.errors import ConfigurationError, CopartitioningError, Lifecycle
 from streamjoin.events import Event
 from streamjoin.joins.api import declare_join
 from streamjoin.joins.run_state import JoinStats
+from streamjoin.punctuation import (
+    Punctuation,
+    PunctuationFunction,
+    PunctuationType,
+    agent_punctuated,
+    interval_ms,
+)
 from streamjoin.query.routing import Location
 from streamjoin.state.windows import WindowSpec
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
+from streamjoin.timers import (
+    AppTask,
+    Crontab,
+    Every,
+    OnTimerError,
+    Timer,
+    check_on_error,
+    interval_seconds,
+    scheduled_function,
+)
 from streamjoin.topic_tables import TopicTableFeed
 from streamjoin.topics import Topic
 from streamjoin.topology import Topology
-from streamjoin.windowed import WindowedTable
+from streamjoin.windowed import (
+    WindowCloseCallback,
+    WindowedTable,
+    check_emission,
+    idle_after_ms,
+)
+from streamjoin.windowed_aggregation import (
+    AggregateTable,
+    DynamicWindows,
+    WindowedAggregation,
+    declare_aggregation,
+)
 
 if TYPE_CHECKING:
     from streamjoin.runtime.worker import Worker
@@ -42,6 +71,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("streamjoin.app")
 
 F = TypeVar("F", bound=AgentFunction)
+S = TypeVar("S", bound=Callable[..., Awaitable[None]])
+P = TypeVar("P", bound=PunctuationFunction)
 _Settings = ParamSpec("_Settings")
 
 
@@ -142,11 +173,18 @@ class App:
         self.agents: dict[str, Agent] = {}
         self.tables: dict[str, Table] = {}
         self.joins: dict[str, Any] = {}
+        #: aggregations declared with app.aggregate, by name (their tables are in tables)
+        self.aggregations: dict[str, WindowedAggregation] = {}
         #: tables materialized from a topic (app.topic_table): table name -> topic
         self.table_sources: dict[str, Topic] = {}
         #: table name -> what keeps that topic table (and the stream-table joins reading it)
         self._feeds: dict[str, TopicTableFeed] = {}
         self.copartition_groups: list[tuple[str, ...]] = []
+        #: ``@app.timer``/``@app.crontab`` and ``@app.task`` declarations, by name
+        self.timers: dict[str, Timer] = {}
+        self.app_tasks: dict[str, AppTask] = {}
+        #: ``@app.punctuate`` declarations, by name, in declaration order
+        self.punctuations: dict[str, Punctuation] = {}
         self._worker: Worker | None = None
         self._last_worker: Worker | None = None
         #: the task running an ``async with app:`` body, and whether a failure cancelled it
@@ -291,6 +329,11 @@ class App:
         copartitioned_with: Topic | str | Sequence[Topic | str] = (),
         changelog_config: Mapping[str, str] | None = None,
         window: WindowSpec | None = None,
+        emit: str = "update",
+        emit_to: Topic | str | None = None,
+        on_window_close: WindowCloseCallback | None = None,
+        close_idle_after: timedelta | float | None = None,
+        timestamp: Callable[[Event], int] | None = None,
     ) -> Table:
         """Declare a table backed by the compacted changelog ``<app id>-<name>-changelog``.
 
@@ -299,9 +342,44 @@ class App:
         missing keys (e.g. ``int`` for counters). With ``window`` (``TumblingWindows`` or
         ``HoppingWindows`` from ``streamjoin.state.windows``) values are kept per key and
         window and purged after the window's retention (a :class:`WindowedTable`).
+
+        Windowed tables only (docs/windows.md, "Emission"): ``emit="update"`` (default) or
+        ``"close"``: one final result per key and window once stream time passes the
+        window's end + grace, sent to ``emit_to`` (a topic) and/or passed to
+        ``on_window_close(key, (start, end), value)``; writes to a closed window are
+        dropped and counted. ``close_idle_after`` (a timedelta or seconds): a partition
+        receiving nothing for that long closes windows as if stream time had moved on
+        with the wall clock. ``timestamp(event) -> ms``: the event time that picks the
+        windows (default: the record timestamp).
         """
         if name in self.tables:
             raise ConfigurationError(f"table {name!r} is declared twice")
+        emission: dict[str, Any] = {}
+        if window is None:
+            given = [
+                setting
+                for setting, value in (
+                    ("emit_to", emit_to),
+                    ("on_window_close", on_window_close),
+                    ("close_idle_after", close_idle_after),
+                    ("timestamp", timestamp),
+                )
+                if value is not None
+            ]
+            if emit != "update" or given:
+                raise ConfigurationError(
+                    f"table {name!r}: {', '.join(given) or 'emit'} only apply to windowed "
+                    "tables (window=...)"
+                )
+        else:
+            emission = {
+                "emit": emit,
+                "emit_to": self.topic(emit_to) if isinstance(emit_to, str) else emit_to,
+                "on_window_close": on_window_close,
+                "close_idle_after_ms": idle_after_ms(close_idle_after, f"table {name!r}"),
+                "timestamp": timestamp,
+            }
+            check_emission(name, windows=window, **emission)  # (before anything is declared)
         writers = (
             [copartitioned_with]
             if isinstance(copartitioned_with, Topic | str)
@@ -347,6 +425,8 @@ class App:
                 writer_names,
                 link=self._link,
                 windows=window,
+                topics=self.topics,
+                **emission,
             )
         self.tables[name] = table
         if writer_topics:
@@ -442,6 +522,7 @@ class App:
         left_timestamp: Callable[[Event], int] | None = None,
         right_timestamp: Callable[[Event], int] | None = None,
         on_error: OnError = "stop",
+        close_idle_after: timedelta | float | None = None,
     ) -> Callable[[Callable[[Any, Any, Any], Any]], Callable[[Any, Any, Any], Any]]:
         """Declare a join; decorate ``fun(key, left_value, right_value) -> output value``.
 
@@ -459,7 +540,10 @@ class App:
 
         The function's non-None results are sent to ``output`` keyed like the inputs.
         Event time is the record timestamp unless ``left_timestamp``/``right_timestamp``
-        extract it from the event.
+        extract it from the event. ``close_idle_after`` (a timedelta or seconds; left and
+        outer stream-stream joins): a partition that receives nothing for that long moves
+        its stream time on with the wall clock, so its unmatched results are emitted
+        without new input (docs/joins.md, "Idle partitions").
         """
         if how not in ("inner", "left", "outer"):
             raise ConfigurationError(f"how must be 'inner', 'left' or 'outer', got {how!r}")
@@ -475,6 +559,7 @@ class App:
             left_timestamp=left_timestamp,
             right_timestamp=right_timestamp,
             on_error=on_error,
+            close_idle_after=close_idle_after,
         )
 
     def group_by(
@@ -508,6 +593,176 @@ class App:
 
         self.agent(source, name=f"{name}.repartition")(repartition)
         return target
+
+    def aggregate(
+        self,
+        topic: Topic | str,
+        *,
+        window: WindowSpec | DynamicWindows,
+        agg: Aggregator | Mapping[str, Aggregator],
+        name: str,
+        key: Callable[[Event], Any] | None = None,
+        key_serializer: str | Codec | type | None = None,
+        partitions: int | None = None,
+        emit: Literal["update", "close"] = "update",
+        emit_to: Topic | str | None = None,
+        on_window_close: WindowCloseCallback | None = None,
+        close_idle_after: timedelta | float | None = None,
+        timestamp: Callable[[Event], int] | None = None,
+        on_error: OnError = "stop",
+    ) -> AggregateTable:
+        """Aggregate ``topic`` per key and window into the windowed table ``name``.
+
+        ``window``: tumbling, hopping, sliding or session windows
+        (:mod:`streamjoin.state.windows`). ``agg``: an aggregator from
+        :mod:`streamjoin.aggregations` (``Count()``, ``Sum(field)``, ``Min``, ``Max``,
+        ``Mean``, ``Latest``, ``Collect``, ``Reduce(fn, initial)``) or a dict of them by
+        name (results are dicts). ``key``: a function of the event giving the key to
+        aggregate by; the stream is repartitioned by it first (``app.group_by``, topic
+        ``<id>-<name>-repartition``, with ``partitions`` and ``key_serializer``).
+        ``emit="update"`` sends every changed window's result to ``emit_to``;
+        ``emit="close"`` sends each window's final result once, when it closes, to
+        ``emit_to`` and/or ``on_window_close(key, (start, end), result)``
+        (``close_idle_after``: tumbling and hopping windows, as for tables). Result records
+        are keyed by the key, their value ``{"start", "end", "value"}``. ``timestamp``
+        extracts event time from the event (default: the record timestamp). The returned
+        table is queryable like any windowed table and shows results (docs/windows.md,
+        "Aggregations").
+        """
+        return declare_aggregation(
+            self,
+            topic,
+            window=window,
+            agg=agg,
+            name=name,
+            key=key,
+            key_serializer=key_serializer,
+            partitions=partitions,
+            emit=emit,
+            emit_to=emit_to,
+            on_window_close=on_window_close,
+            close_idle_after=close_idle_after,
+            timestamp=timestamp,
+            on_error=on_error,
+        )
+
+    def timer(
+        self,
+        interval: timedelta | float,
+        *,
+        on_leader: bool = False,
+        on_error: OnTimerError = "stop",
+        name: str | None = None,
+    ) -> Callable[[S], S]:
+        """Decorate ``async def f()`` (or ``f(app)``) to run every ``interval`` while the
+        worker runs (Faust's ``app.timer``; docs/timers.md).
+
+        ``interval``: a ``timedelta``, or a number of **seconds** (as in Faust), more
+        than 0. The first run is one interval after the worker starts; runs never overlap,
+        and ticks a slow run overran are skipped. ``on_leader``: only the group's leader
+        runs it (asked at every tick). ``on_error``: ``"stop"`` (default: the worker stops
+        with :class:`~streamjoin.errors.TimerFailed`) or ``"skip"`` (logged, counted, the
+        timer keeps ticking).
+        """
+        where = f"app.timer({interval!r})"
+        schedule = Every(interval_seconds(interval, where))
+        return self._scheduled(where, name, on_error, on_leader, schedule)
+
+    def crontab(
+        self,
+        cron_format: str,
+        *,
+        timezone: str | tzinfo | None = None,
+        on_leader: bool = False,
+        on_error: OnTimerError = "stop",
+        name: str | None = None,
+    ) -> Callable[[S], S]:
+        """Decorate ``async def f()`` (or ``f(app)``) to run at the times of a cron
+        expression (Faust's ``app.crontab``): five fields, or six with seconds last.
+        ``timezone``: an IANA name or a ``tzinfo`` (default UTC). A bad expression or an
+        unknown timezone is a :class:`ConfigurationError`. ``on_leader`` and ``on_error``
+        as for :meth:`timer`.
+        """
+        where = f"app.crontab({cron_format!r})"
+        schedule = Crontab.parse(cron_format, timezone, where)
+        return self._scheduled(where, name, on_error, on_leader, schedule)
+
+    def task(
+        self,
+        fun: S | None = None,
+        *,
+        on_leader: bool = False,
+        on_error: OnTimerError = "stop",
+        name: str | None = None,
+    ) -> Any:
+        """``@app.task`` (or ``@app.task(on_leader=True)``): ``async def f()`` (or
+        ``f(app)``) started once when the worker starts and cancelled when it stops
+        (Faust's ``app.task``). ``on_leader``: started while this worker leads the group,
+        cancelled when it stops leading. ``on_error`` as for :meth:`timer` (``"skip"``:
+        the error is logged and the task stays ended).
+        """
+        register = self._scheduled("app.task", name, on_error, on_leader, None)
+        return register if fun is None else register(fun)
+
+    def _scheduled(
+        self,
+        where: str,
+        name: str | None,
+        on_error: str,
+        on_leader: bool,
+        schedule: Every | Crontab | None,
+    ) -> Callable[[S], S]:
+        """The decorator of a timer (``schedule``) or app task (None): checks the function
+        and the name (one namespace for both), keeps the declaration."""
+        policy = check_on_error(on_error, where)
+
+        def register(fun: S) -> S:
+            declared = name or f"{fun.__module__}.{fun.__qualname__}"
+            if declared in self.timers or declared in self.app_tasks:
+                raise ConfigurationError(f"{where}: {declared!r} is declared twice")
+            call = scheduled_function(fun, self, where)
+            if schedule is None:
+                self.app_tasks[declared] = AppTask(declared, call, on_leader, policy)
+            else:
+                self.timers[declared] = Timer(declared, call, schedule, on_leader, policy)
+            return fun
+
+        return register
+
+    def punctuate(
+        self,
+        target: Callable[..., Any] | str | Topic | Table,
+        *,
+        every: timedelta | float | None = None,
+        every_ms: int | None = None,
+        type: PunctuationType = "stream_time",
+        name: str | None = None,
+    ) -> Callable[[P], P]:
+        """Decorate ``def f(context)`` or ``async def f(context)`` to run for each task of
+        an agent (Kafka Streams' punctuation; docs/timers.md, "Punctuation (per task)").
+
+        ``target``: the agent (its function or name), or a topic or table exactly one
+        declared agent reads. ``every``: a ``timedelta`` or seconds (or ``every_ms``).
+        ``type="stream_time"``: when the task's stream time (its largest record timestamp)
+        reaches a multiple of the interval, before that record is processed (a jump over
+        several multiples runs it once, for the latest); ``"wall_clock"``: every interval
+        per running task, records or not. The function gets a
+        :class:`~streamjoin.punctuation.PunctuationContext`; it reads and writes the task's
+        table partitions and sends like an agent, as part of the task's commit; an error
+        follows the agent's ``on_error``.
+        """
+        where = f"app.punctuate({getattr(target, '__qualname__', target)!r})"
+        interval = interval_ms(every, every_ms, where)
+        agent = agent_punctuated(target, self.agents, self.copartition_groups, where)
+
+        def register(fun: P) -> P:
+            declared = name or f"{fun.__module__}.{fun.__qualname__}"
+            if declared in self.punctuations:
+                raise ConfigurationError(f"{where}: punctuation {declared!r} is declared twice")
+            self.punctuations[declared] = Punctuation(declared, fun, agent, interval, type)
+            return fun
+
+        return register
 
     @property
     def changelog_topics(self) -> frozenset[str]:
@@ -555,6 +810,9 @@ class App:
             joins=self.joins,
             table_sources=self.table_sources,
             copartition_groups=self.copartition_groups,
+            timers=self.timers,
+            app_tasks=self.app_tasks,
+            punctuations=tuple(self.punctuations.values()),
         )
 
     @property

@@ -54,7 +54,7 @@ def _worker_help() -> str:
     from streamjoin.runtime.run import EXIT_CODES
 
     codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
-    return f"Run the app's agents as a worker until SIGINT/SIGTERM.\n\n\b\nExit codes:\n{codes}"
+    return f"Run the app's agents and timers until SIGINT/SIGTERM.\n\n\b\nExit codes:\n{codes}"
 
 
 @click.command("worker", help=_worker_help())

@@ -25,7 +25,7 @@ from streamjoin.events import RawRecord
 if TYPE_CHECKING:
     from streamjoin.joins.run_state import JoinPartition, JoinStats
     from streamjoin.state.table_partition import TablePartition
-    from streamjoin.state.window_partition import WindowPartition
+    from streamjoin.state.window_partition import WindowPartition, WindowStats
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -152,11 +152,16 @@ class TablePartitions(Protocol):
 class RuntimeLink:
     """What an App's declarations reach while a worker runs them; empty otherwise."""
 
-    __slots__ = ("partitions", "sender", "tables")
+    __slots__ = ("join_stats", "partitions", "sender", "tables", "window_stats")
 
     def __init__(self) -> None:
         self.sender: Sender | None = None
         self.tables: TablePartitions | None = None
+        #: windowed table name -> its emission counters on this worker (running or last run)
+        self.window_stats: dict[str, WindowStats] = {}
+        #: join name -> its counters on this worker: the objects the agents' events count
+        #: into, reached here by what counts outside events (a join's idle closes)
+        self.join_stats: dict[str, JoinStats] = {}
         #: every topic's partition count as the worker settled it at start (declared, or
         #: the existing topic's, or the default); empty while nothing runs
         self.partitions: Mapping[str, int] = {}
@@ -168,6 +173,8 @@ class RuntimeLink:
     def connect(self, sender: Sender, tables: TablePartitions) -> None:
         self.sender = sender
         self.tables = tables
+        self.window_stats = {}
+        self.join_stats = {}
 
     def disconnect(self) -> None:
         self.sender = None

@@ -98,6 +98,7 @@ __all__ = [
     "StoreLocked",
     "StreamjoinError",
     "TableAccessError",
+    "TimerFailed",
     "TransactionError",
     "TransactionFailed",
     "UnknownTableError",
@@ -265,6 +266,11 @@ class LifecycleError(ProcessingError, RuntimeError):
 
 class AgentFailed(ProcessingError, RuntimeError):
     """An agent hit an error under the ``stop`` policy; the worker must stop."""
+
+
+class TimerFailed(ProcessingError, RuntimeError):
+    """A timer, crontab or app task raised under the ``stop`` policy; the worker stops
+    (the function's error is the ``__cause__``)."""
 
 
 class TableAccessError(ProcessingError, RuntimeError):

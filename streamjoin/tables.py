@@ -42,6 +42,10 @@ class Table:
     writers: frozenset[str] = frozenset()
     #: how the running worker's partitions are reached (set by the App)
     link: RuntimeLink = field(default_factory=RuntimeLink, repr=False)
+    #: called by the flusher with each of the table's partitions before its writes are
+    #: taken, even one no event touched since it was assigned (set by the declaration that
+    #: owns the table: a join closing idle partitions makes its per-task state there)
+    before_flush: Callable[[TablePartition], None] | None = field(default=None, repr=False)
     #: decodes stored values (JSON values are remembered: see :mod:`~streamjoin.remembered_values`)
     _load_value: Callable[[bytes], Any] = field(init=False, repr=False)
 

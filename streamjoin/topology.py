@@ -14,13 +14,15 @@ whose changelog is in the group.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from streamjoin.agents import Agent
 from streamjoin.errors import CopartitioningError
+from streamjoin.punctuation import Punctuation
 from streamjoin.tables import Table
+from streamjoin.timers import AppTask, Timer
 from streamjoin.topics import Topic
 
 __all__ = ["TaskGroup", "TaskId", "Topology"]
@@ -54,6 +56,11 @@ class Topology:
     #: tables materialized from a topic (``app.topic_table``): table name -> topic
     table_sources: Mapping[str, Topic]
     copartition_groups: tuple[tuple[str, ...], ...]
+    #: ``@app.timer`` and ``@app.crontab``, and ``@app.task``, by name
+    timers: Mapping[str, Timer] = field(default_factory=lambda: MappingProxyType({}))
+    app_tasks: Mapping[str, AppTask] = field(default_factory=lambda: MappingProxyType({}))
+    #: per-task punctuations of agents (``@app.punctuate``), in declaration order
+    punctuations: tuple[Punctuation, ...] = ()
 
     @classmethod
     def freeze(
@@ -66,6 +73,9 @@ class Topology:
         joins: Mapping[str, Any],
         table_sources: Mapping[str, Topic],
         copartition_groups: list[tuple[str, ...]],
+        timers: Mapping[str, Timer] | None = None,
+        app_tasks: Mapping[str, AppTask] | None = None,
+        punctuations: tuple[Punctuation, ...] = (),
     ) -> Topology:
         return cls(
             app_id,
@@ -75,7 +85,17 @@ class Topology:
             MappingProxyType(dict(joins)),
             MappingProxyType(dict(table_sources)),
             tuple(tuple(g) for g in copartition_groups),
+            MappingProxyType(dict(timers or {})),
+            MappingProxyType(dict(app_tasks or {})),
+            punctuations=tuple(punctuations),
         )
+
+    @property
+    def runs_on_leader(self) -> bool:
+        """Some timer or app task runs only on the group's leader: a worker joins the group
+        to know whether it leads, even when no agent reads a topic."""
+        timers, tasks = self.timers.values(), self.app_tasks.values()
+        return any(t.on_leader for t in timers) or any(t.on_leader for t in tasks)
 
     # ------------------------------------------------------------------ topics
 

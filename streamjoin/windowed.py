@@ -13,6 +13,16 @@ standbys like any table) in the windowed layout join buffers use too
 A window ``[start, end)`` is kept while ``stream_time < end + retention``;
 expiry runs when the worker flushes, before the writes reach the changelog.
 
+Emission (``emit=``): ``"update"`` (the default) lets agents read and change a window
+until it closes (``end + grace``; later records are late for it: dropped and counted), and
+read it until it expires. ``"close"`` gives each window one final result, once the partition's
+stream time reaches its close time (``end + grace``): sent to ``emit_to`` and/or passed
+to ``on_window_close(key, (start, end), value)`` by the flush that sees it (see
+:mod:`streamjoin.state.window_partition` for when a window closes and what is late).
+With ``emit="close"`` the partition also keeps ``CLOSED_THROUGH_KEY`` (``META +
+b"closed-through"``), the stream time through which windows have closed, written in the
+same flush as the writes and sent only after the results (docs/windows.md, "Emission").
+
 A :class:`WindowedTable` is a declaration: what it keeps per partition at run time
 (stream time in memory, expiry progress, the event last seen) is a
 :class:`~streamjoin.state.window_partition.WindowPartition` in the task owning the
@@ -21,18 +31,45 @@ partition, reached through :mod:`streamjoin.context`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import timedelta
+from typing import Any, ClassVar, Literal
 
 from streamjoin.context import EventContext, TaskScope, current_event
-from streamjoin.errors import TableAccessError
+from streamjoin.errors import CodecError, ConfigurationError, TableAccessError
+from streamjoin.events import Event, RawRecord
+from streamjoin.partitioner import partition_for_key
 from streamjoin.state import window_layout as layout
-from streamjoin.state.table_partition import TablePartition
+from streamjoin.state.table_partition import Emitted, TablePartition
 from streamjoin.state.window_layout import DATA, table_data_key, table_keys
-from streamjoin.state.window_partition import WindowPartition
+from streamjoin.state.window_partition import (
+    Closing,
+    WindowPartition,
+    WindowStats,
+    close_time_offset,
+)
 from streamjoin.state.windows import TumblingWindows, WindowSpec
 from streamjoin.tables import Table
+from streamjoin.topics import Topic
+from streamjoin.window_views import (
+    FieldOrExtractor,
+    WindowedView,
+    relative_to_field,
+    relative_to_now,
+    relative_to_stream,
+)
+
+log = logging.getLogger("streamjoin.windows")
+
+#: ``emit=``: every change stays readable and writable until expiry, or one final result
+#: per window when it closes
+Emit = Literal["update", "close"]
+#: ``on_window_close(key, (start, end), value)``: called once per closed window
+WindowCloseCallback = Callable[[Any, tuple[int, int], Any], object]
 
 
 @dataclass(eq=False)
@@ -43,7 +80,52 @@ class WindowedTable(Table):
     :meth:`update` (applied to each of them) instead of item assignment.
     """
 
+    #: what log messages call it
+    kind: ClassVar[str] = "windowed table"
     windows: WindowSpec | None = field(default=None, repr=False)
+    #: ``"update"`` or ``"close"`` (see the module docstring)
+    emit: Emit = "update"
+    #: emit="close": the topic final results are sent to (key: the table's key, value: the
+    #: final value, window bounds in the ``window-start``/``window-end`` headers)
+    emit_to: Topic | None = None
+    #: emit="close": called with ``(key, (start, end), value)`` for each final result
+    on_window_close: WindowCloseCallback | None = None
+    #: emit="close": a partition that receives no event for this long (ms, wall clock)
+    #: moves its stream time on with the wall clock (docs/windows.md)
+    close_idle_after_ms: int | None = None
+    #: the event time windows are assigned by (default: the record timestamp)
+    timestamp: Callable[[Event], int] | None = field(default=None, repr=False)
+    #: the app's topics, to decode an event for ``timestamp``
+    topics: Mapping[str, Topic] = field(default_factory=dict, repr=False)
+    #: the wall clock ``close_idle_after`` is measured with (seconds, monotonic)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_emission(
+            self.name,
+            windows=self.windows,
+            emit=self.emit,
+            emit_to=self.emit_to,
+            on_window_close=self.on_window_close,
+            close_idle_after_ms=self.close_idle_after_ms,
+            timestamp=self.timestamp,
+        )
+        if self.closes_windows:
+            # (set here, not copied: a subclass made from this table's fields overrides it)
+            self.before_flush = self.partition_for_flush
+
+    @property
+    def closes_windows(self) -> bool:
+        """Whether windows get one final result when they close (``emit="close"``)."""
+        return self.emit == "close"
+
+    def emission_stats(self) -> WindowStats:
+        """This table's emission counters on this worker (running or last run): final
+        results produced, late events dropped, final results whose callback or encoding
+        failed."""
+        found = self.link.window_stats.get(self.name)
+        return WindowStats() if found is None else found
 
     def _spec(self) -> WindowSpec:
         if self.windows is None:
@@ -74,17 +156,22 @@ class WindowedTable(Table):
         if part is None:
             part = self._event_task_partition(event)
         timestamp = record.timestamp
+        if self.timestamp is not None:
+            timestamp = self._event_time(record)
         windows = part.windows
+        latest = part.latest
         if (
-            part.record is not None
+            windows  # (empty: no event yet, or the last one's windows had all closed)
             and type(timestamp) is int
             and windows[0][0] <= timestamp < windows[0][1]
             and type(self.windows) is TumblingWindows
         ):
-            pass  # the previous event's one window holds this one too
+            pass  # the previous event's one window holds this one too (and is still open)
         else:
             windows = part.windows = self._spec().windows_for(timestamp)  # (refuses bad ones)
-        latest = part.latest
+            if latest is not None and windows[0][1] + part.grace_ms <= latest:
+                # (the earliest window has closed: the event is late for it, maybe for all)
+                part.windows = part.open_windows(windows, record, timestamp)
         if latest is None or timestamp > latest:
             part.latest = timestamp
         part.record = record
@@ -97,11 +184,119 @@ class WindowedTable(Table):
             view = self._state(None, writing=False)  # (raises, naming the problem)
         return self._owned(event.task, view)
 
+    def _event_time(self, record: RawRecord) -> int:
+        """The ``timestamp`` extractor's time of the event of ``record`` (decoded again with
+        its topic's codecs: the table sees the record, not the agent's event)."""
+        extractor = self.timestamp
+        topic = self.topics.get(record.topic)
+        if extractor is None or topic is None:
+            raise TableAccessError(
+                f"windowed table {self.name!r}: cannot extract the event time of a record of "
+                f"{record.topic!r}, a topic the app does not declare"
+            )
+        key = None if record.key is None else topic.key_codec.loads(record.key)
+        value = None if record.value is None else topic.value_codec.loads(record.value)
+        return extractor(
+            Event(
+                key,
+                value,
+                record.topic,
+                record.partition,
+                record.offset,
+                record.timestamp,
+                record.headers,
+            )
+        )
+
     def _owned(self, task: TaskScope, view: TablePartition) -> WindowPartition:
         part = task.windows.get(self.name)
         if part is None:
-            part = task.windows[self.name] = WindowPartition(self.name, self._spec(), view)
+            stats = self.link.window_stats.get(self.name)
+            if stats is None:
+                stats = self.link.window_stats[self.name] = WindowStats()
+            closing = None
+            if self.closes_windows:
+                closing = Closing(self._final_result, stats, self.close_idle_after_ms, self.clock)
+            part = task.windows[self.name] = WindowPartition(
+                self.name, self._spec(), view, closing, stats
+            )
         return part
+
+    def partition_for_flush(self, view: TablePartition) -> None:
+        """With ``emit="close"`` (this table's ``before_flush``), make the window partition
+        of ``view`` if its task has none yet: windows of a partition that no event touched
+        since it was assigned (restored after a crash, idle) close too, from its flush
+        hook."""
+        task = self._task_lacking_windows(view)
+        if task is not None:
+            self._owned(task, view)
+
+    def _task_lacking_windows(self, view: TablePartition) -> TaskScope | None:
+        """The task that holds ``view`` active here but has no window partition for it yet."""
+        tables = self.link.tables
+        task = None if tables is None else tables.active_task(self.name, view.partition)
+        if task is None or self.name in task.windows or task.tables.get(self.name) is not view:
+            return None
+        return task
+
+    def _final_result(self, key_bytes: bytes, start: int, end: int, raw: bytes) -> Emitted | None:
+        """A closed window's final value: to ``on_window_close``, and the record for
+        ``emit_to`` (None without one). A callback that raises, or a value the topic's
+        codecs refuse, is logged and counted, not retried: the window stays closed."""
+        key, value = self.key_codec.loads(key_bytes), self.value_codec.loads(raw)
+        return self._final_record(key, start, end, value, self.on_window_close, self.emit_to)
+
+    def _final_record(
+        self,
+        key: Any,
+        start: int,
+        end: int,
+        value: Any,
+        callback: WindowCloseCallback | None,
+        out: Topic | None,
+    ) -> Emitted | None:
+        """``value``, the final value of ``key`` in ``(start, end)``: to ``callback``, and
+        the record for ``out`` (None without one)."""
+        if callback is not None:
+            try:
+                callback(key, (start, end), value)
+            except Exception:
+                self.emission_stats().callback_errors += 1
+                log.exception(
+                    "%s %s: on_window_close(%r, (%d, %d), ...) raised",
+                    self.kind,
+                    self.name,
+                    key,
+                    start,
+                    end,
+                )
+        if out is None:
+            return None
+        try:
+            out_key = out.key_codec.dumps(key)
+            out_value = out.value_codec.dumps(self._final_value(start, end, value))
+        except CodecError:
+            self.emission_stats().callback_errors += 1
+            log.exception(
+                "%s %s: the final result of %r in window (%d, %d) cannot be "
+                "encoded for %s; it is not sent",
+                self.kind,
+                self.name,
+                key,
+                start,
+                end,
+                out.name,
+            )
+            return None
+        count = out.partitions or self.link.partitions.get(out.name)
+        partition = partition_for_key(out_key, count) if out_key is not None and count else None
+        headers = [("window-start", b"%d" % start), ("window-end", b"%d" % end)]
+        return (out.name, out_key, out_value, partition, headers, end - 1)
+
+    def _final_value(self, start: int, end: int, value: Any) -> Any:
+        """What ``emit_to`` is sent for a closed window (the final value; a subclass may
+        wrap it with the window)."""
+        return value
 
     def _current_value(self, key: Any) -> bytes | None:
         """The stored value of ``key`` in the current event's (latest) window.
@@ -111,7 +306,11 @@ class WindowedTable(Table):
         part = self._event_partition()
         key_bytes = self._encode_key(key)
         windows = part.windows
-        data_key = table_data_key(key_bytes, windows[-1][0])
+        try:
+            data_key = table_data_key(key_bytes, windows[-1][0])
+        except IndexError:  # (no window: the event's windows had all closed)
+            part.last_read = None
+            return None
         raw = part.view.lookup(data_key)
         part.last_read = (part.record, windows, key, data_key, raw is not None, key_bytes)
         return raw
@@ -136,6 +335,8 @@ class WindowedTable(Table):
         """Delete ``key`` from every window of the current event (KeyError if in none)."""
         part = self._event_partition()
         part.last_read = None
+        if part.late is not None:
+            part.count_late()
         view = part.view
         key_bytes = self._encode_key(key)
         found = False
@@ -171,7 +372,13 @@ class WindowedTable(Table):
             part.last_read = None
             windows = part.windows
             key_bytes = self._encode_key(key)
-            data_key, index_key = table_keys(key_bytes, windows[0][0])
+            try:
+                start = windows[0][0]
+            except IndexError:
+                # the event's windows had all closed: the write is dropped (late)
+                part.count_late()
+                return
+            data_key, index_key = table_keys(key_bytes, start)
             existed = False
         if len(windows) != 1:
             raise TableAccessError(
@@ -193,6 +400,8 @@ class WindowedTable(Table):
         """Replace the value of ``key`` in every window of the current event by ``fn(old)``."""
         part = self._event_partition()
         part.last_read = None
+        if part.late is not None:
+            part.count_late()
         view = part.view
         key_bytes = self._encode_key(key)
         for start, _end in part.windows:
@@ -209,6 +418,18 @@ class WindowedTable(Table):
                 view.put(data_key, encoded)
                 if raw is None:
                     part.index_new_window(index_key, start)
+
+    def relative_to_now(self) -> WindowedView:
+        """Faust's view: ``view[key].value()`` reads the window of the stream time."""
+        return relative_to_now(self)
+
+    def relative_to_stream(self) -> WindowedView:
+        """Faust's view: ``view[key].value()`` reads the window of the event's time."""
+        return relative_to_stream(self)
+
+    def relative_to_field(self, field: FieldOrExtractor) -> WindowedView:
+        """Faust's view: ``view[key].value()`` reads the window of a time in the event."""
+        return relative_to_field(self, field)
 
     def windows_of(self, key: Any, from_ms: int, to_ms: int) -> list[tuple[int, Any]]:
         """(window start, value) of ``key`` for windows starting in [from_ms, to_ms]."""
@@ -244,3 +465,86 @@ class WindowedTable(Table):
                 f"partition {partition} of table {self.name!r} is not active on this worker"
             )
         return self._owned(task, view)
+
+
+def check_emission(
+    name: str,
+    *,
+    windows: WindowSpec | None,
+    emit: str,
+    emit_to: object,
+    on_window_close: object,
+    close_idle_after_ms: object,
+    timestamp: object,
+) -> None:
+    """Refuse emission settings that cannot work, naming the table and the setting."""
+    where = f"windowed table {name!r}"
+    if emit not in ("update", "close"):
+        raise ConfigurationError(f"{where}: emit must be 'update' or 'close', got {emit!r}")
+    if timestamp is not None and not callable(timestamp):
+        raise ConfigurationError(
+            f"{where}: timestamp must be a function of the event returning ms, got {timestamp!r}"
+        )
+    closing_only = {
+        "emit_to": emit_to,
+        "on_window_close": on_window_close,
+        "close_idle_after": close_idle_after_ms,
+    }
+    if emit == "update":
+        given = [setting for setting, value in closing_only.items() if value is not None]
+        if given:
+            raise ConfigurationError(
+                f"{where}: {', '.join(given)} only apply with emit='close' (final results "
+                "when windows close); with emit='update' agents read the table as it changes"
+            )
+        return
+    if emit_to is None and on_window_close is None:
+        raise ConfigurationError(
+            f"{where}: emit='close' needs somewhere to put final results: emit_to=<topic> "
+            "and/or on_window_close=<function(key, (start, end), value)>"
+        )
+    if emit_to is not None and not isinstance(emit_to, Topic):
+        raise ConfigurationError(
+            f"{where}: emit_to must be a topic (app.topic(...)), got {emit_to!r}"
+        )
+    callback = on_window_close
+    if callback is not None and (not callable(callback) or inspect.iscoroutinefunction(callback)):
+        raise ConfigurationError(
+            f"{where}: on_window_close must be a plain function (key, (start, end), value), "
+            f"got {callback!r}: it runs inside the commit, which cannot await; send results "
+            "with emit_to=<topic> and consume them with an agent instead"
+        )
+    idle = close_idle_after_ms
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int) or idle <= 0):
+        raise ConfigurationError(f"{where}: close_idle_after must be > 0, got {idle!r} ms")
+    spec = windows
+    if spec is None or not hasattr(spec, "size_ms") or not hasattr(spec, "windows_for"):
+        raise ConfigurationError(
+            f"{where}: emit='close' works with tumbling and hopping windows, got {spec!r}"
+        )
+    grace = close_time_offset(spec)
+    retention: int | None = spec.retention_ms
+    if retention is not None and retention < grace:
+        raise ConfigurationError(
+            f"{where}: with emit='close' a window must outlive its grace period, or it would "
+            f"be deleted before its final result: retention ({retention} ms) < grace "
+            f"({grace} ms)"
+        )
+
+
+def idle_after_ms(value: timedelta | float | None, where: str) -> int | None:
+    """``close_idle_after=`` (a timedelta, or seconds) in ms; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"{where}: close_idle_after must be a timedelta or a number of seconds, got {value!r}"
+        )
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise ConfigurationError(f"{where}: close_idle_after must be > 0, got {value!r}")
+    return ms

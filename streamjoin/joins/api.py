@@ -5,7 +5,9 @@
   stream time advances the same way whatever the fetch order) with a join buffer (a
   table with a changelog, so a join survives crashes and moves with its partition)
   and calls the decorated function for every joined (or, for left/outer joins,
-  unmatched) pair;
+  unmatched) pair; with ``close_idle_after=``, the windows of a partition whose input
+  stopped close on wall-clock time (see :mod:`streamjoin.joins.idle`), their unmatched
+  results sent with the commit;
 * stream-table: ``@app.join(stream_topic, table)`` enriches each event with the
   table's value for its key: for a topic table, as of the event's timestamp (the
   table's agent reads the stream too, in timestamp order with the table's topic);
@@ -21,23 +23,31 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from streamjoin.context import EventContext, current_event
+from streamjoin.context import EventContext, OutgoingRecord, current_event
 from streamjoin.errors import (
     ArgumentTypeError,
     ConfigurationError,
+    InternalError,
+    JoinError,
     TableAccessError,
 )
 from streamjoin.events import Event
 from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamStreamJoin
+from streamjoin.joins.idle import IdleClock
 from streamjoin.joins.run_state import JoinPartition, JoinStats
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
+
+if TYPE_CHECKING:
+    from streamjoin.state.table_partition import TablePartition
 
 log = logging.getLogger("streamjoin.joins")
 
@@ -50,6 +60,24 @@ def _ms(value: timedelta | int | float) -> int:
     if isinstance(value, timedelta):
         return int(value.total_seconds() * 1000)
     return int(value)
+
+
+def _idle_ms(join: str, value: timedelta | float) -> int:
+    """``close_idle_after=`` in milliseconds: a timedelta or a number of seconds (a
+    wall-clock bound, in the unit of ``App(commit_interval=...)``)."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"join {join!r}: close_idle_after= is a timedelta or a number of seconds, got {value!r}"
+        )
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigurationError(
+            f"join {join!r}: close_idle_after= must be a positive duration, got {value!r}"
+        )
+    return max(1, round(seconds * 1000))
 
 
 #: results that are certainly not awaitable (checked by type first: ``inspect.isawaitable``
@@ -115,6 +143,14 @@ class StreamStreamJoinDecl:
     fun: JoinFunction
     left_timestamp: TimestampExtractor | None = None
     right_timestamp: TimestampExtractor | None = None
+    #: close the windows of a partition that received nothing for this long (wall clock;
+    #: None: only records move stream time)
+    close_idle_after_ms: int | None = None
+    #: what a failing join function does to an idle close's result (as for events: "stop"
+    #: fails the commit, else it is logged and skipped: there is no record to dead-letter)
+    on_error: Literal["stop", "skip", "dead_letter"] = "stop"
+    #: the wall clock idleness is measured with, in seconds (monotonic; tests replace it)
+    clock: Callable[[], float] = time.monotonic
 
     def handle(self, side: Literal["left", "right"], event: Event) -> Awaitable[None] | None:
         """Join one event: None when done, or what is left to await (an async join function,
@@ -165,12 +201,25 @@ class StreamStreamJoinDecl:
         """This worker's counters of this join."""
         counters = context.join_stats.get(self.name)
         if counters is None:
-            counters = context.join_stats[self.name] = JoinStats()
+            counters = context.join_stats[self.name] = self._run_counters()
+        return counters
+
+    def _run_counters(self) -> JoinStats:
+        """This worker's counters of this join, as reached outside events (idle closes):
+        the same object the events count into."""
+        run_stats = self.buffer.link.join_stats
+        counters = run_stats.get(self.name)
+        if counters is None:
+            counters = run_stats[self.name] = JoinStats()
         return counters
 
     def __post_init__(self) -> None:
         #: a coroutine function's result is awaited without asking (most join functions)
         self._is_async = inspect.iscoroutinefunction(self.fun)
+        #: where a task keeps the part of this join that a flush made before any event
+        #: reached the partition (close_idle_after); its first event adopts it, so that
+        #: the per-event path never checks for one
+        self._made_by_flush = f"\x00{self.name} (made by a flush)"
 
     def _new_partition(self, context: EventContext) -> JoinPartition:
         """The task's part of this join: a core over its buffer partition (made once per
@@ -181,8 +230,134 @@ class StreamStreamJoinDecl:
                 f"join {self.name!r}: its buffer is not in the task of "
                 f"{context.record.topic}[{context.record.partition}]"
             )
-        view.group_keys_by(BUFFER_GROUP_OF)  # partner scans read one key's buffered writes
-        return JoinPartition(StreamStreamJoin(self.spec, view))
+        if self.close_idle_after_ms is None:
+            view.group_keys_by(BUFFER_GROUP_OF)  # partner scans read one key's buffered writes
+            return JoinPartition(StreamStreamJoin(self.spec, view))
+        made = context.task.joins.pop(self._made_by_flush, None)
+        if made is not None:
+            return made  # (its counters are this worker's: see _run_counters)
+        return self._idle_closing_partition(view, self._counters(context))
+
+    def partition_for_flush(self, view: TablePartition) -> None:
+        """Before a flush of the buffer partition ``view`` (``close_idle_after``): make its
+        task's part of this join if no event did yet, so that a partition idle since it was
+        assigned (its input stopped before a restart or a rebalance) closes too."""
+        tables = self.buffer.link.tables
+        task = None if tables is None else tables.active_task(self.buffer.name, view.partition)
+        if (
+            task is not None
+            and self.name not in task.joins
+            and self._made_by_flush not in task.joins
+            and task.tables.get(self.buffer.name) is view
+        ):
+            part = self._idle_closing_partition(view, self._run_counters())
+            task.joins[self._made_by_flush] = part
+
+    def _idle_closing_partition(self, view: TablePartition, counters: JoinStats) -> JoinPartition:
+        """A part of this join whose windows also close while its partition is idle."""
+        idle_after_ms = self.close_idle_after_ms
+        if idle_after_ms is None:
+            raise InternalError(f"join {self.name!r} has no close_idle_after")
+        view.group_keys_by(BUFFER_GROUP_OF)
+        made: list[JoinPartition] = []
+        # Registered before the core registers its own hook (which writes its metadata):
+        # the stream time and buffer an idle close changes go into the same flush.
+        view.before_take(lambda: self._close_idle(made[0], view, counters))
+        core = StreamStreamJoin(self.spec, view)
+        idle = IdleClock(
+            idle_after_ms,
+            now_ms=self._now_ms(),
+            processed=core.stats.processed,
+            stream_time_ms=core.stream_time_ms,
+        )
+        made.append(JoinPartition(core, idle))
+        return made[0]
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _close_idle(self, part: JoinPartition, view: TablePartition, counters: JoinStats) -> None:
+        """At a flush of the buffer partition: if the partition has been idle long enough,
+        advance its stream time (see :class:`IdleClock`) and queue the results of the
+        windows that closed to be sent with this flush (inside the transaction under
+        exactly-once)."""
+        idle, core = part.idle, part.core
+        if part.idle_failure is not None:
+            # An earlier idle close failed after its windows closed (in memory): no flush of
+            # this partition may make that durable without its results.
+            raise part.idle_failure
+        if idle is None:
+            return
+        target = idle.tick(self._now_ms(), core.stats.processed, core.stream_time_ms)
+        if target is None:
+            return
+        outputs = core.advance(target)
+        if not outputs:
+            return
+        try:
+            records = self._closed_records(outputs, counters)
+        except Exception as exc:
+            part.idle_failure = exc
+            raise
+        for record in records:
+            view.emit(record)
+        log.debug(
+            "join %s: %s idle for %d ms; stream time advanced to %d, %d unmatched results",
+            self.name,
+            view,
+            self._now_ms() - idle.idle_since_ms,
+            target,
+            len(outputs),
+        )
+
+    def _closed_records(
+        self, outputs: list[JoinOutput], counters: JoinStats
+    ) -> list[OutgoingRecord]:
+        """The join function's results for ``outputs`` (no await: this runs inside a
+        flush), encoded for the output topic."""
+        key_loads = self.left.key_codec.loads
+        left_loads, right_loads = self.left.value_codec.loads, self.right.value_codec.loads
+        output = self.output
+        records: list[OutgoingRecord] = []
+        for out in outputs:
+            key = key_loads(out.key)
+            left = left_loads(out.left) if out.left is not None else None
+            right = right_loads(out.right) if out.right is not None else None
+            try:
+                result = self.fun(key, left, right)
+                if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+                    close = getattr(result, "close", None)
+                    if close is not None:
+                        close()  # (a coroutine never awaited would warn)
+                    raise JoinError(
+                        f"join {self.name!r}: its function returned an awaitable for an idle "
+                        "close; with close_idle_after= it must return its result directly"
+                    )
+                if result is not None and output is not None:
+                    records.append(
+                        (
+                            output.name,
+                            output.key_codec.dumps(key),
+                            output.value_codec.dumps(result),
+                            None,
+                            (),
+                            out.timestamp_ms,
+                        )
+                    )
+            except Exception:
+                if self.on_error == "stop":
+                    raise
+                log.exception(
+                    "join %s: the join function failed on an unmatched result closed on an "
+                    "idle partition (key %r); skipped (on_error=%r)",
+                    self.name,
+                    key,
+                    self.on_error,
+                )
+                continue
+            counters.emitted += 1
+            counters.idle_emitted += 1
+        return records
 
     def _emit(self, outputs: list[JoinOutput], counters: JoinStats) -> Awaitable[None] | None:
         """Call the join function on each result (in order) and send what it returns; None
@@ -285,15 +460,38 @@ def declare_join(
     left_timestamp: TimestampExtractor | None = None,
     right_timestamp: TimestampExtractor | None = None,
     on_error: Literal["stop", "skip", "dead_letter"] = "stop",
+    close_idle_after: timedelta | float | None = None,
 ) -> Callable[[JoinFunction], JoinFunction]:
     """The implementation of :meth:`App.join`; see its docstring."""
     out_topic = app.topic(output) if isinstance(output, str) else output
 
     def register(fun: JoinFunction) -> JoinFunction:
         join_name = name or fun.__name__
+        if close_idle_after is not None and not (
+            isinstance(left, Topic) and isinstance(right, Topic)
+        ):
+            raise ConfigurationError(
+                f"join {join_name!r}: close_idle_after= closes the windows of a stream-stream "
+                "join on an idle partition; a join with a table has no windows to close"
+            )
         if isinstance(left, Topic) and isinstance(right, Topic):
             if window is None:
                 raise ConfigurationError(f"join {join_name!r}: a stream-stream join needs window=")
+            idle_ms = None
+            if close_idle_after is not None:
+                idle_ms = _idle_ms(join_name, close_idle_after)
+                if how == "inner":
+                    raise ConfigurationError(
+                        f"join {join_name!r}: close_idle_after= emits the unmatched results of "
+                        "a left or outer join on an idle partition; an inner join emits "
+                        "nothing when a window closes"
+                    )
+                if inspect.iscoroutinefunction(fun):
+                    raise ConfigurationError(
+                        f"join {join_name!r}: with close_idle_after= the join function is also "
+                        "called inside a commit, where nothing can be awaited: make it a plain "
+                        "function (def, not async def)"
+                    )
             _stream_stream(
                 app,
                 join_name,
@@ -305,6 +503,7 @@ def declare_join(
                 left_timestamp,
                 right_timestamp,
                 on_error,
+                idle_ms,
             )
         elif isinstance(left, Topic) and isinstance(right, Table):
             _stream_table(app, join_name, left, right, how, out_topic, fun, on_error)
@@ -331,9 +530,24 @@ def _stream_stream(
     left_ts: TimestampExtractor | None,
     right_ts: TimestampExtractor | None,
     on_error: Literal["stop", "skip", "dead_letter"],
+    close_idle_after_ms: int | None = None,
 ) -> StreamStreamJoinDecl:
     buffer = app.table(f"{name}-buffer", copartitioned_with=[left, right], value_serializer="raw")
-    decl = StreamStreamJoinDecl(name, left, right, spec, buffer, output, fun, left_ts, right_ts)
+    decl = StreamStreamJoinDecl(
+        name,
+        left,
+        right,
+        spec,
+        buffer,
+        output,
+        fun,
+        left_ts,
+        right_ts,
+        close_idle_after_ms=close_idle_after_ms,
+        on_error=on_error,
+    )
+    if close_idle_after_ms is not None:
+        buffer.before_flush = decl.partition_for_flush
     app.joins[name] = decl
 
     # One agent over both inputs: partition p of each arrives in one stream, in

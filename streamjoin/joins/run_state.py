@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from streamjoin.joins.core import StreamStreamJoin
+from streamjoin.joins.idle import IdleClock
 from streamjoin.log_summary import Summary
 
 __all__ = ["JoinPartition", "JoinStats"]
@@ -24,13 +25,18 @@ log = logging.getLogger("streamjoin.joins")
 
 
 class JoinPartition:
-    """One task's part of a join: its core, and its late and beyond-grace events (the
-    first logged at once, then a count per period)."""
+    """One task's part of a join: its core, its late and beyond-grace events (the
+    first logged at once, then a count per period) and, for a join declared with
+    ``close_idle_after=``, the clock that advances its stream time while it is idle."""
 
-    __slots__ = ("core", "late_events")
+    __slots__ = ("core", "idle", "idle_failure", "late_events")
 
-    def __init__(self, core: StreamStreamJoin) -> None:
+    def __init__(self, core: StreamStreamJoin, idle: IdleClock | None = None) -> None:
         self.core = core
+        self.idle = idle
+        #: why an idle close failed (its join function raised, under on_error="stop"):
+        #: every later flush of the partition fails with it
+        self.idle_failure: Exception | None = None
         self.late_events = Summary(log)
 
 
@@ -44,3 +50,5 @@ class JoinStats:
     late: int = 0
     #: inputs accepted beyond the grace period (their partners may be gone)
     beyond_grace: int = 0
+    #: results of windows closed on an idle partition (``close_idle_after=``; in ``emitted``)
+    idle_emitted: int = 0

@@ -249,9 +249,41 @@ METRICS: tuple[MetricSpec, ...] = (
         "join",
         "Join inputs accepted beyond the grace period.",
     ),
+    _spec(
+        "streamjoin_window_results",
+        "counter",
+        "table",
+        "Final results of closed windows (emit='close').",
+    ),
+    _spec(
+        "streamjoin_window_late",
+        "counter",
+        "table",
+        "Records dropped by windowed tables: their window had closed.",
+    ),
+    _spec(
+        "streamjoin_window_result_errors",
+        "counter",
+        "table",
+        "Final results whose on_window_close raised or that could not be encoded.",
+    ),
     _spec("streamjoin_dead_lettered", "counter", "agent", "Records sent to a dead-letter topic."),
     _spec("streamjoin_skipped", "counter", "agent", "Records skipped after an error."),
     _spec("streamjoin_errors", "counter", "kind", "Errors by kind."),
+    _spec("streamjoin_timer_runs", "counter", "timer", "Runs of a timer or app task."),
+    _spec("streamjoin_timer_errors", "counter", "timer", "Runs that raised an error."),
+    _spec(
+        "streamjoin_timer_last_duration_seconds",
+        "gauge",
+        "timer",
+        "Duration of a timer's last run.",
+    ),
+    _spec(
+        "streamjoin_timer_ticks_skipped",
+        "counter",
+        "timer reason",
+        "Ticks not run: a run overran them (overrun), or this worker did not lead (not_leader).",
+    ),
 )
 
 Labels = tuple[str, ...]
@@ -330,6 +362,10 @@ def samples(snapshot: Mapping[str, Any]) -> dict[str, list[Sample]]:
         put("streamjoin_join_emitted", (join,), stats.get("emitted"))
         put("streamjoin_join_late", (join,), stats.get("late"))
         put("streamjoin_join_beyond_grace", (join,), stats.get("beyond_grace"))
+    for table, stats in sorted((snapshot.get("windows") or {}).items()):
+        put("streamjoin_window_results", (table,), stats.get("closed"))
+        put("streamjoin_window_late", (table,), stats.get("late"))
+        put("streamjoin_window_result_errors", (table,), stats.get("callback_errors"))
     for name, key in (
         ("streamjoin_dead_lettered", "dead_lettered"),
         ("streamjoin_skipped", "skipped"),
@@ -338,6 +374,12 @@ def samples(snapshot: Mapping[str, Any]) -> dict[str, list[Sample]]:
             put(name, (agent,), n)
     for kind, n in sorted((snapshot.get("errors") or {}).items()):
         put("streamjoin_errors", (kind,), n)
+    for timer, row in sorted((snapshot.get("timers") or {}).items()):
+        put("streamjoin_timer_runs", (timer,), row.get("runs"))
+        put("streamjoin_timer_errors", (timer,), row.get("errors"))
+        put("streamjoin_timer_last_duration_seconds", (timer,), row.get("last_duration_seconds"))
+        put("streamjoin_timer_ticks_skipped", (timer, "overrun"), row.get("skipped_overrun"))
+        put("streamjoin_timer_ticks_skipped", (timer, "not_leader"), row.get("skipped_not_leader"))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Every runtime service is built here and nowhere else (``tests/unit/test_layers.py``
 checks it): the producer (or the transactional one), the state service and its stores,
-the task manager, the agent runtime, the monitor and query service, and for a worker that
+the task manager, the agent runtime, the monitor and query service, the timers and app
+tasks (``ScheduledWork``: started last, stopped first), and for a worker that
 reads topics the group member's parts: the fetcher, the group membership, the timestamp
 aligner, the exactly-once transaction, the table flusher and ``TaskProcessing``. They are
 wired downhill: a commit runs processing -> flusher (sends, changelogs, stores) -> the
@@ -52,12 +53,14 @@ from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.ops.monitor import WorkerMonitor, collect
 from streamjoin.runtime.ops.query_endpoint import QueryService, advertised_host
+from streamjoin.runtime.scheduled import ScheduledWork
 from streamjoin.runtime.table_state.flush import TableFlusher
 from streamjoin.runtime.table_state.service import StateService, TableStores
 from streamjoin.runtime.table_state.state_dir import StateDirLock
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.alignment import TimestampAligner
 from streamjoin.runtime.tasks.processing import TaskProcessing
+from streamjoin.runtime.tasks.punctuation import PunctuationService
 from streamjoin.runtime.tasks.task import Task, TaskManager
 from streamjoin.runtime.transport.consumer import Fetcher, fetch_options
 from streamjoin.runtime.transport.liveness import wait_for_broker
@@ -190,6 +193,10 @@ class Worker(Service):
         #: metrics: what the runtime counts, and the service reporting it (lag, status page)
         self.counters = WorkerCounters()
         self.monitor: WorkerMonitor | None = None
+        #: the agents' per-task punctuations (``app.punctuate``), when the app declares any
+        self.punctuations: PunctuationService | None = None
+        #: the app's timers, crontabs and app tasks (started once the group is joined)
+        self.scheduled: ScheduledWork | None = None
         #: held while running when the worker keeps state (tables, or group membership)
         self.state_dir_lock = StateDirLock(config.state_path)
         #: told at once when a fatal error starts stopping the worker
@@ -261,6 +268,10 @@ class Worker(Service):
         server, if it never started), the group member (see :meth:`_leave_group`), the
         agents (if no group member stops them), the state service, the producer."""
         stops: list[Callable[[], Awaitable[Any]]] = []
+        if self.punctuations is not None:
+            stops.append(self.punctuations.stop)
+        if self.scheduled is not None:
+            stops.append(self.scheduled.stop)
         if self.queries is not None:
             stops.append(self.queries.stop)
         if self.monitor is not None:
@@ -327,6 +338,11 @@ class Worker(Service):
             transactional=config.exactly_once,
             counters=self.counters,
         )
+        if topology.punctuations:
+            self.punctuations = PunctuationService(
+                topology.punctuations, self.runtime, self.tasks.live, on_crash=self._on_crash
+            )
+            self.punctuations.start()
         self.runtime.start()
         # The web server starts before the group is joined: the address it got (port 0
         # picks one) is the query address this worker advertises to the assignor.
@@ -359,8 +375,17 @@ class Worker(Service):
         if self.queries is not None:
             self.queries.self_host = self.advertised_host
             self.queries.start(serving=web is not None)
-        if self.runtime.topics:
+        if self.runtime.topics or topology.runs_on_leader:
             await self._join_group(self.sender, self.runtime)
+        if topology.timers or topology.app_tasks:
+            self.scheduled = ScheduledWork(
+                topology.timers.values(),
+                topology.app_tasks.values(),
+                is_leader=self._leads,
+                on_crash=self._on_crash,
+                counters=self.counters,
+            )
+            self.scheduled.start()
         log.info(
             "app %s started: %d agents on %s",
             config.id,
@@ -486,6 +511,11 @@ class Worker(Service):
             self.link.disconnect()
             self.state_dir_lock.release()
             self._done.set()
+
+    def _leads(self) -> bool:
+        """This worker leads the group now: in it at a generation, and not mid-join."""
+        membership = self.membership
+        return membership is not None and membership.leader and membership.in_good_standing
 
     # -- tables
 

@@ -30,8 +30,7 @@ import math
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from streamjoin.errors import (
     ArgumentTypeError,
@@ -39,10 +38,20 @@ from streamjoin.errors import (
     CopartitioningError,
     NotFoundError,
     SparkJobError,
-    UnknownTopicError,
 )
 from streamjoin.partitioner import partition_for_key
-from streamjoin.spark.progress import Counters, Progress, ProgressReporter
+from streamjoin.spark.outputs import MISMATCH_TAG as _MISMATCH_TAG
+from streamjoin.spark.outputs import (
+    BackfillResult,
+    FileSink,
+    KafkaSink,
+    ResultWriter,
+    Sink,
+    output_partitions,
+    run_job,
+    write_results,
+)
+from streamjoin.spark.progress import Counters, Progress
 from streamjoin.spark.runners import (
     JoinRunner,
     OutputRecord,
@@ -51,7 +60,14 @@ from streamjoin.spark.runners import (
     StreamTableRunner,
     TableTableRunner,
 )
-from streamjoin.spark.sources import KafkaSource, Source, load_records
+from streamjoin.spark.session import SparkRun
+from streamjoin.spark.sources import (
+    KafkaSource,
+    Source,
+    input_partitions,
+    load_records,
+    pin_ending_offsets,
+)
 
 if TYPE_CHECKING:
     from streamjoin.app import App
@@ -72,47 +88,6 @@ __all__ = [
     "backfill",
     "split_count",
 ]
-
-_MISMATCH_TAG = "streamjoin.CopartitioningError"
-
-
-@dataclass(frozen=True)
-class KafkaSink:
-    """Write to ``topic`` (created with the join's partition count when missing)."""
-
-    topic: str
-    bootstrap_servers: str | None = None  # default: the source's, else the app's broker
-
-
-@dataclass(frozen=True)
-class FileSink:
-    """Write files under ``path`` (``format`` None: Parquet for ``*.parquet``, else JSON lines)."""
-
-    path: str
-    format: Literal["parquet", "json"] | None = None
-    mode: Literal["error", "overwrite", "append"] = "error"
-
-    def resolved_format(self) -> Literal["parquet", "json"]:
-        if self.format is not None:
-            return self.format
-        return "parquet" if Path(self.path).suffix == ".parquet" else "json"
-
-
-Sink = KafkaSink | FileSink
-
-
-@dataclass
-class BackfillResult:
-    """What a backfill did (counts may over-count if Spark retried tasks)."""
-
-    join: str
-    partitions: int
-    records_read: int
-    outputs: int
-    late: int
-    elapsed_s: float
-    output: str
-    tasks: int = 0  #: Spark tasks the join ran in (partitions x parts per partition)
 
 
 @dataclass(frozen=True)
@@ -195,41 +170,6 @@ def _runner_for(
     if isinstance(decl, StreamTableJoinDecl):
         return StreamTableRunner.for_join(config, decl, out_partitions, emit_from_ms)
     return TableTableRunner.for_join(config, decl, out_partitions, final_only, emit_from_ms)
-
-
-def _join_partitions(
-    config: AppConfig, inputs: JoinInputs, source: Source, override: int | None
-) -> int:
-    from streamjoin.spark.kafka_io import partition_counts
-
-    name = inputs.decl.name
-    declared = {t.partitions for t in (inputs.left, inputs.right) if t.partitions is not None}
-    if isinstance(source, KafkaSource):
-        topics = inputs.topics
-        counts = partition_counts(source.bootstrap_servers, topics, config.client_kwargs())
-        missing = [t for t in topics if t not in counts]
-        if missing:
-            raise UnknownTopicError(f"topics {missing} do not exist on {source.bootstrap_servers}")
-        actual = {counts[t] for t in topics}
-        if len(actual) != 1:
-            raise CopartitioningError(f"join {name!r}: input partition counts differ: {counts}")
-        count = actual.pop()
-        if declared and declared != {count}:
-            raise CopartitioningError(
-                f"join {name!r}: the app declares {sorted(declared)} partitions but the "
-                f"topics have {count}"
-            )
-        if override is not None and override != count:
-            raise CopartitioningError(f"partitions={override} but the input topics have {count}")
-        return count
-    if override is not None:
-        return override
-    if len(declared) == 1:
-        return declared.pop()
-    raise ConfigurationError(
-        f"join {name!r}: the app does not declare its partition count; pass partitions= "
-        "(--partitions): records are placed by murmur2(key) mod that count"
-    )
 
 
 def _load_inputs(spark: Any, source: Source, inputs: JoinInputs) -> Any:
@@ -421,13 +361,6 @@ def _partition_stream_ends(keyed: Any, partitions: int, *, by_source: bool) -> d
     return {int(r[0]): int(r[1]) for r in rows if r[0] is not None}
 
 
-def _rethrow_mismatch(exc: BaseException) -> None:
-    text = str(exc)
-    if _MISMATCH_TAG in text:
-        start = text.index(_MISMATCH_TAG) + len(_MISMATCH_TAG) + 2
-        raise CopartitioningError(text[start:].splitlines()[0]) from None
-
-
 def backfill(
     app: App,
     join_name: str,
@@ -458,13 +391,37 @@ def backfill(
     ``final_only`` (table-table): only the last change of each key. A source's start time
     selects the records joined (stream-table) or the changes emitted (table-table); table
     sides are still read from their beginning.
+
+    ``join_name`` may also name an aggregation (``app.aggregate``): its results, as the
+    workers send them (:mod:`streamjoin.spark.aggregation_jobs`; ``final_only``: with
+    ``emit="update"``, the last result of each window; ``close_windows_at_end``: with
+    ``emit="close"``, also the windows still open at the end).
     """
     from pyspark.sql import functions as F
 
-    from streamjoin.spark.kafka_io import ensure_topic, offset_bounds, partition_counts
-    from streamjoin.spark.session import get_session
-
     topology, config = app.topology(), app.config
+    run = SparkRun(master, spark, kafka_packages, spark_conf, progress, progress_interval)
+    aggregation = app.aggregations.get(join_name)
+    if aggregation is not None:
+        from streamjoin.spark.aggregation_jobs import backfill_aggregation
+
+        return backfill_aggregation(
+            app,
+            aggregation,
+            run,
+            source=source,
+            output=output,
+            partitions=partitions,
+            parallelism=parallelism,
+            close_windows_at_end=close_windows_at_end,
+            final_only=final_only,
+        )
+    if join_name not in topology.joins and app.aggregations:
+        raise NotFoundError(
+            f"app {topology.app_id!r} has no join or aggregation named {join_name!r} (joins: "
+            f"{', '.join(sorted(topology.joins)) or 'none'}; aggregations: "
+            f"{', '.join(sorted(app.aggregations))})"
+        )
     inputs = _find_join(topology, join_name)
     decl = inputs.decl
 
@@ -479,51 +436,25 @@ def backfill(
         )
 
     make_runner(1)  # refuses options of another join kind before any work
-    count = _join_partitions(config, inputs, source, partitions)
-    if isinstance(source, KafkaSource) and source.ending_offsets == "latest":
-        _, ends = offset_bounds(source.bootstrap_servers, inputs.topics, config.client_kwargs())
-        source = KafkaSource(
-            source.bootstrap_servers,
-            source.starting_offsets,
-            ends,
-            source.start_timestamp_ms,
-            source.end_timestamp_ms,
-            source.options,
-        )
-    if spark is None:
-        spark = get_session(
-            master,
-            app_name=f"streamjoin backfill {config.id}:{join_name}",
-            kafka=isinstance(source, KafkaSource),
-            kafka_packages=kafka_packages,
-            conf=spark_conf,
-        )
+    count = input_partitions(
+        config, source, [inputs.left, inputs.right], partitions, f"join {join_name!r}"
+    )
+    source, _ = pin_ending_offsets(source, inputs.topics, config.client_kwargs())
+    spark = run.session(
+        f"streamjoin backfill {config.id}:{join_name}", kafka=isinstance(source, KafkaSource)
+    )
     sc = spark.sparkContext
-
-    # where outputs go, and how many partitions the output topic has
-    sink_bootstrap: str | None = None
-    if isinstance(output, KafkaSink):
-        sink_bootstrap = output.bootstrap_servers or (
-            source.bootstrap_servers if isinstance(source, KafkaSource) else config.broker
-        )
-        existing = partition_counts(sink_bootstrap, [output.topic], config.client_kwargs())
-        if output.topic in existing:
-            out_partitions = existing[output.topic]
-        else:
-            declared_out = decl.output.partitions if decl.output is not None else None
-            out_partitions = declared_out if declared_out else count
-            ensure_topic(sink_bootstrap, output.topic, out_partitions, config.client_kwargs())
-    else:
-        out_partitions = (
-            decl.output.partitions if decl.output is not None and decl.output.partitions else count
-        )
+    declared = decl.output.partitions if decl.output is not None else None
+    sink_broker, out_partitions = output_partitions(config, output, source, declared, count)
     runner = make_runner(out_partitions)
     counters = Counters(sc)
     verify = isinstance(source, KafkaSource)
-    file_json = isinstance(output, FileSink) and output.resolved_format() == "json"
-    sink_topic = output.topic if isinstance(output, KafkaSink) else None
-    client_options = config.client_kwargs()
-    out_label = decl.output.name if decl.output is not None else join_name
+    writer = ResultWriter(
+        decl.output.name if decl.output is not None else join_name,
+        output,
+        sink_broker,
+        config.client_kwargs(),
+    )
     parts = split_count(count, sc.defaultParallelism if parallelism is None else parallelism)
     tasks = count * parts
 
@@ -541,65 +472,32 @@ def backfill(
     ends = sc.broadcast(ends_by_partition)
 
     def task(index: int, items: Iterator[Any]) -> Iterator[Any]:
-        producer = None
-        if sink_bootstrap is not None:
-            from streamjoin.spark.kafka_io import TaskProducer
-
-            producer = TaskProducer(sink_bootstrap, client_options)
         stats: dict[str, int] = {}
-        try:
-            for out in join_sorted_rows(
+        yield from writer.write(
+            join_sorted_rows(
                 runner,
                 unpack_rows(items),
                 partitions=count,
                 verify=verify,
                 ends=ends.value,
                 stats=stats,
-            ):
-                if producer is not None:
-                    producer.send(
-                        sink_topic,  # type: ignore[arg-type]
-                        out.partition,
-                        out.key,
-                        out.value,
-                        out.timestamp_ms,
-                    )
-                elif file_json:
-                    yield (
-                        out_label,
-                        out.partition,
-                        None if out.key is None else out.key.decode("utf-8", "replace"),
-                        None if out.value is None else out.value.decode("utf-8", "replace"),
-                        out.timestamp_ms,
-                    )
-                else:
-                    yield (out_label, out.partition, out.key, out.value, out.timestamp_ms)
-        finally:
-            if producer is not None:
-                producer.close()
+            )
+        )
         counters.records.add(stats.get("records", 0))
         counters.outputs.add(stats.get("outputs", 0))
         counters.late.add(stats.get("late", 0))
         counters.partitions.add(1)
 
     results = rows.rdd.mapPartitionsWithIndex(task)
-    sc.setJobDescription(f"streamjoin backfill {config.id}:{join_name}")
-    reporter = ProgressReporter(
-        f"backfill {join_name}", counters, tasks, progress, progress_interval
-    )
+    reporter = run.reporter(f"backfill {join_name}", counters, tasks)
     try:
-        with reporter:
-            if isinstance(output, FileSink):
-                _write_files(spark, results, output)
-                target = output.path
-            else:
-                results.count()
-                target = f"kafka topic {output.topic}"
-    except Exception as exc:
-        _rethrow_mismatch(exc)
-        raise
+        target = run_job(
+            spark,
+            f"streamjoin backfill {config.id}:{join_name}",
+            reporter,
+            lambda: write_results(spark, results, output),
+        )
     finally:
-        sc.setJobDescription(None)
         ends.destroy()
     snap = reporter.snapshot(finished=True)
     return BackfillResult(
@@ -612,30 +510,3 @@ def backfill(
         target,
         tasks,
     )
-
-
-def _write_files(spark: Any, rows: Any, sink: FileSink) -> None:
-    from pyspark.sql.types import (
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-    )
-
-    payload = StringType() if sink.resolved_format() == "json" else BinaryType()
-    schema = StructType(
-        [
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("key", payload),
-            StructField("value", payload),
-            StructField("timestamp", LongType()),
-        ]
-    )
-    writer = spark.createDataFrame(rows, schema).write.mode(sink.mode)
-    if sink.resolved_format() == "json":
-        writer.json(sink.path)
-    else:
-        writer.parquet(sink.path)

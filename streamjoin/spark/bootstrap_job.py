@@ -3,7 +3,8 @@
 Supported tables: those materialized from a topic with ``app.topic_table(topic)``
 (latest value per key, a null value deletes the key). That state is a pure
 function of the topic, so it can be computed offline; tables written by
-arbitrary agent code cannot.
+arbitrary agent code cannot. The windowed tables of aggregations
+(``app.aggregate``) are built by :mod:`streamjoin.spark.aggregation_jobs`.
 
 The latest value per key is the record with the highest offset (files without
 offsets: the highest timestamp, then file order), in the partition the worker
@@ -26,7 +27,6 @@ the table's agent continues after the history instead of re-reading it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,9 +37,17 @@ from streamjoin.errors import (
     SparkJobError,
     UnknownTopicError,
 )
-from streamjoin.spark.backfill_job import _MISMATCH_TAG, _rethrow_mismatch
-from streamjoin.spark.progress import Counters, Progress, ProgressReporter
-from streamjoin.spark.sources import KafkaSource, Source, load_records
+from streamjoin.spark.bootstrap_writes import (
+    check_no_stores,
+    commit_source_ends,
+    create_empty_changelogs,
+    write_partition_state,
+)
+from streamjoin.spark.outputs import MISMATCH_TAG as _MISMATCH_TAG
+from streamjoin.spark.outputs import BootstrapResult, run_job
+from streamjoin.spark.progress import Counters, Progress
+from streamjoin.spark.session import SparkRun
+from streamjoin.spark.sources import KafkaSource, Source, load_records, pin_ending_offsets
 
 if TYPE_CHECKING:
     from streamjoin.app import App
@@ -48,23 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["BootstrapResult", "bootstrap"]
 
 Mode = Literal["changelog", "rocksdb"]
-_CHUNK = 10_000
-
-
-@dataclass
-class BootstrapResult:
-    """What a bootstrap wrote."""
-
-    table: str
-    changelog: str
-    partitions: int
-    records_read: int
-    keys: int
-    #: last changelog offset written per partition (absent: the partition is empty)
-    changelog_offsets: dict[int, int]
-    state_dir: str | None
-    committed_source_offsets: dict[int, int]
-    elapsed_s: float
 
 
 def _why_not_bootstrappable(topology: Topology, table_name: str) -> str:
@@ -76,10 +67,11 @@ def _why_not_bootstrappable(topology: Topology, table_name: str) -> str:
     usable = "bootstrap builds tables declared with app.topic_table(topic) (latest value per key)"
     if isinstance(table, WindowedTable):
         return (
-            f"table {table_name!r} is a windowed table: its values are written by agent code "
-            "(window=... tables have no source topic and no declared aggregation Spark could "
-            "replay); rebuild it by replaying its agents' input with the workers "
-            f"(streamjoin offsets reset --to-earliest); {usable}"
+            f"table {table_name!r} is a windowed table written by agent code, which Spark "
+            "cannot replay; declare it with app.aggregate(topic, window=..., agg=...) to "
+            "bootstrap it, or rebuild it by replaying its agents' input with the workers "
+            f"(streamjoin offsets reset --to-earliest); {usable} and the windowed tables of "
+            "aggregations"
         )
     join = topology.joins.get(table_name)
     if isinstance(join, TableTableJoinDecl):
@@ -119,15 +111,8 @@ def bootstrap(
     """
     from pyspark.sql import functions as F
 
-    from streamjoin.runtime.transport.topic_admin import TopicSpec
-    from streamjoin.spark.kafka_io import (
-        _run,
-        commit_group_offsets,
-        offset_bounds,
-        partition_counts,
-    )
+    from streamjoin.spark.kafka_io import partition_counts
     from streamjoin.spark.partitioning import with_kafka_partition
-    from streamjoin.spark.session import get_session
 
     if mode not in ("changelog", "rocksdb"):
         raise ConfigurationError(f"mode must be 'changelog' or 'rocksdb', got {mode!r}")
@@ -136,6 +121,28 @@ def bootstrap(
     if table is None:
         known = ", ".join(sorted(topology.tables)) or "none"
         raise NotFoundError(f"app {config.id!r} has no table {table_name!r} (tables: {known})")
+    run = SparkRun(master, spark, kafka_packages, spark_conf, progress, progress_interval)
+    aggregation = app.aggregations.get(table_name)
+    if aggregation is not None:
+        from streamjoin.spark.aggregation_jobs import bootstrap_aggregation
+
+        return bootstrap_aggregation(
+            app,
+            aggregation,
+            run,
+            source=source,
+            mode=mode,
+            state_dir=state_dir,
+            changelog_bootstrap=changelog_bootstrap,
+            partitions=partitions,
+            commit_source_offsets=commit_source_offsets,
+        )
+    owner = next((a for a in app.aggregations.values() if a.table.records is table), None)
+    if owner is not None:
+        raise SparkJobError(
+            f"table {table_name!r} keeps the recent records of aggregation {owner.name!r}; "
+            f"bootstrap {owner.name!r}, which writes both tables"
+        )
     topic = topology.table_sources.get(table_name)
     if topic is None:
         raise SparkJobError(_why_not_bootstrappable(topology, table_name))
@@ -147,7 +154,6 @@ def bootstrap(
 
     # partition count: the source topic's (Kafka), else declared, else given
     count = partitions or topic.partitions
-    source_ends: dict[int, int] = {}
     if kafka_source is not None:
         counts = partition_counts(kafka_source.bootstrap_servers, [topic.name], options)
         if topic.name not in counts:
@@ -157,61 +163,22 @@ def bootstrap(
                 f"{topic.name!r} has {counts[topic.name]} partitions, not the expected {count}"
             )
         count = counts[topic.name]
-        if kafka_source.ending_offsets == "latest":
-            _, ends = offset_bounds(kafka_source.bootstrap_servers, [topic.name], options)
-            source_ends = ends.get(topic.name, {})
-            source = kafka_source = KafkaSource(
-                kafka_source.bootstrap_servers,
-                kafka_source.starting_offsets,
-                {topic.name: source_ends},
-                kafka_source.start_timestamp_ms,
-                kafka_source.end_timestamp_ms,
-                kafka_source.options,
-            )
-        elif not isinstance(kafka_source.ending_offsets, str):
-            source_ends = dict(kafka_source.ending_offsets.get(topic.name, {}))
     if count is None:
         raise ConfigurationError(
             f"the partition count of {topic.name!r} is not declared; pass partitions="
         )
+    source, source_ends = pin_ending_offsets(source, [topic.name], options)
 
-    # the changelog must exist with the same count, and be empty
     changelog = table.changelog
-    from streamjoin.runtime.transport.topic_admin import ensure_topics
-
-    _run(
-        ensure_topics(
-            broker,
-            [
-                TopicSpec(
-                    changelog.name, count, changelog.replication_factor, dict(changelog.config)
-                )
-            ],
-            **options,
-        )
-    )
-    begin, end = offset_bounds(broker, [changelog.name], options)
-    used = {p: end[changelog.name][p] for p in end.get(changelog.name, {})}
-    if any(used[p] > begin[changelog.name][p] for p in used):
-        raise SparkJobError(
-            f"changelog {changelog.name!r} already holds records (end offsets {used}); "
-            "bootstrap a new app id, or delete the changelog topic first"
-        )
+    create_empty_changelogs(broker, [changelog], count, options)
     stores_root: Path | None = None
     if mode == "rocksdb":
         stores_root = Path(state_dir if state_dir is not None else config.state_path).resolve()
-        existing = stores_root / "tables" / table_name
-        if existing.exists() and any(existing.iterdir()):
-            raise FileExistsError(f"{existing} already holds stores; use an empty state dir")
+        check_no_stores(stores_root, [table_name])
 
-    if spark is None:
-        spark = get_session(
-            master,
-            app_name=f"streamjoin bootstrap {config.id}:{table_name}",
-            kafka=kafka_source is not None,
-            kafka_packages=kafka_packages,
-            conf=spark_conf,
-        )
+    spark = run.session(
+        f"streamjoin bootstrap {config.id}:{table_name}", kafka=kafka_source is not None
+    )
     sc = spark.sparkContext
     counters = Counters(sc)
     verify = kafka_source is not None
@@ -245,8 +212,6 @@ def bootstrap(
     root = None if stores_root is None else str(stores_root)
 
     def task(index: int, items: Iterator[Any]) -> Iterator[tuple[int, int, int, int]]:
-        from streamjoin.spark.kafka_io import TaskProducer
-
         live: dict[bytes, bytes] = {}
         seen = 0
         for (_kpart, key), (_order, value, records) in items:
@@ -258,50 +223,28 @@ def bootstrap(
             if encoded_key is None or encoded_value is None:
                 continue
             live[encoded_key] = encoded_value
-        producer = TaskProducer(broker, options)
-        try:
-            for key in sorted(live):
-                producer.send(changelog_name, index, key, live[key], None)
-            last = producer.flush().get(index, -1)
-        finally:
-            producer.close()
-        if root is not None and live:
-            from streamjoin.state.rocksdb import RocksDBStorePartition
-
-            path = Path(root) / "tables" / table_name / str(index)
-            store = RocksDBStorePartition(path, table=table_name, partition=index)
-            try:
-                keys = sorted(live)
-                for start in range(0, len(keys), _CHUNK):
-                    chunk = {k: live[k] for k in keys[start : start + _CHUNK]}
-                    final = start + _CHUNK >= len(keys)
-                    store.write(chunk, last if final else None)
-            finally:
-                store.close()
+        state = [(key, live[key]) for key in sorted(live)]
+        last = write_partition_state(
+            broker, options, changelog_name, table_name, index, state, root
+        )
         counters.records.add(seen)
         counters.outputs.add(len(live))
         counters.partitions.add(1)
         yield index, seen, len(live), last
 
-    reporter = ProgressReporter(
-        f"bootstrap {table_name}", counters, count, progress, progress_interval
+    reporter = run.reporter(f"bootstrap {table_name}", counters, count)
+    written = run_job(
+        spark,
+        f"streamjoin bootstrap {config.id}:{table_name} ({mode})",
+        reporter,
+        lambda: reduced.mapPartitionsWithIndex(task).collect(),
     )
-    sc.setJobDescription(f"streamjoin bootstrap {config.id}:{table_name} ({mode})")
-    try:
-        with reporter:
-            written = reduced.mapPartitionsWithIndex(task).collect()
-    except Exception as exc:
-        _rethrow_mismatch(exc)
-        raise
-    finally:
-        sc.setJobDescription(None)
     offsets = {p: last for p, _, n, last in written if n and last >= 0}
-    committed: dict[int, int] = {}
-    if commit_source_offsets and kafka_source is not None and source_ends:
-        commit_group_offsets(
-            kafka_source.bootstrap_servers, config.id, {topic.name: source_ends}, options
-        )
-        committed = dict(source_ends)
+    committed = (
+        commit_source_ends(kafka_source, config.id, topic.name, source_ends[topic.name], options)
+        if commit_source_offsets and source_ends
+        else {}
+    )
     return BootstrapResult(
         table_name,
         changelog_name,

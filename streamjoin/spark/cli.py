@@ -187,12 +187,13 @@ def _fail(exc: Exception) -> click.ClickException:
     "--close-windows",
     is_flag=True,
     help="Stream-stream left/outer joins: also emit unmatched events whose window is open at "
-    "the end.",
+    "the end; emit='close' aggregations: also the final results of windows open at the end.",
 )
 @click.option(
     "--final-only",
     is_flag=True,
-    help="Table-table joins: only the last change of each key (its final row), not every change.",
+    help="Table-table joins: only the last change of each key (its final row), not every "
+    "change; emit='update' aggregations: only the last result of each window.",
 )
 @click.option(
     "--parallelism",
@@ -223,13 +224,15 @@ def backfill_command(
     final_only: bool,
     parallelism: int | None,
 ) -> None:
-    """Run the app's JOIN over history on Spark, with the workers' join semantics.
+    """Run the app's JOIN (or aggregation) over history on Spark, as the workers do.
 
     \b
     Any declared join: stream-stream (the workers' windowed join core),
     stream-table (each stream record with its key's row as of the record's
     timestamp; the table's topic is read from its beginning) and table-table
-    (the joined table's changes, or --final-only its final rows).
+    (the joined table's changes, or --final-only its final rows). An
+    aggregation (app.aggregate) writes the results its workers send, through
+    the workers' window code (docs/spark.md, "Aggregations").
     Records are grouped by Kafka partition (murmur2 of the key) and joined per
     partition in event-time order. Progress is printed every few seconds; the
     Spark UI (http://localhost:4040 when local) shows stages and tasks.
@@ -327,6 +330,8 @@ def bootstrap_command(
     """Build TABLE (an app.topic_table) from its topic's history on Spark, so workers start warm.
 
     \b
+    TABLE may also be an aggregation (app.aggregate): its windowed table is
+    built with the workers' window code, in their store layout.
     The changelog must be empty. With --mode rocksdb the stores are written with
     the offsets of the records just produced: a worker using that state dir
     replays nothing. With --from-kafka the app's group is committed at the end

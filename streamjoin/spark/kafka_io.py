@@ -8,7 +8,7 @@ a small aiokafka producer on their own loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -122,10 +122,23 @@ class TaskProducer:
         self.sent = 0
 
     def send(
-        self, topic: str, partition: int, key: bytes | None, value: bytes | None, ts: int | None
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        ts: int | None,
+        headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         future = self._loop.run_until_complete(
-            self._producer.send(topic, value, key=key, partition=partition, timestamp_ms=ts)
+            self._producer.send(
+                topic,
+                value,
+                key=key,
+                partition=partition,
+                timestamp_ms=ts,
+                headers=list(headers) or None,
+            )
         )
         self._pending.append((partition, future))
         self.sent += 1

@@ -57,6 +57,8 @@ class OutputRecord:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    #: record headers (an aggregation's window bounds; joins send none)
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class _Caller:

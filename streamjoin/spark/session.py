@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamjoin.spark._deps import require_pyspark
+from streamjoin.spark.progress import Counters, Progress, ProgressReporter
 
 __all__ = [
     "KAFKA_PACKAGES_ENV",
     "SPARK_CONF_ENV",
+    "SparkRun",
     "default_kafka_packages",
     "get_session",
     "ivy_cache_dir",
@@ -114,3 +117,32 @@ def get_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+@dataclass(frozen=True)
+class SparkRun:
+    """How a job gets its Spark session and reports progress: the options every backfill
+    and bootstrap takes (``spark``: an existing session, else one built for ``master``;
+    ``progress``: called with a :class:`Progress` every ``progress_interval`` s)."""
+
+    master: str = "local[*]"
+    spark: Any = None
+    kafka_packages: str | None = None
+    spark_conf: Mapping[str, str] | None = None
+    progress: Callable[[Progress], None] | None = None
+    progress_interval: float = 2.0
+
+    def session(self, app_name: str, *, kafka: bool) -> Any:
+        """The given session, else one named ``app_name`` (``kafka``: with the connector)."""
+        if self.spark is not None:
+            return self.spark
+        return get_session(
+            self.master,
+            app_name=app_name,
+            kafka=kafka,
+            kafka_packages=self.kafka_packages,
+            conf=self.spark_conf,
+        )
+
+    def reporter(self, job: str, counters: Counters, tasks: int) -> ProgressReporter:
+        return ProgressReporter(job, counters, tasks, self.progress, self.progress_interval)

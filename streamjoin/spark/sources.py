@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from streamjoin.errors import ConfigurationError
+from streamjoin.errors import ConfigurationError, CopartitioningError, UnknownTopicError
 
-__all__ = ["FileSource", "KafkaSource", "Source", "load_records"]
+if TYPE_CHECKING:
+    from streamjoin.config import AppConfig
+    from streamjoin.topics import Topic
+
+__all__ = [
+    "FileSource",
+    "KafkaSource",
+    "Source",
+    "input_partitions",
+    "load_records",
+    "pin_ending_offsets",
+]
 
 OffsetSpec = Literal["earliest", "latest"] | Mapping[str, Mapping[int, int]]
 
@@ -65,6 +76,68 @@ class FileSource:
 
 
 Source = KafkaSource | FileSource
+
+
+def input_partitions(
+    config: AppConfig,
+    source: Source,
+    topics: Sequence[Topic],
+    override: int | None,
+    owner: str,
+) -> int:
+    """The partition count of the input ``topics`` that ``owner`` (``"join 'x'"``) reads:
+    for a Kafka source, as the broker says (the same for every topic, and equal to what the
+    app declares and to ``override`` when given); for files, ``override``, else the count
+    the topics declare. Records are placed by murmur2(key) mod that count."""
+    from streamjoin.spark.kafka_io import partition_counts
+
+    names = [t.name for t in topics]
+    declared = {t.partitions for t in topics if t.partitions is not None}
+    if isinstance(source, KafkaSource):
+        counts = partition_counts(source.bootstrap_servers, names, config.client_kwargs())
+        missing = [n for n in names if n not in counts]
+        if missing:
+            raise UnknownTopicError(
+                f"{owner}: topics {missing} do not exist on {source.bootstrap_servers}"
+            )
+        actual = {counts[n] for n in names}
+        if len(actual) != 1:
+            raise CopartitioningError(f"{owner}: input partition counts differ: {counts}")
+        count = actual.pop()
+        if declared and declared != {count}:
+            raise CopartitioningError(
+                f"{owner}: the app declares {sorted(declared)} partitions but the input "
+                f"topics have {count}"
+            )
+        if override is not None and override != count:
+            raise CopartitioningError(f"partitions={override} but the input topics have {count}")
+        return count
+    if override is not None:
+        return override
+    if len(declared) == 1:
+        return declared.pop()
+    raise ConfigurationError(
+        f"{owner}: the app does not declare the partition count of {names}; pass "
+        "partitions= (--partitions): records are placed by murmur2(key) mod that count"
+    )
+
+
+def pin_ending_offsets(
+    source: Source, topics: Sequence[str], options: Mapping[str, Any]
+) -> tuple[Source, dict[str, dict[int, int]]]:
+    """The source with a Kafka ``ending_offsets="latest"`` pinned to the end offsets now
+    (so the job knows exactly what it covered), and the end offsets of ``topics`` it reads
+    up to (empty for files and for ``latest``-less specs without them)."""
+    if not isinstance(source, KafkaSource):
+        return source, {}
+    if source.ending_offsets == "latest":
+        from streamjoin.spark.kafka_io import offset_bounds
+
+        _, ends = offset_bounds(source.bootstrap_servers, list(topics), options)
+        return replace(source, ending_offsets=ends), {t: dict(ends.get(t, {})) for t in topics}
+    if isinstance(source.ending_offsets, str):
+        return source, {}
+    return source, {t: dict(source.ending_offsets.get(t, {})) for t in topics}
 
 
 def _offsets_json(spec: OffsetSpec, topics: Sequence[str]) -> str:

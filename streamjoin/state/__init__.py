@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 from streamjoin.state.base import StorePartition
 from streamjoin.state.keys import prefix_range, split_window_key, window_key
 from streamjoin.state.memory import MemoryStorePartition
-from streamjoin.state.windows import HoppingWindows, TumblingWindows, WindowSpec
+from streamjoin.state.windows import (
+    HoppingWindows,
+    SessionWindows,
+    SlidingWindows,
+    TumblingWindows,
+    WindowSpec,
+)
 
 if TYPE_CHECKING:
     from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition
@@ -21,6 +27,8 @@ __all__ = [
     "MemoryStorePartition",
     "RocksDBOptions",
     "RocksDBStorePartition",
+    "SessionWindows",
+    "SlidingWindows",
     "StorePartition",
     "TumblingWindows",
     "WindowSpec",

@@ -22,6 +22,13 @@ again before the next flush through :meth:`TablePartition.remove` (a key present
 leaves no write at all; a key ``remove`` finds in the store is known to need a
 changelog tombstone (:meth:`TablePartition.stored_deletes`), without a store lookup.
 
+Records to send with the partition's next flush (a window's final result, a join's
+unmatched result found by a pass over an idle partition) are queued with
+:meth:`TablePartition.emit`, usually from a :meth:`~TablePartition.before_take` hook: the
+flusher sends them before the changelog writes of the same flush (at-least-once: a write
+saying they were sent reaches the changelog only after they were acknowledged) and, under
+exactly-once, in the same transaction.
+
 The worker flushes: :meth:`take_pending` hands them out, :meth:`finish_flush`
 applies them with the changelog offset they reached, :meth:`abandon` forgets them
 when the partition is lost (its next owner replays the events that made them). Reads
@@ -32,18 +39,24 @@ the partition's transaction: nothing written through it is durable before a flus
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
 from streamjoin.state.keys import prefix_range
 
-__all__ = ["Buffer", "GroupOf", "TablePartition"]
+__all__ = ["Buffer", "Emitted", "GroupOf", "TablePartition"]
 
 #: buffered writes, key -> value (None = delete)
 Buffer = dict[bytes, bytes | None]
 #: a key's group: a prefix of the key that every key beginning with it maps to (None: none)
 GroupOf = Callable[[bytes], bytes | None]
+#: a record queued by :meth:`TablePartition.emit`: ``(topic, key, value, partition, headers,
+#: timestamp_ms)``, the same tuple as :data:`streamjoin.context.OutgoingRecord` (spelled out
+#: here: a pure core does not import the context)
+Emitted = tuple[
+    str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]], int | None
+]
 
 _MISSING = object()
 
@@ -67,6 +80,7 @@ class TablePartition:
         "abandoned",
         "corrupted",
         "flushing",
+        "outbox",
         "partition",
         "pending",
         "store",
@@ -110,6 +124,8 @@ class TablePartition:
         self._flushing_stored: set[bytes] = set()
         #: called before every take_pending (see before_take)
         self._take_hooks: list[Callable[[], None]] = []
+        #: records to send with the next flush, in order (see emit)
+        self.outbox: list[Emitted] = []
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"
@@ -127,6 +143,19 @@ class TablePartition:
         """Call ``hook`` at the start of every :meth:`take_pending`: a writer that keeps a
         value in memory between flushes (the join core's metadata) writes it there."""
         self._take_hooks.append(hook)
+
+    def emit(self, record: Emitted) -> None:
+        """Queue ``record`` to be sent by the partition's next flush, before its changelog
+        writes (and, under exactly-once, in the same transaction): what a
+        :meth:`before_take` hook writes in the same pass (a "sent" marker) is durable only
+        together with it. Dropped if the partition is lost first (its next owner replays)."""
+        self.outbox.append(record)
+
+    def take_emitted(self) -> list[Emitted]:
+        """The records queued by :meth:`emit` since the last take, in order (the flusher
+        calls it right after :meth:`take_pending`, whose hooks may emit)."""
+        emitted, self.outbox = self.outbox, []
+        return emitted
 
     # ------------------------------------------------------------ the KeyValueView contract
 
@@ -392,9 +421,11 @@ class TablePartition:
         self._reindex()  # the index holds only what is still buffered
 
     def abandon(self) -> int:
-        """Forget unflushed writes (the partition was lost); returns how many were dropped."""
-        dropped = len(self.pending) + len(self.flushing)
+        """Forget unflushed writes and unsent emitted records (the partition was lost);
+        returns how many were dropped."""
+        dropped = len(self.pending) + len(self.flushing) + len(self.outbox)
         self.abandoned = True
+        self.outbox = []
         self.pending = {}
         self.flushing = {}
         self._fresh = set()

@@ -18,7 +18,8 @@ Its two users (``lp`` is :func:`~streamjoin.state.keys.length_prefixed`, ``side`
 is ``b"L"`` or ``b"R"``):
 
 - windowed tables (:mod:`streamjoin.windowed`): :data:`STREAM_TIME_KEY` -> u64
-  stream time; ``INDEX + u64(start) + lp(key)`` -> ``b""``;
+  stream time (and, with ``emit="close"``, :data:`CLOSED_THROUGH_KEY` -> u64);
+  ``INDEX + u64(start) + lp(key)`` -> ``b""``;
   ``DATA + window_key(key, start)`` -> value;
 - join buffers (:mod:`streamjoin.joins.core`): :data:`JOIN_STATE_KEY` -> join
   metadata; ``INDEX + u64(ts) + side + u64(seq) + lp(key)`` -> matched flag;
@@ -50,6 +51,7 @@ from streamjoin.state.keys import (
 )
 
 __all__ = [
+    "CLOSED_THROUGH_KEY",
     "DATA",
     "INDEX",
     "JOIN_STATE_KEY",
@@ -117,6 +119,9 @@ def meta_key(name: bytes) -> bytes:
 
 #: windowed tables: the partition's stream time (largest event timestamp seen), a u64
 STREAM_TIME_KEY = meta_key(b"stream-time")
+#: windowed tables that emit on close: the stream time through which windows are closed
+#: (every window whose close time is at or before it sent its final result), a u64
+CLOSED_THROUGH_KEY = meta_key(b"closed-through")
 #: join buffers: format version, stream time, buffered count, expiry hint
 #: (encoded by :mod:`streamjoin.joins.core`)
 JOIN_STATE_KEY = meta_key(b"join-state")

@@ -34,11 +34,14 @@ from streamjoin.context import OutgoingRecord
 from streamjoin.errors import ConfigurationError, InternalError, LifecycleError, UnknownTopicError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
+from streamjoin.punctuation import agent_punctuated
+from streamjoin.runtime.scheduled import ScheduledWork
 from streamjoin.runtime.table_state.flush import TableFlusher
 from streamjoin.runtime.table_state.service import TableStores
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.alignment import TimestampAligner
 from streamjoin.runtime.tasks.processing import TaskProcessing
+from streamjoin.runtime.tasks.punctuation import PunctuationService
 from streamjoin.runtime.tasks.task import Task, TaskManager
 from streamjoin.runtime.worker import WorkerTables
 from streamjoin.state.table_partition import TablePartition
@@ -76,6 +79,14 @@ class TestDriver:
         self.failure: BaseException | None = None
         #: offsets committed by revocations, per source partition
         self.committed: dict[tuple[str, int], int] = {}
+        #: the agents' punctuations, on :attr:`wall_clock_ms`, a clock moved by
+        #: :meth:`advance_wall_clock` only (set to the real clock when the driver starts)
+        self.punctuations: PunctuationService | None = None
+        self.wall_clock_ms = 0
+        #: the app's timers and app tasks: app tasks start with the driver, timers run
+        #: when :meth:`run_timers` says; ``leader``: whether this "worker" leads the group
+        self.scheduled: ScheduledWork | None = None
+        self.leader = True
 
     # -- Sender protocol
 
@@ -186,7 +197,7 @@ class TestDriver:
             await self._release()
             busy = any(r.busy() for r in runtime.runners)
             held = self.processing is not None and self.processing.aligner.holding() > 0
-            busy = busy or held
+            busy = busy or held or (self.punctuations is not None and self.punctuations.busy())
             if not busy:
                 await asyncio.sleep(0)  # let acknowledgement callbacks run
                 if self.failure is not None:
@@ -242,6 +253,8 @@ class TestDriver:
                 manager.table_ready(
                     name, task.partition, TablePartition(name, task.partition, store)
                 )
+        if self.punctuations is not None:
+            self.punctuations.fire_due(self.wall_clock_ms)  # (their wall-clock schedules start)
 
     def raw_records(self, topic: str) -> list[RawRecord]:
         """Everything written to ``topic``, by partition then offset."""
@@ -257,6 +270,58 @@ class TestDriver:
             value = declared.value_codec.loads(r.value) if r.value is not None else None
             out.append(Event(key, value, r.topic, r.partition, r.offset, r.timestamp, r.headers))
         return out
+
+    async def run_timers(self, *names: str) -> list[str]:
+        """Run the timers ``names`` (default: every timer and crontab) once now, in name
+        order, as their ticks would: only on the leader for ``on_leader`` timers (see
+        :attr:`leader`), errors by their ``on_error`` (``stop`` raises the failure here, as
+        :meth:`drain` does). Returns the names of those that ran without an error."""
+        scheduled = self.scheduled
+        if scheduled is None:
+            raise LifecycleError("the test driver is not started: use `async with TestDriver(app)`")
+        unknown = sorted(set(names) - set(scheduled.timers))
+        if unknown:
+            known = ", ".join(sorted(scheduled.timers)) or "none"
+            raise ConfigurationError(f"no timer named {', '.join(unknown)} (timers: {known})")
+        ran = []
+        for name in sorted(names or scheduled.timers):
+            if await scheduled.run_timer(name):
+                ran.append(name)
+            if self.failure is not None:
+                raise self.failure
+        return ran
+
+    async def advance_wall_clock(self, ms: int) -> int:
+        """Move the punctuations' wall clock on by ``ms`` milliseconds and run the
+        wall-clock punctuations then due (once each: a jump over several intervals runs
+        one), on their tasks' actors, before returning (as :meth:`drain` does; what was put
+        before is processed first). A task running since the driver started (or was
+        assigned) is due an interval after that. Returns how many were due."""
+        if type(ms) is not int or ms < 0:
+            raise ConfigurationError(f"advance_wall_clock() takes milliseconds >= 0, got {ms!r}")
+        await self.drain()  # (what was put before is processed first)
+        self.wall_clock_ms += ms
+        fired = 0 if self.punctuations is None else self.punctuations.fire_due(self.wall_clock_ms)
+        await self.drain()
+        return fired
+
+    async def advance_stream_time(
+        self, target: Any, to_ms: int, *, partition: int | None = None
+    ) -> int:
+        """Move the stream time of the tasks of ``target`` (an agent, or a topic or table
+        one agent reads; ``partition``: only that task) to ``to_ms``, as a record with that
+        timestamp would but without one, after what was put before is processed: the
+        stream-time punctuations due then run before this returns. Returns how many tasks
+        it moved."""
+        where = f"advance_stream_time({target!r})"
+        agent = agent_punctuated(target, self.app.agents, self.app.copartition_groups, where)
+        await self.drain()  # (what was put before is processed first)
+        moved = 0
+        if self.punctuations is not None:
+            partitions = None if partition is None else [partition]
+            moved = self.punctuations.advance_stream_time(agent, to_ms, partitions)
+        await self.drain()
+        return moved
 
     def committable(self) -> dict[tuple[str, int], int]:
         """Per source partition, the offset a worker would commit now."""
@@ -313,8 +378,25 @@ class TestDriver:
             for topic in group.topics
             for partition in range(link.partitions[topic])
         ]
+        if topology.punctuations:
+            self.wall_clock_ms = time.time_ns() // 1_000_000
+            self.punctuations = PunctuationService(
+                topology.punctuations,
+                self.runtime,
+                self.tasks.live,
+                on_crash=self._on_crash,
+                clock_ms=lambda: self.wall_clock_ms,
+            )
         await self.assign(every)
         self.runtime.start()
+        self.scheduled = ScheduledWork(
+            topology.timers.values(),
+            topology.app_tasks.values(),
+            is_leader=lambda: self.leader,
+            on_crash=self._on_crash,
+            counters=self.runtime.counters,
+        )
+        self.scheduled.start(timers=False)
         return self
 
     async def __aexit__(
@@ -323,6 +405,8 @@ class TestDriver:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.scheduled is not None:
+            await self.scheduled.stop()
         if self.processing is not None:
             # after a failure the state may be what failed: stop without a final commit
             await self.processing.stop(commit=self.failure is None)

@@ -145,6 +145,7 @@ TREE: dict[str, tuple[str, ...]] = {
     "ProcessingError": ("StreamjoinError",),
     "LifecycleError": ("ProcessingError",),
     "AgentFailed": ("ProcessingError",),
+    "TimerFailed": ("ProcessingError",),
     "TableAccessError": ("ProcessingError",),
     "RecordRejected": ("ProcessingError",),
     "RecordTooLargeError": ("RecordRejected",),
@@ -426,8 +427,8 @@ def test_folded_variants_raise_their_family_with_their_message() -> None:
 
     with pytest.raises(errors.ArgumentTypeError, match="does not hash null keys"):
         partition_for_key(None, 3)  # type: ignore[arg-type]
-    with pytest.raises(errors.ConfigurationError, match="size_ms must be a positive int"):
-        TumblingWindows(0, 10)
+    with pytest.raises(errors.ConfigurationError, match="size_ms must be >= 1"):
+        TumblingWindows(size_ms=0)
     with pytest.raises(errors.ConfigurationError, match="window_ms must be an int"):
         JoinSpec(-1, 0)
     with pytest.raises(errors.JoinError, match="side must be 'left' or 'right'"):

@@ -19,18 +19,25 @@ DECLARATIONS = (
     "streamjoin.errors",
     "streamjoin.events",
     "streamjoin.joins.api",
+    "streamjoin.punctuation",
     "streamjoin.stream",
     "streamjoin.tables",
+    "streamjoin.timers",
     "streamjoin.topics",
     "streamjoin.topology",
     "streamjoin.windowed",
+    "streamjoin.windowed_aggregation",
+    "streamjoin.window_views",
 )
 #: pure cores: no runtime, no declarations, no asyncio, no Kafka client
 PURE = (
+    "streamjoin.aggregations",
     "streamjoin.assignor",
     "streamjoin.codecs",
     "streamjoin.joins.core",
+    "streamjoin.joins.idle",
     "streamjoin.joins.state",
+    "streamjoin.log_summary",
     "streamjoin.partitioner",
     "streamjoin.query.retries",
     "streamjoin.query.routing",
@@ -39,6 +46,10 @@ PURE = (
     "streamjoin.state.table_partition",
     "streamjoin.state.window_partition",
     "streamjoin.state.windows",
+    "streamjoin.state.sessions",
+    "streamjoin.state.aggregate_windows",
+    "streamjoin.state.sliding",
+    "streamjoin.timers",
     "streamjoin.runtime.tasks.alignment",
     "streamjoin.runtime.metrics",
     "streamjoin.runtime.tasks.offset_ledger",
@@ -208,7 +219,9 @@ WORKER_BUILT = frozenset(
         "GroupMember",
         "GroupMembership",
         "KafkaSender",
+        "PunctuationService",
         "QueryService",
+        "ScheduledWork",
         "StateService",
         "TableFlusher",
         "TableStores",
@@ -260,6 +273,24 @@ def test_the_construction_check_sees_a_construction(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("from x import TaskProcessing\np = TaskProcessing(1, 2)\nq = mod.Fetcher()\n")
     assert _constructed(source) == {"TaskProcessing", "Fetcher"}
+
+
+#: the Spark twin runs the workers' pure cores in batch: of the runtime it uses only the
+#: topic admin (to create the topics it writes), never tasks, the group or the worker
+SPARK_USES_OF_THE_RUNTIME = ("streamjoin.runtime.transport.topic_admin",)
+
+
+def test_the_spark_twin_uses_only_the_topic_admin_of_the_runtime() -> None:
+    offenders = {
+        name: sorted(
+            d
+            for d in deps
+            if _under(d, ("streamjoin.runtime",)) and not _under(d, SPARK_USES_OF_THE_RUNTIME)
+        )
+        for name, deps in _graph().items()
+        if _under(name, ("streamjoin.spark",))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_nothing_outside_testing_imports_testing() -> None:

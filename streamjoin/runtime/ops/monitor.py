@@ -19,12 +19,14 @@ from typing import Any, Protocol
 from mode import Service
 
 from streamjoin.config import AppConfig
+from streamjoin.context import RuntimeLink
 from streamjoin.runtime.group.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.group.membership import GroupMembership
 from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics
 from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.metrics import WorkerCounters, registry_for
 from streamjoin.runtime.ops.web import WebServer
+from streamjoin.runtime.scheduled import ScheduledWork
 from streamjoin.runtime.table_state.service import StateService
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.task import TaskManager, TaskState
@@ -60,6 +62,8 @@ class MonitoredWorker(Protocol):
     state_service: StateService | None
     assignor: StreamjoinAssignor | None
     monitor: WorkerMonitor | None
+    scheduled: ScheduledWork | None
+    link: RuntimeLink
 
     def rebalance_metrics(self) -> dict[str, float | int | None]: ...
 
@@ -150,6 +154,11 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
         "dead_lettered": dict(sorted(counters.dead_lettered.items())),
         "skipped": dict(sorted(counters.skipped.items())),
         "errors": dict(sorted(counters.errors.items())),
+        "timers": worker.scheduled.snapshot() if worker.scheduled is not None else {},
+        "windows": {
+            name: {"closed": w.closed, "late": w.late, "callback_errors": w.callback_errors}
+            for name, w in sorted(worker.link.window_stats.items())
+        },
     }
 
 

@@ -57,6 +57,7 @@ from streamjoin.runtime.ops.web import Handler
 from streamjoin.state import window_layout as layout
 from streamjoin.state.base import StorePartition
 from streamjoin.windowed import WindowedTable
+from streamjoin.windowed_aggregation import AggregateTable
 
 if TYPE_CHECKING:
     from streamjoin.runtime.group.group_info import GroupInfo
@@ -329,10 +330,13 @@ class QueryService:
         table: WindowedTable, store: StorePartition, key: bytes, low: int, high: int
     ) -> list[tuple[int, int, Any]]:
         size = table.windows.size_ms if table.windows is not None else 0
+        # (an aggregation's sliding windows and sessions know their own ends)
+        end_of = table.window_end if isinstance(table, AggregateTable) else None
         out = []
         for data_key, raw in store.range_items(*layout.data_range(key, low, high)):
             start = layout.split_data_key(data_key).time_ms
-            out.append((start, start + size, table.value_codec.loads(raw)))
+            end = start + size if end_of is None else end_of(start, raw)
+            out.append((start, end, table.value_codec.loads(raw)))
         return out
 
     async def _forward(self, owner: str, request: web.Request) -> web.StreamResponse:

@@ -226,6 +226,27 @@ def render_status_page(snapshot: Mapping[str, Any], now: float | None = None) ->
                 "",
             ),
         ]
+    timers = [{"timer": n, **row} for n, row in sorted((snapshot.get("timers") or {}).items())]
+    if timers:
+        parts += [
+            "<h2>Timers and app tasks</h2>",
+            _table(
+                "timers",
+                [
+                    ("timer", "name", True),
+                    ("schedule", "schedule", True),
+                    ("on_leader", "leader only", True),
+                    ("runs", "runs", False),
+                    ("errors", "errors", False),
+                    ("skipped_overrun", "ticks overrun", False),
+                    ("skipped_not_leader", "ticks not leading", False),
+                    ("last_duration_seconds", "last run (s)", False),
+                    ("running", "running", True),
+                ],
+                timers,
+                "",
+            ),
+        ]
     parts += [
         "<h2>Errors</h2>",
         _table(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from streamjoin.agents import Agent
 from streamjoin.context import current_event
@@ -54,6 +54,26 @@ class Hold(Protocol):
     #: a snapshot waits for the actors sharing a topic: hand out a batch being filled now
     settling: bool
     opened: asyncio.Event
+
+
+class Punctual(Protocol):
+    """An actor's punctuations, as it runs them
+    (:class:`~streamjoin.runtime.tasks.punctuation.ActorPunctuations`)."""
+
+    #: the stream time at which the walked task's next punctuation is due (read per event)
+    due_at: int
+    #: punctuations due between two events (checked once per chunk)
+    ticks: list[Any]
+
+    def enter(self, task: Task, records: list[RawRecord]) -> None: ...
+
+    def due_for(self, task: Task) -> int: ...
+
+    def batch_end(self, chunk: list[RawRecord], pos: int, end: int, starts: bool) -> int: ...
+
+    async def stream_time_passed(self, inflight: InFlight, stream_time_ms: int) -> None: ...
+
+    async def run_tick(self) -> None: ...
 
 
 class AgentRunner:
@@ -108,6 +128,8 @@ class AgentRunner:
         #: waiting for more records to fill a batch (``stream.take(within=...)``): records
         #: taken from the queue but not handed out yet
         self.forming = False
+        #: the agent's punctuations on this actor (None: it declares none; set before start)
+        self.punctuations: Punctual | None = None
 
     @property
     def name(self) -> str:
@@ -150,6 +172,7 @@ class AgentRunner:
         latency = self._latency
         perf_counter = time.perf_counter
         set_current = current_event.set
+        punctual = self.punctuations
         while True:
             current = self.current
             if current is not None:
@@ -179,6 +202,10 @@ class AgentRunner:
                 chunk = self._chunk
                 pos = self._pos
                 if pos >= len(chunk):
+                    if punctual is not None and punctual.ticks:
+                        self.ack_finished()
+                        await punctual.run_tick()  # (a punctuation due between two events)
+                        continue
                     try:
                         if not self._next_buffered_chunk():
                             self.ack_finished()
@@ -210,6 +237,10 @@ class AgentRunner:
             self._since_yield += 1
             self.current = inflight
             set_current(inflight)
+            if punctual is not None and raw.timestamp >= punctual.due_at:
+                # the record moved its task's stream time to a punctuation's due time: it
+                # runs first, as part of this event (see runtime.tasks.punctuation)
+                await punctual.stream_time_passed(inflight, raw.timestamp)
             self._started = perf_counter()
             yield event
 
@@ -252,6 +283,8 @@ class AgentRunner:
             raise StopAsyncIteration
         self._chunk_task, self._chunk = item
         self._pos = 0
+        if self.punctuations is not None:
+            self.punctuations.enter(*item)
 
     def next_batch(
         self, max_events: int, within: float, per_event_errors: bool
@@ -271,6 +304,7 @@ class AgentRunner:
             await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
         hold = self._hold
         decode = self._decode
+        punctual = self.punctuations
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         while True:
@@ -281,6 +315,11 @@ class AgentRunner:
                 chunk = self._chunk
                 pos = self._pos
                 if pos >= len(chunk):
+                    if punctual is not None and punctual.ticks and not raws:
+                        if hold.holding:
+                            await hold.opened.wait()
+                        await punctual.run_tick()  # (a punctuation due between two batches)
+                        continue
                     if self._next_buffered_chunk():
                         continue
                     if raws:
@@ -308,6 +347,11 @@ class AgentRunner:
                 elif chunk_task is not task:
                     break  # another task's records start the next batch
                 end = min(len(chunk), pos + max_events - len(raws))
+                cut = False
+                if punctual is not None:
+                    # a record reaching a punctuation's due stream time starts a batch
+                    cut_at = punctual.batch_end(chunk, pos, end, not raws)
+                    cut, end = cut_at < end, cut_at
                 self._pos = end
                 for raw in chunk[pos:end]:
                     try:
@@ -318,6 +362,8 @@ class AgentRunner:
                         continue
                     raws.append(raw)
                     events.append(event)
+                if cut:
+                    break
             if task is None or not raws:
                 continue
             if hold.holding:
@@ -331,6 +377,8 @@ class AgentRunner:
             self._since_yield += len(raws)
             self.current = inflight
             current_event.set(inflight)
+            if punctual is not None and raws[0].timestamp >= punctual.due_for(task):
+                await punctual.stream_time_passed(inflight, raws[0].timestamp)
             self._started = time.perf_counter()
             return EventBatch(events, raws, inflight)
 

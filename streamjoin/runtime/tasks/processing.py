@@ -28,7 +28,13 @@ from typing import Protocol
 
 from streamjoin.errors import TransactionFailed
 from streamjoin.events import RawRecord
-from streamjoin.runtime.table_state.flush import Sending, TableFlusher, TakenWrites, apply_writes
+from streamjoin.runtime.table_state.flush import (
+    Sending,
+    TableFlusher,
+    TakenWrites,
+    apply_writes,
+    send_emitted,
+)
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.alignment import TimestampAligner, topic_partition_of
 from streamjoin.runtime.tasks.offset_ledger import TopicPartition
@@ -214,8 +220,9 @@ class TaskProcessing:
             return positions
 
     async def _commit_transaction(self, transaction: Transaction) -> dict[TopicPartition, int]:
-        """One transaction: a snapshot between two events of every actor (positions and
-        table writes), then changelog records, offsets and the commit, while the actors go
+        """One transaction: a snapshot between two events of every actor (positions, table
+        writes and the records the partitions emitted for this flush, sent before the
+        actors go on), then changelog records, offsets and the commit, while the actors go
         on (what they send meanwhile goes into the next transaction); stores are written
         only once it committed. An abort loses every task (see :meth:`_aborted`)."""
         async with self._committing():
@@ -241,6 +248,9 @@ class TaskProcessing:
                     taken = self.flusher.take(
                         state for task in tasks for state in task.tables.values()
                     )
+                    # Records the partitions emitted for this flush (final results of
+                    # windows) join this transaction, with the writes that record them.
+                    await send_emitted(taken, self.flusher.sender)
                     transaction.close_sends()
                 finally:
                     self.runtime.barrier.resume()

@@ -62,7 +62,7 @@ async def test_table_reads_and_writes_in_a_batch_use_each_events_partition_and_w
         default=int,
         key_serializer="str",
         copartitioned_with=source,
-        window=TumblingWindows(60_000, retention_ms=3_600_000),
+        window=TumblingWindows(size_ms=60_000, retention_ms=3_600_000),
     )
 
     @app.agent(source)

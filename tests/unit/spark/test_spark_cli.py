@@ -80,11 +80,14 @@ def test_bootstrap_says_why_windowed_and_joined_tables_cannot_be_built() -> None
     from streamjoin.state.windows import TumblingWindows
 
     app = streamjoin.App("boot-unit-kinds")
-    app.table("per-minute", default=int, window=TumblingWindows(60_000, 120_000))
+    app.table(
+        "per-minute", default=int, window=TumblingWindows(size_ms=60_000, retention_ms=120_000)
+    )
     left = app.topic_table(app.topic("users", key_serializer="str"))
     right = app.topic_table(app.topic("scores", key_serializer="str"))
     app.join(left, right, name="user-scores")(lambda k, a, b: [a, b])
-    with pytest.raises(SparkJobError, match="windowed table: its values are written by agent"):
+    written_by_agents = r"windowed table written by agent code.*app\.aggregate"
+    with pytest.raises(SparkJobError, match=written_by_agents):
         bootstrap(app, "per-minute", source=FileSource(["nowhere.json"]))
     with pytest.raises(SparkJobError, match="result of table-table join 'user-scores'"):
         bootstrap(app, "user-scores", source=FileSource(["nowhere.json"]))
