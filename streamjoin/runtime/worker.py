@@ -296,7 +296,16 @@ class Worker(Service):
         limits = RecordLimits(
             await fetch_topic_limits(config.broker, topology.topics, **config.client_kwargs())
         )
-        if config.exactly_once:
+        if config.exactly_once and not topology.agents:
+            # Transactions commit with the consumed offsets; an app reading nothing never
+            # commits one, and its timers' sends would be aborted with it: they go out
+            # idempotent instead (nothing is consumed, so nothing can be processed twice).
+            log.info(
+                "app %s: exactly_once with no agents: sends (timers, app tasks) are "
+                "idempotent, not transactional",
+                config.id,
+            )
+        if config.exactly_once and topology.agents:
             self.sender = TransactionalSender(
                 config.broker,
                 client_options=config.client_kwargs(),

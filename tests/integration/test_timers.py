@@ -79,6 +79,41 @@ async def test_a_crontab_with_seconds_fires_on_the_whole_second(
     assert app.metrics()["timers"]["every-second"]["kind"] == "crontab"
 
 
+async def test_exactly_once_timer_sends_of_an_app_without_agents_are_committed(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """An app reading no topic never commits a transaction: under exactly_once its timers'
+    sends must still reach read_committed readers (not wait in a transaction that aborts)."""
+    out = unique_topic("beats")
+    app = _app(
+        unique_topic("app"), kafka_bootstrap, tmp_path, processing_guarantee="exactly_once"
+    )
+    beats = app.topic(out, key_serializer="str", value_serializer="json", partitions=1)
+    sent: list[int] = []
+
+    @app.timer(0.2, name="beat")
+    async def beat() -> None:
+        sent.append(len(sent))
+        await beats.send(key="beat", value=sent[-1])
+
+    async with app:
+        await asyncio.sleep(1.0)
+    assert len(sent) >= 3
+    consumer = AIOKafkaConsumer(
+        out,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        got = await consumer.getmany(timeout_ms=5000)
+        values = [int(r.value) for batch in got.values() for r in batch]  # type: ignore[arg-type]
+    finally:
+        await consumer.stop()
+    assert values == sent
+
+
 async def test_an_app_task_runs_once_per_start_and_is_cancelled_on_stop(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
