@@ -48,7 +48,7 @@ from streamjoin.state.keys import length_prefixed
 from streamjoin.state.sessions import session_for
 from streamjoin.state.sliding import slide
 from streamjoin.state.table_partition import Emitted, TablePartition
-from streamjoin.state.window_layout import CLOSED_THROUGH_KEY, STREAM_TIME_KEY
+from streamjoin.state.window_layout import CLOSED_THROUGH_KEY, SESSION_SPAN_KEY, STREAM_TIME_KEY
 from streamjoin.state.window_partition import (
     WindowStats,
     advance_stream_time,
@@ -198,6 +198,14 @@ class SessionAggregates(_Aggregates):
     ) -> None:
         super().__init__(table, spec, aggregator, view, on_close=on_close, stats=stats)
         self.spec = spec
+        #: the longest session (end - start) this partition ever stored (0: none yet).
+        #: Sessions of a key never overlap, so the ones a record at ``ts`` can reach (ending
+        #: after ``ts - gap``) start after ``ts - gap - longest``: lookups and flush passes
+        #: scan from there, not from the key's (or the partition's) first session.
+        self.longest = self._stored(SESSION_SPAN_KEY) or 0
+        #: the stream time of the last expiry pass (None: none since this task took the
+        #: partition): every session expired by then is gone
+        self.expired_at: int | None = None
 
     def sessions(self, key_bytes: bytes, low: int, high: int) -> list[tuple[int, int, Any]]:
         """``(start, end, state)`` of the key's sessions starting in ``[low, high]``."""
@@ -212,8 +220,9 @@ class SessionAggregates(_Aggregates):
         it merged away with state None, then its session), or none when it is late."""
         stream_time = self._moved(timestamp)
         gap = self.spec.gap_ms
-        # a session starting after ts + gap cannot be reached; those before may be long
-        near = self.sessions(key_bytes, 0, timestamp + gap)
+        # reachable: starting by ts + gap, ending after ts - gap (so starting after
+        # ts - gap - longest)
+        near = self.sessions(key_bytes, timestamp - gap - self.longest, timestamp + gap)
         update = session_for(self.spec, [(s, e) for s, e, _ in near], timestamp, stream_time)
         if update.late:
             return self._late("session", timestamp)
@@ -235,14 +244,19 @@ class SessionAggregates(_Aggregates):
             state = aggregator.initial()
         state = aggregator.add(state, value)
         self._put(key_bytes, start, _dumps([end, state]), new=not kept)
+        if end - start > self.longest:
+            self.longest = end - start
+            self.view.put(SESSION_SPAN_KEY, layout.encode_meta_int(self.longest))
         changed.append((start, end, state))
         return changed
 
     def _closing(self, through: int | None, now: int) -> list[tuple[bytes, int, int, Any]]:
-        # closed: end + gap + grace <= now; not yet: end + gap + grace > through
+        # closed: end + gap + grace <= now; not yet: end + gap + grace > through (so the
+        # session starts after through - gap - grace - longest)
         wait = self.spec.close_time(0)
+        low = 0 if through is None else through - wait - self.longest
         out = []
-        for start, key_bytes, raw in indexed_windows(self.view, 0, now - wait - 1):
+        for start, key_bytes, raw in indexed_windows(self.view, low, now - wait - 1):
             end, state = load_session(raw)
             close = end + wait
             if close <= now and (through is None or close > through):
@@ -250,15 +264,19 @@ class SessionAggregates(_Aggregates):
         return out
 
     def expire(self) -> int:
-        now, retention = self.latest, self.retention_ms
-        if now is None or retention is None:
+        now, retention, last = self.latest, self.retention_ms, self.expired_at
+        if now is None or retention is None or (last is not None and now <= last):
             return 0
+        # sessions left by the last pass end after last - retention (a record never makes
+        # a session that is expired already: retention >= gap + grace, and it would be late)
+        low = 0 if last is None else last - retention - self.longest
         gone = 0
-        for start, key_bytes, raw in indexed_windows(self.view, 0, now - retention - 1):
+        for start, key_bytes, raw in indexed_windows(self.view, low, now - retention - 1):
             end, _ = load_session(raw)
             if now >= end + retention:
                 self._delete(key_bytes, start)
                 gone += 1
+        self.expired_at = now
         return gone
 
 

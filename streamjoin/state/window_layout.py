@@ -58,6 +58,7 @@ __all__ = [
     "LEGACY_TABLE_STREAM_TIME_KEY",
     "META",
     "NAMESPACES",
+    "SESSION_SPAN_KEY",
     "STREAM_TIME_KEY",
     "DataEntry",
     "data_group",
@@ -122,6 +123,10 @@ STREAM_TIME_KEY = meta_key(b"stream-time")
 #: windowed tables that emit on close: the stream time through which windows are closed
 #: (every window whose close time is at or before it sent its final result), a u64
 CLOSED_THROUGH_KEY = meta_key(b"closed-through")
+#: session aggregations: the longest session (end - start, ms) the partition ever stored,
+#: a u64: a session a record can reach starts at most that long before the record's reach,
+#: so lookups and flush passes scan a bounded range instead of the key's whole history
+SESSION_SPAN_KEY = meta_key(b"session-span")
 #: join buffers: format version, stream time, buffered count, expiry hint
 #: (encoded by :mod:`streamjoin.joins.core`)
 JOIN_STATE_KEY = meta_key(b"join-state")
