@@ -48,7 +48,12 @@ from streamjoin.state.keys import length_prefixed
 from streamjoin.state.sessions import session_for
 from streamjoin.state.sliding import slide
 from streamjoin.state.table_partition import Emitted, TablePartition
-from streamjoin.state.window_layout import CLOSED_THROUGH_KEY, SESSION_SPAN_KEY, STREAM_TIME_KEY
+from streamjoin.state.window_layout import (
+    CLOSED_THROUGH_KEY,
+    LATEST_SESSION_PREFIX,
+    SESSION_SPAN_KEY,
+    STREAM_TIME_KEY,
+)
 from streamjoin.state.window_partition import (
     WindowStats,
     advance_stream_time,
@@ -215,14 +220,35 @@ class SessionAggregates(_Aggregates):
             out.append((layout.split_data_key(data_key).time_ms, end, state))
         return out
 
+    def reachable(
+        self, key_bytes: bytes, timestamp: int
+    ) -> tuple[list[tuple[int, int, Any]], int | None]:
+        """The key's sessions a record at ``timestamp`` can reach (at least those), and the
+        start of the key's latest session (None: the key has none).
+
+        A record at or after the latest session's start reaches that session only: the
+        key's earlier sessions end more than a gap before it starts. That is one point
+        lookup, the common case for records in order. An earlier record scans the
+        sessions starting after ``ts - gap - longest``."""
+        view = self.view
+        pointer = view.lookup(LATEST_SESSION_PREFIX + key_bytes)
+        latest = None if pointer is None else layout.decode_meta_int(LATEST_SESSION_PREFIX, pointer)
+        if latest is not None and timestamp >= latest:
+            raw = view.lookup(layout.table_data_key(key_bytes, latest))
+            if raw is not None:
+                end, state = load_session(raw)
+                return [(latest, end, state)], latest
+        elif latest is None and self.longest == 0:
+            return [], None  # (no session was ever stored here)
+        gap = self.spec.gap_ms
+        near = self.sessions(key_bytes, timestamp - gap - self.longest, timestamp + gap)
+        return near, latest
+
     def add(self, key_bytes: bytes, timestamp: int, value: Any) -> list[Changed]:
         """Add a record's value to its key's sessions; the windows it changed (the sessions
         it merged away with state None, then its session), or none when it is late."""
         stream_time = self._moved(timestamp)
-        gap = self.spec.gap_ms
-        # reachable: starting by ts + gap, ending after ts - gap (so starting after
-        # ts - gap - longest)
-        near = self.sessions(key_bytes, timestamp - gap - self.longest, timestamp + gap)
+        near, latest = self.reachable(key_bytes, timestamp)
         update = session_for(self.spec, [(s, e) for s, e, _ in near], timestamp, stream_time)
         if update.late:
             return self._late("session", timestamp)
@@ -232,9 +258,12 @@ class SessionAggregates(_Aggregates):
         changed: list[Changed] = []
         state: Any = None
         kept = False  # whether a session stored under ``start`` already (its index entry)
+        latest_absorbed = False
         for window in update.absorbed:
             absorbed_state = states[window]
             state = absorbed_state if state is None else aggregator.merge(state, absorbed_state)
+            if window[0] == latest:
+                latest_absorbed = True
             if window[0] == start:
                 kept = True
             else:
@@ -244,6 +273,9 @@ class SessionAggregates(_Aggregates):
             state = aggregator.initial()
         state = aggregator.add(state, value)
         self._put(key_bytes, start, _dumps([end, state]), new=not kept)
+        if latest is None or start > latest or (latest_absorbed and start != latest):
+            # the key's latest session is now this one (new, or merged with the latest)
+            self.view.put(LATEST_SESSION_PREFIX + key_bytes, layout.encode_meta_int(start))
         if end - start > self.longest:
             self.longest = end - start
             self.view.put(SESSION_SPAN_KEY, layout.encode_meta_int(self.longest))
@@ -275,6 +307,10 @@ class SessionAggregates(_Aggregates):
             end, _ = load_session(raw)
             if now >= end + retention:
                 self._delete(key_bytes, start)
+                pointer = LATEST_SESSION_PREFIX + key_bytes
+                stored = self.view.lookup(pointer)
+                if stored is not None and layout.decode_meta_int(pointer, stored) == start:
+                    self.view.delete(pointer)  # (it was the key's latest: the key has none)
                 gone += 1
         self.expired_at = now
         return gone

@@ -55,6 +55,7 @@ __all__ = [
     "DATA",
     "INDEX",
     "JOIN_STATE_KEY",
+    "LATEST_SESSION_PREFIX",
     "LEGACY_TABLE_STREAM_TIME_KEY",
     "META",
     "NAMESPACES",
@@ -127,6 +128,10 @@ CLOSED_THROUGH_KEY = meta_key(b"closed-through")
 #: a u64: a session a record can reach starts at most that long before the record's reach,
 #: so lookups and flush passes scan a bounded range instead of the key's whole history
 SESSION_SPAN_KEY = meta_key(b"session-span")
+#: session aggregations: ``LATEST_SESSION_PREFIX + key`` -> the start of the key's latest
+#: session, a u64: a record at or after it can reach that session only (a key's sessions
+#: are more than a gap apart), read with one point lookup instead of a range scan
+LATEST_SESSION_PREFIX = meta_key(b"latest-session/")
 #: join buffers: format version, stream time, buffered count, expiry hint
 #: (encoded by :mod:`streamjoin.joins.core`)
 JOIN_STATE_KEY = meta_key(b"join-state")
