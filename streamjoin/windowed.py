@@ -127,6 +127,14 @@ class WindowedTable(Table):
         found = self.link.window_stats.get(self.name)
         return WindowStats() if found is None else found
 
+    def registered_stats(self) -> WindowStats:
+        """This table's counters on this worker, made at first use: every partition's
+        window state counts into them (:meth:`emission_stats` reads them)."""
+        stats = self.link.window_stats.get(self.name)
+        if stats is None:
+            stats = self.link.window_stats[self.name] = WindowStats()
+        return stats
+
     def _spec(self) -> WindowSpec:
         if self.windows is None:
             raise TableAccessError(f"windowed table {self.name!r} has no window spec")
@@ -211,9 +219,7 @@ class WindowedTable(Table):
     def _owned(self, task: TaskScope, view: TablePartition) -> WindowPartition:
         part = task.windows.get(self.name)
         if part is None:
-            stats = self.link.window_stats.get(self.name)
-            if stats is None:
-                stats = self.link.window_stats[self.name] = WindowStats()
+            stats = self.registered_stats()
             closing = None
             if self.closes_windows:
                 closing = Closing(self._final_result, stats, self.close_idle_after_ms, self.clock)

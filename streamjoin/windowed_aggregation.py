@@ -44,7 +44,6 @@ from streamjoin.state.aggregate_windows import (
     SlidingAggregates,
 )
 from streamjoin.state.table_partition import Emitted, TablePartition
-from streamjoin.state.window_partition import WindowStats, stream_time
 from streamjoin.state.windows import (
     HoppingWindows,
     SessionWindows,
@@ -161,33 +160,6 @@ class AggregateTable(WindowedTable):
             out.append((start, self.window_end(start, raw), self.value_codec.loads(raw)))
         return out
 
-    def skip_closed_windows(self, event_time: Callable[[], int]) -> None:
-        """Tumbling or hopping windows with emit="update": leave the current event's
-        windows that have closed out of what ``update`` changes (the record is late for
-        them: counted and logged), as emit="close" and the other kinds do. A partition
-        taken over by this task starts from its stored stream time."""
-        context = current_event.get()
-        fresh = context is not None and self.name not in context.task.windows
-        part = self._event_partition()
-        latest = part.latest
-        if fresh:
-            stored = stream_time(part.view)
-            if stored is not None and (latest is None or stored > latest):
-                part.latest = latest = stored
-        windows = part.windows
-        if context is None or not windows or latest is None:
-            return
-        if windows[0][1] + part.grace_ms > latest:
-            return  # (the earliest window is still open: all are)
-        part.windows = part.open_windows(windows, context.record, event_time())
-        part.count_late()
-
-    def _stats(self) -> WindowStats:
-        stats = self.link.window_stats.get(self.name)
-        if stats is None:
-            stats = self.link.window_stats[self.name] = WindowStats()
-        return stats
-
     # ------------------------------------------------------------------ sliding and sessions
 
     def add_to_windows(self, event: Event, timestamp: int) -> list[Changed]:
@@ -215,7 +187,7 @@ class AggregateTable(WindowedTable):
         spec, aggregator = self.dynamic, self.aggregator
         if aggregator is None or spec is None:
             raise ConfigurationError(f"aggregation {self.name!r} has no sliding or session spec")
-        stats = self._stats()
+        stats = self.registered_stats()
         on_close = self._dynamic_final if self.closes_dynamic else None
         if isinstance(spec, SessionWindows):
             part = SessionAggregates(
@@ -298,9 +270,7 @@ class WindowedAggregation:
             return new
 
         table = self.table
-        if self.emit == "update":  # (with emit="close" the table leaves them out itself)
-            table.skip_closed_windows(lambda: self._event_time(event))
-        table.update(event.key, add)
+        table.update(event.key, add)  # (the table leaves out the windows already closed)
         if self.emit_to is None or self.emit != "update" or not changed:
             return
         # update() went through the event's open windows, in order

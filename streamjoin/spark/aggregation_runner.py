@@ -354,15 +354,15 @@ class _Partition:
         record_ts: int,
         offset: int,
     ) -> list[Changed]:
-        """Tumbling and hopping windows: ``WindowedTable._event_partition`` with the late
-        check of ``AggregateTable.skip_closed_windows``, then ``update``."""
+        """Tumbling and hopping windows: ``WindowedTable._event_partition`` (with its late
+        check), then ``update``."""
         part = self.fixed
         assert part is not None
         windows = part.spec.windows_for(ts)
         latest = part.latest
         if latest is not None and windows[0][1] + part.grace_ms <= latest:
             # the earliest window has closed: the record is late for it (and maybe the
-            # others), whatever the emission (AggregateTable.skip_closed_windows)
+            # others), whatever the emission (as WindowedTable._event_partition)
             record = RawRecord(
                 self.runner.topic, self.partition, offset, record_ts, raw_key, raw_value
             )
