@@ -151,6 +151,14 @@ class App:
         query_token: a bearer token every table query must carry
             (``Authorization: Bearer <token>``; default: ``$STREAMJOIN_QUERY_TOKEN``, else
             none). Never shown in reprs or logs.
+        web_tls_cert / web_tls_key: PEM files of a certificate (then its chain) and its
+            private key: the web server serves HTTPS only, and reads forwarded to other
+            workers go over HTTPS too (docs/queries.md, "TLS"). Bad files: the start fails.
+        web_tls_key_password: the password of an encrypted ``web_tls_key`` (a Secret).
+        web_tls_client_ca: mutual TLS: clients, other workers included, must present a
+            certificate this CA signed (workers present their own ``web_tls_cert``).
+        web_tls_ca: the CA other workers' certificates are verified against when a read
+            is forwarded (default: the system's trusted CAs).
         status_log_interval: seconds between the INFO lines of throughput, lag and
             partitions by role (default 30; None: no such line).
         startup_timeout: seconds the worker keeps trying to reach the broker when it starts
@@ -158,8 +166,9 @@ class App:
         shutdown_timeout: the longest a stop (a signal, or a fatal error) may take: what is
             not flushed and committed by then (the broker is unreachable) is processed
             again by the partitions' next owner.
-        rocksdb: :class:`~streamjoin.state.RocksDBOptions` for every table store (write
-            buffers, compression, the read cache's bounds); None keeps their defaults.
+        rocksdb: :class:`~streamjoin.state.RocksDBOptions` for every table store (the
+            worker's shared block cache and write-buffer budget, open files per table
+            database, compression, the read cache's bounds); None keeps their defaults.
     """
 
     @_takes_the_settings_of(AppConfig)
@@ -260,7 +269,7 @@ class App:
             key_codec,
             value_codec,
             partitions=partitions,
-            replication_factor=replication_factor or self.config.topic_replication_factor,
+            replication_factor=replication_factor or _default_replication(self.config),
             config=dict(config or {}),
             link=self._link,
         )
@@ -950,6 +959,13 @@ class App:
             raise failure
 
 
+def _default_replication(config: AppConfig) -> int | None:
+    """A topic's replication factor when its declaration does not say: the app's, or None
+    for "auto" (decided when the topic is created: min(3, brokers in the cluster))."""
+    setting = config.topic_replication_factor
+    return None if setting == "auto" else setting
+
+
 def _redeclaration_conflicts(
     existing: Topic,
     *,
@@ -971,7 +987,8 @@ def _redeclaration_conflicts(
         if new is not None and new != old:
             out.append(f"{setting} {old.name!r} and {new.name!r}")
     if replication_factor is not None and replication_factor != existing.replication_factor:
-        out.append(f"replication_factor {existing.replication_factor} and {replication_factor}")
+        declared = existing.replication_factor or "auto"
+        out.append(f"replication_factor {declared} and {replication_factor}")
     if config is not None and dict(config) != dict(existing.config):
         out.append(f"config {dict(existing.config)} and {dict(config)}")
     return out

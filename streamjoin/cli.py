@@ -12,9 +12,11 @@ import click
 
 from streamjoin import __version__
 from streamjoin.assignor.plan import plan_with_explanation
+from streamjoin.cli_acls import acls_command
 from streamjoin.cli_app import agents, assignment, table_group, tables, worker
 from streamjoin.cli_offsets import offsets_group
 from streamjoin.errors import KafkaProvisioningError
+from streamjoin.local_cluster import LocalKafkaCluster
 from streamjoin.local_kafka import KAFKA_VERSION, LocalKafka
 from streamjoin.spark.cli import backfill_command, bootstrap_command
 
@@ -27,10 +29,24 @@ def cli() -> None:
 
 @cli.command("dev-broker")
 @click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help=(
+        "Number of brokers. More than one: a local cluster (every node also a KRaft "
+        "controller; internal topics replicated min(3, brokers) times, min.insync.replicas=2 "
+        "with 3 or more)."
+    ),
+)
+@click.option(
     "--port",
     type=int,
     default=None,
-    help="Broker port on 127.0.0.1 (default: a free one below the ephemeral port range).",
+    help=(
+        "Broker port on 127.0.0.1 (default: a free one below the ephemeral port range); "
+        "a single broker only."
+    ),
 )
 @click.option(
     "--kafka-version", default=KAFKA_VERSION, show_default=True, help="Apache Kafka release to run."
@@ -44,35 +60,46 @@ def cli() -> None:
         "free); default: a temporary directory removed on exit."
     ),
 )
-def dev_broker(port: int | None, kafka_version: str, data_dir: Path | None) -> None:
-    """Run a local single-node Apache Kafka broker in the foreground until Ctrl-C.
+def dev_broker(brokers: int, port: int | None, kafka_version: str, data_dir: Path | None) -> None:
+    """Run a local Apache Kafka broker (or cluster) in the foreground until Ctrl-C.
 
-    Jars are resolved from Maven Central once and cached; the broker listens on
+    Jars are resolved from Maven Central once and cached; brokers listen on
     127.0.0.1 only. Point tests at it with STREAMJOIN_KAFKA_BOOTSTRAP=<address>.
     """
-    broker = LocalKafka(
-        version=kafka_version,
-        broker_port=port,
-        data_dir=data_dir,
-        progress=lambda line: click.echo(line, err=True),
-    )
+    if port is not None and brokers > 1:
+        raise click.UsageError("--port applies to a single broker; drop it with --brokers > 1")
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    kafka: LocalKafka | LocalKafkaCluster
+    if brokers == 1:
+        kafka = LocalKafka(version=kafka_version, broker_port=port, data_dir=data_dir, progress=say)
+    else:
+        kafka = LocalKafkaCluster(brokers, version=kafka_version, data_dir=data_dir, progress=say)
     try:
-        broker.start()
+        kafka.start()
     except KafkaProvisioningError as exc:
         raise click.ClickException(str(exc)) from exc
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        click.echo(f"bootstrap servers: {broker.bootstrap_servers}")
+        click.echo(f"bootstrap servers: {kafka.bootstrap_servers}")
         click.echo("Press Ctrl-C to stop.", err=True)
-        while not stop.is_set() and broker.running:
+        while not stop.is_set() and kafka.running:
             stop.wait(0.5)
-        if not broker.running:
-            raise click.ClickException(f"the broker exited unexpectedly; see {broker.log_file}")
+        if not kafka.running:
+            raise click.ClickException(f"a broker exited unexpectedly; see {_logs_of(kafka)}")
     finally:
-        click.echo("Stopping the broker...", err=True)
-        broker.stop()
+        click.echo("Stopping...", err=True)
+        kafka.stop()
+
+
+def _logs_of(kafka: LocalKafka | LocalKafkaCluster) -> str:
+    if isinstance(kafka, LocalKafka):
+        return str(kafka.log_file)
+    return ", ".join(str(n.log_file) for n in kafka.nodes.values() if not n.running)
 
 
 cli.add_command(worker)
@@ -83,6 +110,7 @@ cli.add_command(table_group)
 cli.add_command(offsets_group)
 cli.add_command(backfill_command)
 cli.add_command(bootstrap_command)
+cli.add_command(acls_command)
 
 
 @cli.command("plan")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,11 +34,33 @@ broker_option = click.option(
 def _load(app_spec: str, broker: str | None) -> App:
     try:
         app = load_app(app_spec)
+        _add_env_client_options(app)
         if broker:
             app.configure(broker=broker)
     except (AppNotFound, StartupError, ConfigurationError) as exc:
         raise click.ClickException(str(exc)) from exc
     return app
+
+
+def _add_env_client_options(app: App) -> None:
+    """``STREAMJOIN_CLIENT_*`` variables over the app's client options (credentials reach
+    the CLI from the environment or files, never from its command line)."""
+    from streamjoin.client_security import client_options_from_env
+
+    from_env = client_options_from_env()
+    if from_env:
+        app.configure(client_options={**app.config.client_options, **from_env})
+
+
+def _kafka_failure(exc: BaseException, doing: str | None = None) -> click.ClickException:
+    """A command's Kafka error as one line: a refused login or ACL exits 3 (like a worker
+    that cannot start), anything else 1."""
+    from streamjoin.runtime.transport.access import refusal_of
+
+    refused = refusal_of(exc)
+    if refused is not None:
+        return _cannot_start(str(refused))
+    return click.ClickException(f"{doing}: {exc}" if doing else str(exc))
 
 
 def _cannot_start(message: str) -> click.ClickException:
@@ -103,6 +126,38 @@ def _worker_help() -> str:
     "query_token; env STREAMJOIN_QUERY_TOKEN).",
 )
 @click.option(
+    "--web-tls-cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STREAMJOIN_WEB_TLS_CERT",
+    help="Serve HTTPS only, with this certificate (PEM, then its chain; with --web-tls-key; "
+    "env STREAMJOIN_WEB_TLS_CERT). An encrypted key's password is read from env "
+    "STREAMJOIN_WEB_TLS_KEY_PASSWORD.",
+)
+@click.option(
+    "--web-tls-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STREAMJOIN_WEB_TLS_KEY",
+    help="The private key (PEM) of --web-tls-cert (env STREAMJOIN_WEB_TLS_KEY).",
+)
+@click.option(
+    "--web-tls-client-ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STREAMJOIN_WEB_TLS_CLIENT_CA",
+    help="Mutual TLS: clients (other workers too) must present a certificate this CA (PEM) "
+    "signed (env STREAMJOIN_WEB_TLS_CLIENT_CA).",
+)
+@click.option(
+    "--web-tls-ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STREAMJOIN_WEB_TLS_CA",
+    help="The CA (PEM) other workers' HTTPS servers are verified against when a table read "
+    "is forwarded (default: the system's CAs; env STREAMJOIN_WEB_TLS_CA).",
+)
+@click.option(
     "--startup-timeout",
     type=float,
     default=None,
@@ -125,9 +180,15 @@ def worker(
     web_port: int | None,
     web_host: str | None,
     query_token: str | None,
+    web_tls_cert: Path | None,
+    web_tls_key: Path | None,
+    web_tls_client_ca: Path | None,
+    web_tls_ca: Path | None,
     startup_timeout: float | None,
     shutdown_timeout: float | None,
 ) -> None:
+    import os
+
     from streamjoin.runtime.run import run_worker
 
     overrides: dict[str, object] = {}
@@ -143,12 +204,22 @@ def worker(
         overrides["web_host"] = web_host
     if query_token:
         overrides["query_token"] = query_token
+    tls_files = {
+        "web_tls_cert": web_tls_cert,
+        "web_tls_key": web_tls_key,
+        "web_tls_client_ca": web_tls_client_ca,
+        "web_tls_ca": web_tls_ca,
+    }
+    overrides.update({name: path for name, path in tls_files.items() if path is not None})
+    if os.environ.get("STREAMJOIN_WEB_TLS_KEY_PASSWORD"):
+        overrides["web_tls_key_password"] = os.environ["STREAMJOIN_WEB_TLS_KEY_PASSWORD"]
     if startup_timeout is not None:
         overrides["startup_timeout"] = startup_timeout
     if shutdown_timeout is not None:
         overrides["shutdown_timeout"] = shutdown_timeout
     try:
         app = load_app(app_spec)
+        _add_env_client_options(app)
         app.configure(**overrides)  # validated like the App's own settings
     except StreamjoinError as exc:  # AppNotFound, StartupError, ConfigurationError...
         raise _cannot_start(str(exc)) from exc
@@ -158,6 +229,7 @@ def worker(
             loglevel,
             broker=app.config.broker,
             shutdown_timeout=app.config.shutdown_timeout,
+            secrets=app.config.secret_values(),
         )
     )
 
@@ -189,11 +261,13 @@ def assignment(app_spec: str, broker: str | None) -> None:
     offset, end offset and lag."""
     from streamjoin.runtime.group.group_info import describe_group
     from streamjoin.runtime.ops.offset_moves import read_offsets
+    from streamjoin.runtime.transport.access import check_login
 
     app = _load(app_spec, broker)
     sources = sorted(app.topology().source_topics)
 
     async def describe() -> tuple[GroupInfo, list[PartitionOffsets]]:
+        await check_login(app.config.broker, **app.config.client_kwargs())
         info = await describe_group(app.config.broker, app.id, **app.config.client_kwargs())
         parts = await read_offsets(app.config.broker, app.id, sources, **app.config.client_kwargs())
         return info, parts
@@ -201,7 +275,7 @@ def assignment(app_spec: str, broker: str | None) -> None:
     try:
         info, parts = asyncio.run(describe())
     except Exception as exc:
-        raise click.ClickException(f"could not describe group {app.id!r}: {exc}") from exc
+        raise _kafka_failure(exc, f"could not describe group {app.id!r}") from exc
     if not info.members:
         # Kafka says "Empty" (offsets kept) or "Dead" (none): to an operator, both mean this
         click.echo(f"group {info.group_id!r}: no active members")
@@ -333,8 +407,39 @@ def table_group() -> None:
     "--remote",
     default=None,
     metavar="URL",
-    help="Ask a running worker instead (host:port or http://host:port of its web server; "
-    "several, comma-separated, are tried in turn): the read is routed to the key's owner.",
+    help="Ask a running worker instead (host:port, http://host:port or https://host:port of "
+    "its web server; several, comma-separated, are tried in turn): the read is routed to the "
+    "key's owner.",
+)
+@click.option(
+    "--ca-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STREAMJOIN_QUERY_CA_FILE",
+    help="With --remote: verify the workers' HTTPS certificates against this CA (PEM); "
+    "host:port then means https (env STREAMJOIN_QUERY_CA_FILE; default for https:// hosts: "
+    "the system's CAs).",
+)
+@click.option(
+    "--cert-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STREAMJOIN_QUERY_CERT_FILE",
+    help="With --remote: this client's certificate (PEM), for workers that want one "
+    "(mutual TLS; with --key-file).",
+)
+@click.option(
+    "--key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STREAMJOIN_QUERY_KEY_FILE",
+    help="With --remote: the private key (PEM) of --cert-file.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="With --remote: do NOT verify the workers' certificates (says so on stderr; for a "
+    "test set-up, never production).",
 )
 @click.option(
     "--token",
@@ -353,6 +458,10 @@ def table_get(
     app_spec: str | None,
     state_dir: Path | None,
     remote: str | None,
+    ca_file: Path | None,
+    cert_file: Path | None,
+    key_file: Path | None,
+    insecure: bool,
     token: str | None,
     allow_stale: bool,
     from_ms: int | None,
@@ -370,7 +479,8 @@ def table_get(
     import json
 
     if remote is not None:
-        _remote_get(remote, token, table_name, key, allow_stale, from_ms, to_ms)
+        tls = _RemoteTLS(ca_file, cert_file, key_file, insecure)
+        _remote_get(remote, token, tls, table_name, key, allow_stale, from_ms, to_ms)
         return
     if app_spec is None:
         raise click.UsageError("give -A MODULE:APP (local state) or --remote URL")
@@ -407,9 +517,20 @@ def table_get(
     click.echo(f"(partition {partition})", err=True)
 
 
+@dataclass(frozen=True)
+class _RemoteTLS:
+    """``table get --remote``'s TLS options."""
+
+    ca_file: Path | None
+    cert_file: Path | None
+    key_file: Path | None
+    insecure: bool
+
+
 def _remote_get(
     remote: str,
     token: str | None,
+    tls: _RemoteTLS,
     table_name: str,
     key: str,
     allow_stale: bool,
@@ -422,7 +543,17 @@ def _remote_get(
     from streamjoin.errors import KeyNotFound, QueryError
     from streamjoin.query import TableClient
 
-    client = TableClient(remote.split(","), token=token)
+    try:  # (with --insecure, the client logs a warning: on stderr here)
+        client = TableClient(
+            remote.split(","),
+            token=token,
+            ca_file=tls.ca_file,
+            cert_file=tls.cert_file,
+            key_file=tls.key_file,
+            insecure=tls.insecure,
+        )
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from exc
     try:
         answer = client.get(table_name, key, from_ms=from_ms, to_ms=to_ms, allow_stale=allow_stale)
     except KeyNotFound as exc:

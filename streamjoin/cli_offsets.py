@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from streamjoin.app import App
-from streamjoin.cli_app import _load, _table, app_option, broker_option
+from streamjoin.cli_app import _kafka_failure, _load, _table, app_option, broker_option
 from streamjoin.errors import ConfigurationError, StreamjoinError
 
 if TYPE_CHECKING:
@@ -37,12 +37,14 @@ def offsets_group() -> None:
 def offsets_show(app_spec: str, broker: str | None, topics: tuple[str, ...]) -> None:
     """Committed offset, end offset and lag of each partition of the app's source topics."""
     from streamjoin.runtime.ops.offset_moves import active_members, read_offsets
+    from streamjoin.runtime.transport.access import check_login
 
     app = _load(app_spec, broker)
     names = list(topics) or _source_topics(app)
 
     async def show() -> tuple[int, list[PartitionOffsets]]:
         opts = app.config.client_kwargs()
+        await check_login(app.config.broker, **opts)
         _, members = await active_members(app.config.broker, app.id, **opts)
         return members, await read_offsets(app.config.broker, app.id, names, **opts)
 
@@ -88,11 +90,13 @@ def offsets_skip(
         plan_skip,
         read_offsets,
     )
+    from streamjoin.runtime.transport.access import check_login
 
     app = _load(app_spec, broker)
     opts = app.config.client_kwargs()
 
     async def skip() -> list[OffsetMove]:
+        await check_login(app.config.broker, **opts)  # a refused login: exit 3, named
         await ensure_stopped(app.config.broker, app.id, **opts)
         (current,) = await read_offsets(
             app.config.broker, app.id, [topic], partition=partition, **opts
@@ -140,6 +144,7 @@ def offsets_reset(
         plan_reset,
         read_offsets,
     )
+    from streamjoin.runtime.transport.access import check_login
 
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
@@ -156,6 +161,7 @@ def offsets_reset(
     names = [topic] if topic is not None else _source_topics(app)
 
     async def reset() -> list[OffsetMove]:
+        await check_login(app.config.broker, **opts)  # a refused login: exit 3, named
         await ensure_stopped(app.config.broker, app.id, **opts)
         parts = await read_offsets(app.config.broker, app.id, names, partition=partition, **opts)
         by_time = None
@@ -188,8 +194,13 @@ def _report(group: str, moves: Sequence[OffsetMove], dry_run: bool) -> None:
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run one command's coroutine; streamjoin's errors become one clean CLI error line."""
+    """Run one command's coroutine; streamjoin's errors become one clean CLI error line
+    (a refused login or ACL exits 3)."""
+    from streamjoin.runtime.transport.access import refusal_of
+
     try:
         return asyncio.run(coro)
-    except StreamjoinError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:
+        if not isinstance(exc, StreamjoinError) and refusal_of(exc) is None:
+            raise
+        raise _kafka_failure(exc) from exc

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.errors import ConfigurationError
@@ -47,8 +47,11 @@ DEFAULT_COMMIT_INTERVAL = {"at_least_once": 1.0, "exactly_once": 0.1}
 REBALANCE_PROTOCOLS = ("cooperative", "eager")
 _APP_ID = re.compile(r"[A-Za-z0-9._-]+")
 _BROKER_SCHEME = re.compile(r"^(kafka|tcp)://", re.IGNORECASE)
-#: client option names whose values are credentials
-_SECRET_OPTION = re.compile(r"password|secret|token|credential", re.IGNORECASE)
+#: client option names whose values are credentials (or hold them: a JAAS line, a PEM key)
+_SECRET_OPTION = re.compile(
+    r"password|passwd|secret|token|credential|jaas|private.?key|keystore.?key|api.?key",
+    re.IGNORECASE,
+)
 
 
 class Secret:
@@ -101,7 +104,9 @@ def _hide_secrets(options: Mapping[str, Any] | None, what: str) -> Mapping[str, 
     if options is None:
         return MappingProxyType({})
     if not isinstance(options, Mapping):
-        raise ConfigurationError(f"{what} must be a mapping of option names, got {options!r}")
+        raise ConfigurationError(  # (not its repr: it may hold credentials)
+            f"{what} must be a mapping of option names, got a {type(options).__name__}"
+        )
     out: dict[str, Any] = {}
     for name, value in options.items():
         if not isinstance(name, str):
@@ -161,7 +166,9 @@ class AppConfig:
     state_dir: str | os.PathLike[str] | None = None
     group_instance_id: str | None = None
     topic_partitions: int = 8
-    topic_replication_factor: int = 1
+    #: replicas of the topics streamjoin creates without a replication_factor of their own
+    #: (changelogs, repartition topics, outputs): "auto" = min(3, brokers in the cluster)
+    topic_replication_factor: int | Literal["auto"] = "auto"
     client_options: Mapping[str, Any] = field(default_factory=dict)
     consumer_options: Mapping[str, Any] = field(default_factory=dict)
     producer_options: Mapping[str, Any] = field(default_factory=dict)
@@ -179,6 +186,16 @@ class AppConfig:
     web_host: str = "127.0.0.1"
     #: the bearer token ``GET /tables/...`` wants (a :class:`Secret` once validated)
     query_token: Secret | str | None = None
+    #: HTTPS for the web server: its certificate (then its chain) and private key, PEM files
+    web_tls_cert: str | os.PathLike[str] | None = None
+    web_tls_key: str | os.PathLike[str] | None = None
+    #: the password of an encrypted ``web_tls_key`` (a :class:`Secret` once validated)
+    web_tls_key_password: Secret | str | None = None
+    #: mutual TLS: clients (other workers too) must present a certificate this CA signed
+    web_tls_client_ca: str | os.PathLike[str] | None = None
+    #: the CAs other workers' HTTPS servers are verified against when a read is forwarded
+    #: (None: the system's trusted CAs)
+    web_tls_ca: str | os.PathLike[str] | None = None
     status_log_interval: float | None = 30.0
     startup_timeout: float = 60.0
     shutdown_timeout: float = 30.0
@@ -240,6 +257,7 @@ class AppConfig:
                 f"probing_rebalance_interval must be > 0 (seconds), got {probing!r}"
             )
         _check_web(self.web_port, self.web_host, self.status_log_interval)
+        self._check_web_tls()
         token = self.query_token
         if isinstance(token, str):
             if not token.strip():
@@ -255,7 +273,13 @@ class AppConfig:
                 raise ConfigurationError(f"{name} must be > 0 (seconds), got {seconds!r}")
         _int("capacity", self.capacity, 1)
         _int("topic_partitions", self.topic_partitions, 1)
-        _int("topic_replication_factor", self.topic_replication_factor, 1)
+        if self.topic_replication_factor != "auto":
+            replication = self.topic_replication_factor
+            if isinstance(replication, bool) or not isinstance(replication, int) or replication < 1:
+                raise ConfigurationError(
+                    'topic_replication_factor must be "auto" (min(3, brokers in the cluster)) '
+                    f"or an int >= 1, got {replication!r}"
+                )
         _int("align_idle_ms", self.align_idle_ms, 0)
         _int("align_max_idle_ms", self.align_max_idle_ms, 0)
         state_dir = self.state_dir if self.state_dir is not None else f"{self.id}-data"
@@ -311,9 +335,65 @@ class AppConfig:
             return value
         return token
 
+    @property
+    def web_tls(self) -> bool:
+        """Whether the web server serves HTTPS (``web_tls_cert`` and ``web_tls_key`` set)."""
+        return self.web_tls_cert is not None
+
+    def _check_web_tls(self) -> None:
+        set_ = object.__setattr__
+        cert, key = self.web_tls_cert, self.web_tls_key
+        if (cert is None) != (key is None):
+            raise ConfigurationError(
+                "web_tls_cert and web_tls_key go together (HTTPS needs the certificate and "
+                f"its private key); only {'web_tls_cert' if key is None else 'web_tls_key'} is set"
+            )
+        for name in ("web_tls_cert", "web_tls_key", "web_tls_client_ca", "web_tls_ca"):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            if not isinstance(path, str | os.PathLike) or not str(path).strip():
+                raise ConfigurationError(f"{name} must be the path of a PEM file, got {path!r}")
+            if cert is None:
+                raise ConfigurationError(
+                    f"{name} is a setting of HTTPS: it needs web_tls_cert and web_tls_key"
+                )
+            set_(self, name, Path(path))
+        password = self.web_tls_key_password
+        if password is None:
+            return
+        if cert is None:
+            raise ConfigurationError(
+                "web_tls_key_password is a setting of HTTPS: it needs web_tls_cert and web_tls_key"
+            )
+        if isinstance(password, str):
+            set_(self, "web_tls_key_password", Secret(password))
+        elif not isinstance(password, Secret):
+            raise ConfigurationError(
+                f"web_tls_key_password must be a string or None, got {type(password).__name__}"
+            )
+
+    def secret_values(self) -> list[str]:
+        """Every credential of these settings, revealed: what logs must never show (the
+        query token, the key password, the client options held as :class:`Secret`)."""
+        found = [self.query_token, self.web_tls_key_password]
+        for options in (self.client_options, self.consumer_options, self.producer_options):
+            found.extend(options.values())
+        out = []
+        for value in found:
+            revealed = value.reveal() if isinstance(value, Secret) else None
+            if isinstance(revealed, bytes):
+                revealed = revealed.decode("utf-8", "replace")
+            if isinstance(revealed, str) and revealed:
+                out.append(revealed)
+        return out
+
     def client_kwargs(self) -> dict[str, Any]:
-        """The options every Kafka client gets, credentials revealed."""
-        return reveal(self.client_options)
+        """The options every Kafka client gets, credentials revealed (TLS files such as
+        ``ssl_cafile`` made into an ``ssl_context``: see :mod:`streamjoin.client_security`)."""
+        from streamjoin.client_security import client_kwargs
+
+        return client_kwargs(reveal(self.client_options))
 
 
 #: the settings' names: AppConfig's keywords (``id`` aside)

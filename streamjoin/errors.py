@@ -32,6 +32,7 @@ lookup keeps working::
     ├── ProvisioningError (RuntimeError)    OffsetMoveRefused,
     │                                       KafkaProvisioningError (BrokerExitedError)
     ├── StartupError                        the worker cannot start (exit code 3)
+    │   └── AccessRefused                   the brokers refused the login or an ACL
     ├── SparkJobError                       SparkNotInstalled (ImportError)
     ├── QueryError                          QueryKeyError, UnknownTableError, KeyNotFound,
     │                                       QueryUnauthorized, QueryUnavailable, QueryFailed
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from aiokafka import TopicPartition
 
 __all__ = [
+    "AccessRefused",
     "AgentFailed",
     "AppNotFound",
     "ArgumentTypeError",
@@ -497,6 +499,15 @@ class StartupError(StreamjoinError):
     timeout. ``streamjoin worker`` exits with code 3 on it (and on a
     :class:`ConfigurationError` or :class:`ProvisioningError` raised while starting), so a
     supervisor can tell "will never start as configured" from a processing failure (1)."""
+
+
+class AccessRefused(StartupError):
+    """The brokers refused this client: its login (wrong password, unknown user, a TLS
+    certificate it could not verify) or an operation its ACLs do not allow (the message
+    names the topic, group or transactional id, and the operation where Kafka says).
+    Retrying as configured fails the same way, so it stops the worker with exit code 3,
+    while starting or running; ``streamjoin acls -A APP`` lists the ACLs an app needs.
+    The message never holds a credential."""
 
 
 # -- Spark jobs ------------------------------------------------------------------------------

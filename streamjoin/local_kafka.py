@@ -30,10 +30,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from streamjoin.errors import BrokerExitedError, KafkaProvisioningError
 from streamjoin.maven import copy_dependencies, default_cache_dir, file_lock, find_maven
@@ -48,7 +50,8 @@ MIN_JAVA_MAJOR = 17
 LOOPBACK = "127.0.0.1"
 
 _COMPLETE_MARKER = ".complete"
-#: in a kept data dir: the ports it last ran on ("<broker> <controller>")
+#: in a kept data dir: the ports it last ran on ("<client> <controller> <internal>";
+#: older dirs have "<client> <controller>")
 PORTS_FILE = "ports"
 
 Progress = Callable[[str], None]
@@ -153,8 +156,11 @@ def listen_port_candidates(
 
 
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
-    """Whether ``port`` can be bound on ``host`` right now."""
+    """Whether a server can listen on ``port`` of ``host`` right now. With SO_REUSEADDR, as
+    the broker's JVM binds: connections of a stopped broker lingering in TIME_WAIT do not
+    make its port look taken (a restart keeps its address); a listener does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -210,20 +216,52 @@ def new_cluster_id() -> str:
             return text
 
 
+#: The listener clients use (``bootstrap_servers``); its security protocol is a parameter.
+CLIENT_LISTENER = "CLIENT"
+#: The listener brokers talk to each other on, and our readiness probes and admin queries use:
+#: always PLAINTEXT, so a secured or proxied CLIENT listener never blocks them.
+INTERNAL_LISTENER = "INTERNAL"
+CONTROLLER_LISTENER = "CONTROLLER"
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
-    """What makes one local broker: its ports, data directory and config overrides."""
+    """What makes one local KRaft node: its ports, data directory, quorum and config overrides.
 
-    broker_port: int
+    ``quorum`` maps every controller's node id to its controller port (empty: a quorum of this
+    node alone). ``advertised_client_port`` is the port clients are told to use for the CLIENT
+    listener (a fault proxy's, say); None: the listener's own port.
+    """
+
+    client_port: int
+    internal_port: int
     controller_port: int
     log_dir: Path
     host: str = LOOPBACK
     node_id: int = 1
+    quorum: Mapping[int, int] = field(default_factory=dict)
+    advertised_client_port: int | None = None
+    client_protocol: str = "PLAINTEXT"
     overrides: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{self.host}:{self.broker_port}"
+        """The CLIENT address clients are told to use (the advertised one)."""
+        port = (
+            self.client_port if self.advertised_client_port is None else self.advertised_client_port
+        )
+        return f"{self.host}:{port}"
+
+    @property
+    def internal_bootstrap_servers(self) -> str:
+        """The INTERNAL (PLAINTEXT) address: inter-broker traffic, readiness and admin queries."""
+        return f"{self.host}:{self.internal_port}"
+
+    @property
+    def quorum_voters(self) -> str:
+        """``controller.quorum.voters``: ``id@host:port`` for every controller."""
+        voters = self.quorum or {self.node_id: self.controller_port}
+        return ",".join(f"{node}@{self.host}:{port}" for node, port in sorted(voters.items()))
 
 
 #: Defaults for a fast single-node development broker.
@@ -247,19 +285,29 @@ DEV_BROKER_DEFAULTS: Mapping[str, str] = {
 
 
 def render_server_properties(settings: BrokerSettings) -> str:
-    """``server.properties`` for a combined broker+controller KRaft node on loopback."""
+    """``server.properties`` for a combined broker+controller KRaft node on loopback, with
+    CLIENT, INTERNAL and CONTROLLER listeners; ``settings.overrides`` are merged last."""
     host = settings.host
+    protocol = settings.client_protocol.upper()
     props: dict[str, str] = {
         "process.roles": "broker,controller",
         "node.id": str(settings.node_id),
-        "controller.quorum.voters": f"{settings.node_id}@{host}:{settings.controller_port}",
+        "controller.quorum.voters": settings.quorum_voters,
         "listeners": (
-            f"PLAINTEXT://{host}:{settings.broker_port},CONTROLLER://{host}:{settings.controller_port}"
+            f"{CLIENT_LISTENER}://{host}:{settings.client_port},"
+            f"{INTERNAL_LISTENER}://{host}:{settings.internal_port},"
+            f"{CONTROLLER_LISTENER}://{host}:{settings.controller_port}"
         ),
-        "advertised.listeners": f"PLAINTEXT://{host}:{settings.broker_port}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "advertised.listeners": (
+            f"{CLIENT_LISTENER}://{settings.bootstrap_servers},"
+            f"{INTERNAL_LISTENER}://{settings.internal_bootstrap_servers}"
+        ),
+        "controller.listener.names": CONTROLLER_LISTENER,
+        "inter.broker.listener.name": INTERNAL_LISTENER,
+        "listener.security.protocol.map": (
+            f"{CLIENT_LISTENER}:{protocol},{INTERNAL_LISTENER}:PLAINTEXT,"
+            f"{CONTROLLER_LISTENER}:PLAINTEXT"
+        ),
         "log.dirs": str(settings.log_dir),
     }
     props.update(DEV_BROKER_DEFAULTS)
@@ -267,6 +315,32 @@ def render_server_properties(settings: BrokerSettings) -> str:
     lines = ["# generated by streamjoin.local_kafka"]
     lines.extend(f"{key}={value}" for key, value in props.items())
     return "\n".join(lines) + "\n"
+
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+
+
+def check_client_protocol(protocol: str) -> str:
+    """The CLIENT listener's security protocol, upper-cased; a clear error for anything else."""
+    upper = protocol.upper()
+    if upper not in SECURITY_PROTOCOLS:
+        raise KafkaProvisioningError(
+            f"client_protocol={protocol!r} is not a Kafka security protocol; "
+            f"use one of {', '.join(SECURITY_PROTOCOLS)}"
+        )
+    return upper
+
+
+def parse_saved_ports(text: str) -> tuple[int, int, int | None] | None:
+    """A kept data dir's ports file: ``"<client> <controller> <internal>"``, or the older
+    ``"<client> <controller>"`` (internal None: pick a new one); None when unreadable."""
+    parts = text.split()
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts):
+        return None
+    ports = [int(p) for p in parts]
+    if len(set(ports)) != len(ports):
+        return None
+    return ports[0], ports[1], ports[2] if len(ports) == 3 else None
 
 
 def render_log4j2_config(log_file: Path) -> str:
@@ -294,13 +368,41 @@ def java_command(
     *,
     heap: str = "768m",
     log4j_config: Path | None = None,
+    jvm_flags: Sequence[str] = ("-XX:+UseG1GC",),
 ) -> list[str]:
     """The ``java`` argv for one of Kafka's main classes."""
-    cmd = [java, f"-Xmx{heap}", "-Djava.awt.headless=true", "-XX:+UseG1GC"]
+    cmd = [java, f"-Xmx{heap}", "-Djava.awt.headless=true", *jvm_flags]
     if log4j_config is not None:
         cmd.append(f"-Dlog4j2.configurationFile={log4j_config}")
     cmd += ["-cp", os.pathsep.join(str(p) for p in classpath), main_class, *args]
     return cmd
+
+
+#: JVM flags for a broker that starts fast and stays light (tests, the local cluster): the
+#: C1 compiler only and the serial collector take about 40% less CPU to start, at some cost
+#: in peak throughput (benchmarks keep the defaults: G1 and the C2 compiler).
+FAST_START_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+
+def class_data_archive(cache_dir: Path, version: str, java: str) -> Path:
+    """Where the broker's class-data-sharing archive for this Kafka version and this JVM is
+    kept (an archive only fits the exact JVM build and classpath that wrote it)."""
+    real = Path(java).resolve()
+    try:
+        stamp = real.stat()
+        key = f"{real}:{stamp.st_size}:{stamp.st_mtime_ns}"
+    except OSError:
+        key = str(real)
+    digest = uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:12]
+    return kafka_libs_dir(cache_dir, version).parent / f"broker-cds-{digest}.jsa"
+
+
+def class_data_flags(archive: Path, scratch: Path) -> list[str]:
+    """Use the class-data-sharing archive when it exists (about a third less CPU to start
+    the JVM); else have this JVM write one to ``scratch`` when it exits."""
+    if archive.exists():
+        return [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds=off"]
+    return [f"-XX:ArchiveClassesAtExit={scratch}", "-Xlog:cds=off"]
 
 
 # --------------------------------------------------------------------------- resolution
@@ -334,6 +436,18 @@ def find_java(env: Mapping[str, str] | None = None) -> str:
         f"Java {MIN_JAVA_MAJOR}+: install it (Debian/Ubuntu: "
         "`apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
     )
+
+
+_FOUND_JAVA: dict[tuple[str | None, str | None], str] = {}
+
+
+def _java_for_this_environment() -> str:
+    """:func:`find_java` once per JAVA_HOME and PATH (it runs ``java -version``): a
+    cluster's nodes, and every restart of one, would otherwise each pay a JVM start."""
+    key = (os.environ.get("JAVA_HOME"), os.environ.get("PATH"))
+    if key not in _FOUND_JAVA:
+        _FOUND_JAVA[key] = find_java()
+    return _FOUND_JAVA[key]
 
 
 def cached_classpath(libs: Path) -> list[Path] | None:
@@ -456,15 +570,46 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+#: Linux's parent-death signal follows the *thread* that forked the child, not the process:
+#: a broker started from a short-lived thread (``asyncio.to_thread``, a pool starting a
+#: cluster's nodes in parallel) would be killed when that thread ends. Every broker is
+#: therefore forked from this one thread, which lives as long as the Python process.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-spawner")
+
+
+def _spawn(cmd: list[str], stdout: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a broker process that dies with this Python process (and only then)."""
+
+    def popen() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            cmd,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+    return _SPAWNER.submit(popen).result()
+
+
 # --------------------------------------------------------------------------- the broker
 
 
 class LocalKafka:
-    """One single-node KRaft broker on loopback, started and stopped by us.
+    """One KRaft node (broker and controller) on loopback, started and stopped by us.
 
     ``with LocalKafka() as kafka: kafka.bootstrap_servers`` in scripts;
     ``async with LocalKafka() as kafka:`` in asyncio code (start/stop run in a
     thread so the loop keeps running).
+
+    Three listeners: CLIENT (``bootstrap_servers``, security protocol ``client_protocol``),
+    INTERNAL (PLAINTEXT: inter-broker traffic, readiness probe, admin queries;
+    ``internal_bootstrap_servers``) and CONTROLLER. ``advertise(node_id, client_listen_port)``
+    is called before the broker starts (again only when the port changes) and returns the
+    port advertised for CLIENT, so a fault proxy can sit between clients and the broker.
+    ``format_args`` are extra arguments to ``kafka-storage format`` (``--add-scram ...``).
+    ``node_id``, ``quorum`` and ``cluster_id`` make it one node of a
+    :class:`~streamjoin.local_cluster.LocalKafkaCluster`.
     """
 
     def __init__(
@@ -474,21 +619,41 @@ class LocalKafka:
         cache_dir: Path | None = None,
         data_dir: Path | None = None,
         broker_port: int | None = None,
+        internal_port: int | None = None,
+        controller_port: int | None = None,
         overrides: Mapping[str, str] | None = None,
+        advertise: Callable[[int, int], int] | None = None,
+        client_protocol: str = "PLAINTEXT",
+        format_args: Sequence[str] = (),
+        node_id: int = 1,
+        quorum: Mapping[int, int] | None = None,
+        cluster_id: str | None = None,
         startup_timeout: float = 90.0,
         shutdown_timeout: float = 20.0,
         heap: str = "768m",
+        fast_start: bool = False,
         progress: Progress = _quiet,
     ) -> None:
         self.version = version
         self.cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         self._requested_data_dir = data_dir
         self._requested_port = broker_port
+        self._requested_internal_port = internal_port
+        self._requested_controller_port = controller_port
         self._overrides = dict(overrides or {})
+        self._advertise = advertise
+        self._advertised: tuple[int, int] | None = None  #: (listen port, advertised port)
+        self.client_protocol = check_client_protocol(client_protocol)
+        self._format_args = list(format_args)
+        self.node_id = node_id
+        self._quorum = dict(quorum or {})
+        self._cluster_id = cluster_id
         self.startup_timeout = startup_timeout
         self.shutdown_timeout = shutdown_timeout
         self.heap = heap
+        self.fast_start = fast_start
         self._progress = progress
+        self._archive_scratch: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self.settings: BrokerSettings | None = None
@@ -499,9 +664,18 @@ class LocalKafka:
 
     @property
     def bootstrap_servers(self) -> str:
-        if self.settings is None or self._proc is None:
-            raise KafkaProvisioningError("the local broker is not running; call start() first")
-        return self.settings.bootstrap_servers
+        """The CLIENT listener's advertised address (a fault proxy's, with ``advertise``)."""
+        return self._running_settings().bootstrap_servers
+
+    @property
+    def internal_bootstrap_servers(self) -> str:
+        """The INTERNAL listener's address: PLAINTEXT, never proxied."""
+        return self._running_settings().internal_bootstrap_servers
+
+    @property
+    def client_listen_port(self) -> int:
+        """The port the CLIENT listener binds (where a fault proxy forwards to)."""
+        return self._running_settings().client_port
 
     @property
     def log_file(self) -> Path | None:
@@ -515,17 +689,18 @@ class LocalKafka:
         """Resolve jars, format storage, launch the broker and wait until it answers metadata."""
         if self._proc is not None:
             raise KafkaProvisioningError("the local broker is already started")
-        java = find_java()
+        java = _java_for_this_environment()
         classpath = resolve_kafka(self.version, self.cache_dir, self._progress)
         if self._requested_data_dir is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="streamjoin-kafka-")
+            if self._tmpdir is None:
+                self._tmpdir = tempfile.TemporaryDirectory(prefix="streamjoin-kafka-")
             self.workdir = Path(self._tmpdir.name)
         else:
             self.workdir = self._requested_data_dir
             self.workdir.mkdir(parents=True, exist_ok=True)
         # A free port can be taken by someone else between our probe and the broker's bind:
         # retry with new ports when the broker dies at startup (not when it hangs).
-        attempts = 1 if self._requested_port else 3
+        attempts = 1 if self._fixed_ports() else 3
         for attempt in range(1, attempts + 1):
             self._attempt = attempt
             started = time.monotonic()
@@ -559,6 +734,7 @@ class LocalKafka:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+        self._keep_class_data_archive()
         if cleanup:
             self._cleanup()
 
@@ -570,6 +746,7 @@ class LocalKafka:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        self._keep_class_data_archive()  # none written: a killed JVM does not get to
 
     def _cleanup(self) -> None:
         if self._tmpdir is not None:
@@ -600,20 +777,57 @@ class LocalKafka:
 
     # -- internals
 
+    def _running_settings(self) -> BrokerSettings:
+        if self.settings is None or self._proc is None:
+            raise KafkaProvisioningError("the local broker is not running; call start() first")
+        return self.settings
+
+    def _fixed_ports(self) -> bool:
+        return any(
+            p is not None
+            for p in (
+                self._requested_port,
+                self._requested_internal_port,
+                self._requested_controller_port,
+            )
+        )
+
+    def _choose_ports(self) -> tuple[int, int, int]:
+        """(client, controller, internal): requested ones, else the previous run's (this
+        object's, or a kept data dir's), else free ones."""
+        saved = self._previous_ports() or self._saved_ports()
+        saved_client, saved_controller, saved_internal = saved or (None, None, None)
+        client = self._requested_port or saved_client or free_port()
+        taken = {client}
+        controller = self._requested_controller_port or saved_controller
+        if controller is None or controller in taken:
+            controller = free_port(exclude=frozenset(taken))
+        taken.add(controller)
+        internal = self._requested_internal_port or saved_internal
+        if internal is None or internal in taken:
+            internal = free_port(exclude=frozenset(taken))
+        return client, controller, internal
+
+    def _advertised_port(self, client_port: int) -> int | None:
+        if self._advertise is None:
+            return None
+        if self._advertised is None or self._advertised[0] != client_port:
+            self._advertised = (client_port, self._advertise(self.node_id, client_port))
+        return self._advertised[1]
+
     def _launch(self, java: str, classpath: list[Path]) -> None:
         if self.workdir is None:
             raise KafkaProvisioningError("no work directory")
-        saved = self._saved_ports()
-        broker_port = self._requested_port or (saved[0] if saved else free_port())
-        controller_port = (
-            saved[1]
-            if saved and saved[1] != broker_port
-            else free_port(exclude=frozenset({broker_port}))
-        )
+        client_port, controller_port, internal_port = self._choose_ports()
         self.settings = BrokerSettings(
-            broker_port=broker_port,
+            client_port=client_port,
+            internal_port=internal_port,
             controller_port=controller_port,
             log_dir=self.workdir / "data",
+            node_id=self.node_id,
+            quorum=self._quorum,
+            advertised_client_port=self._advertised_port(client_port),
+            client_protocol=self.client_protocol,
             overrides=self._overrides,
         )
         props = self.workdir / "server.properties"
@@ -622,10 +836,12 @@ class LocalKafka:
         log4j.write_text(render_log4j2_config(self.workdir / "broker.log"))
         self._format_storage(java, classpath, props, log4j)
         if self._tmpdir is None:
-            (self.workdir / PORTS_FILE).write_text(f"{broker_port} {controller_port}\n")
+            (self.workdir / PORTS_FILE).write_text(
+                f"{client_port} {controller_port} {internal_port}\n"
+            )
         self._progress(f"Starting Apache Kafka {self.version} on {self.settings.bootstrap_servers}")
         with (self.workdir / "stdout.log").open("wb") as stdout:
-            self._proc = subprocess.Popen(
+            self._proc = _spawn(
                 java_command(
                     java,
                     classpath,
@@ -633,37 +849,88 @@ class LocalKafka:
                     [str(props)],
                     heap=self.heap,
                     log4j_config=log4j,
+                    jvm_flags=self._jvm_flags(java),
                 ),
-                stdout=stdout,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                stdout,
             )
 
-    def _saved_ports(self) -> tuple[int, int] | None:
-        """A kept data dir's previous ports, when both are free again (a stable address)."""
+    @property
+    def writes_class_data_archive(self) -> bool:
+        """This broker's JVM writes the class data archive when stopped (not when killed)."""
+        return self._archive_scratch is not None
+
+    def _jvm_flags(self, java: str) -> list[str]:
+        flags = list(FAST_START_FLAGS if self.fast_start else ("-XX:+UseG1GC",))
+        archive = class_data_archive(self.cache_dir, self.version, java)
+        scratch = archive.with_name(f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp")
+        self._archive_scratch = None if archive.exists() else scratch
+        return flags + class_data_flags(archive, scratch)
+
+    def _format_jvm_flags(self, java: str) -> list[str]:
+        """The storage tool runs for a second: the fast-start flags, and the broker's class
+        data archive when there is one (it holds most of the tool's classes too)."""
+        archive = class_data_archive(self.cache_dir, self.version, java)
+        flags = list(FAST_START_FLAGS)
+        if archive.exists():
+            flags += [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds=off"]
+        return flags
+
+    def _keep_class_data_archive(self) -> None:
+        """After a controlled stop: keep the archive the JVM wrote, unless another broker's
+        came first (an atomic rename: brokers starting meanwhile see all of it or none)."""
+        scratch, self._archive_scratch = self._archive_scratch, None
+        if scratch is None or not scratch.exists():
+            return
+        final = scratch.with_name(scratch.name.rsplit(".", 2)[0])
+        try:
+            if final.exists():
+                scratch.unlink()
+            else:
+                os.replace(scratch, final)
+        except OSError:
+            scratch.unlink(missing_ok=True)
+
+    def _previous_ports(self) -> tuple[int, int, int] | None:
+        """The ports of this object's previous run (a restart after stop or kill), when free."""
+        if self.settings is None or self._attempt > 1:
+            return None
+        previous = self.settings
+        ports = (previous.client_port, previous.controller_port, previous.internal_port)
+        return ports if all(port_is_free(p) for p in ports) else None
+
+    def _saved_ports(self) -> tuple[int, int, int | None] | None:
+        """A kept data dir's previous ports, when they are free again (a stable address)."""
         if self._tmpdir is not None or self.workdir is None or self._attempt > 1:
             return None
         try:
-            broker, controller = (int(p) for p in (self.workdir / PORTS_FILE).read_text().split())
-        except (OSError, ValueError):
+            saved = parse_saved_ports((self.workdir / PORTS_FILE).read_text())
+        except OSError:
             return None
-        if port_is_free(broker) and port_is_free(controller):
-            return broker, controller
-        return None
+        if saved is None or not all(port_is_free(p) for p in saved if p is not None):
+            return None
+        return saved
 
     def _format_storage(self, java: str, classpath: list[Path], props: Path, log4j: Path) -> None:
-        """Format the log dir once; on kept data, with the cluster id it already has."""
+        """Format the log dir once; kept data is formatted already (no JVM start for it)."""
         if self.settings is None:
             raise KafkaProvisioningError("broker settings were not made")
-        cluster_id = stored_cluster_id(self.settings.log_dir) or new_cluster_id()
+        stored = stored_cluster_id(self.settings.log_dir)
+        if stored is not None:
+            if self._cluster_id is not None and stored != self._cluster_id:
+                raise KafkaProvisioningError(
+                    f"{self.settings.log_dir} belongs to cluster {stored}, not "
+                    f"{self._cluster_id}; remove the data dir to start afresh"
+                )
+            return
+        cluster_id = self._cluster_id or new_cluster_id()
         cmd = java_command(
             java,
             classpath,
             "kafka.tools.StorageTool",
-            ["format", "--ignore-formatted", "-t", cluster_id, "-c", str(props)],
+            ["format", "-t", cluster_id, "-c", str(props), *self._format_args],
             heap="256m",
             log4j_config=log4j,
+            jvm_flags=self._format_jvm_flags(java),
         )
         result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
         if result.returncode != 0:
@@ -683,17 +950,21 @@ class LocalKafka:
         return "\n".join(chunks) or "(no broker output)"
 
     def _wait_ready(self, started: float) -> None:
+        """Until the broker answers over INTERNAL (a secured or proxied CLIENT listener
+        must not stall the start)."""
         if self._proc is None or self.settings is None:
             raise KafkaProvisioningError("broker process was not started")
         deadline = started + self.startup_timeout
-        host, port = self.settings.host, self.settings.broker_port
+        host, port = self.settings.host, self.settings.internal_port
         while time.monotonic() < deadline:
             code = self._proc.poll()
             if code is not None:
                 raise BrokerExitedError(
                     f"the Kafka broker exited with code {code} during startup:\n{self._log_tail()}"
                 )
-            if _port_open(host, port) and broker_answers_metadata(self.settings.bootstrap_servers):
+            if _port_open(host, port) and broker_answers_metadata(
+                self.settings.internal_bootstrap_servers
+            ):
                 return
             time.sleep(0.25)
         raise KafkaProvisioningError(

@@ -50,7 +50,8 @@ class Topic:
     key_codec: Codec
     value_codec: Codec
     partitions: int | None = None
-    replication_factor: int = 1
+    #: None: decided when created, from the cluster (App(topic_replication_factor="auto"))
+    replication_factor: int | None = None
     config: Mapping[str, str] = field(default_factory=dict)
     #: how the running worker's sender is reached (set by the App)
     link: RuntimeLink = field(default_factory=RuntimeLink, repr=False)

@@ -16,10 +16,13 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from streamjoin.errors import ConfigurationError, ProvisioningError, StartupError
+from streamjoin.redaction import mask_secrets_in_logs
+from streamjoin.runtime.transport.access import refusal_of
 from streamjoin.runtime.transport.liveness import BrokerWatch
 
 log = logging.getLogger("streamjoin.worker")
@@ -36,7 +39,8 @@ EXIT_CODES = {
     "shutdown_timeout",
     EXIT_USAGE: "usage error (unknown option, missing argument)",
     EXIT_CANNOT_START: "cannot start: bad -A, the app module does not import, bad settings, "
-    "broker unreachable for startup_timeout, unusable state dir, topics that do not fit",
+    "broker unreachable for startup_timeout, unusable state dir, topics that do not fit, "
+    "a login or ACL the brokers refuse (at start or later)",
 }
 #: what ``app.start()`` raises when the app cannot run as configured (exit code 3)
 STARTUP_ERRORS: tuple[type[Exception], ...] = (
@@ -77,14 +81,18 @@ class Outcome:
     abandoned: bool = False
 
 
-def configure_logging(level: str, broker: str | None = None) -> BrokerWatch | None:
-    """The worker's log: one format on stderr; below DEBUG, no client internals, and the
-    broker's connection failures summarized by a :class:`BrokerWatch` (returned)."""
+def configure_logging(
+    level: str, broker: str | None = None, secrets: Iterable[str] = ()
+) -> BrokerWatch | None:
+    """The worker's log: one format on stderr, ``secrets`` masked in every line; below
+    DEBUG, no client internals, and the broker's connection failures summarized by a
+    :class:`BrokerWatch` (returned)."""
     logging.basicConfig(
         level=level.upper(),
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    mask_secrets_in_logs(secrets)
     if logging.getLogger().level <= logging.DEBUG:
         return None
     # aiokafka and mode log their own machinery (connection retries, "Starting...",
@@ -152,6 +160,7 @@ async def serve(
         exc = starting.exception()
         if exc is not None:
             outcome.code = EXIT_CANNOT_START
+            exc = refusal_of(exc) or exc  # a refused login or ACL, said as such
             if isinstance(exc, STARTUP_ERRORS):
                 log.error("cannot start app %s: %s", app.id, exc)
             else:
@@ -181,6 +190,11 @@ async def serve(
         failure = app.failure
         if failure is None and waiter.done() and not waiter.cancelled():
             failure = waiter.exception()
+        refused = refusal_of(failure) if failure is not None else None
+        if refused is not None:  # retrying as configured cannot help: "cannot start"
+            outcome.code = EXIT_CANNOT_START
+            log.error("worker stopped: %s", refused)
+            return outcome.code
         if failure is not None:
             outcome.code = EXIT_FAILURE
             log.error(
@@ -243,12 +257,14 @@ def run_worker(
     *,
     broker: str | None = None,
     shutdown_timeout: float = 30.0,
+    secrets: Iterable[str] = (),
 ) -> int:
-    """The ``streamjoin worker`` process (embedded apps keep their host's GC settings).
+    """The ``streamjoin worker`` process (embedded apps keep their host's GC settings);
+    ``secrets`` (the app's credentials) are masked in its log.
 
     Never hangs: a stop abandoned after ``shutdown_timeout`` ends the process at once
     (``os._exit``), without waiting for clients that cannot reach the broker."""
-    watch = configure_logging(loglevel, broker)
+    watch = configure_logging(loglevel, broker, secrets)
     tune_gc_for_worker()
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(_exception_handler)

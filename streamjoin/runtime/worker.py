@@ -36,7 +36,7 @@ from typing import Any
 from aiokafka import AIOKafkaClient
 from mode import Service
 
-from streamjoin.config import AppConfig
+from streamjoin.config import AppConfig, reveal
 from streamjoin.context import RuntimeLink
 from streamjoin.errors import StoreCorrupted
 from streamjoin.joins.run_state import JoinStats
@@ -53,6 +53,7 @@ from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.ops.monitor import WorkerMonitor, collect
 from streamjoin.runtime.ops.query_endpoint import QueryService, advertised_host
+from streamjoin.runtime.ops.web import web_tls_contexts
 from streamjoin.runtime.scheduled import ScheduledWork
 from streamjoin.runtime.table_state.flush import TableFlusher
 from streamjoin.runtime.table_state.service import StateService, TableStores
@@ -62,15 +63,18 @@ from streamjoin.runtime.tasks.alignment import TimestampAligner
 from streamjoin.runtime.tasks.processing import TaskProcessing
 from streamjoin.runtime.tasks.punctuation import PunctuationService
 from streamjoin.runtime.tasks.task import Task, TaskManager
+from streamjoin.runtime.transport.access import check_login
 from streamjoin.runtime.transport.consumer import Fetcher, fetch_options
 from streamjoin.runtime.transport.liveness import wait_for_broker
 from streamjoin.runtime.transport.producer import KafkaSender
 from streamjoin.runtime.transport.record_limits import RecordLimits
 from streamjoin.runtime.transport.topic_admin import (
     TopicSpec,
+    check_replication,
     ensure_topics,
     fetch_partition_counts,
     fetch_topic_limits,
+    internal_topics,
 )
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
@@ -123,6 +127,15 @@ async def prepare_topics(topology: Topology, config: AppConfig) -> dict[str, int
         log.info("created topics: %s", ", ".join(sorted(created)))
     counts = await fetch_partition_counts(config.broker, names, **client)
     topology.check_copartitioning(counts)
+    internal = internal_topics(config.id, names, topology.changelog_topics)
+    for warning in await check_replication(
+        config.broker,
+        internal - set(created),
+        topology.changelog_topics,
+        exactly_once=config.exactly_once,
+        **client,
+    ):
+        log.warning(warning)
     return {**settled, **counts}
 
 
@@ -291,7 +304,10 @@ class Worker(Service):
 
     async def _start_services(self) -> None:
         topology, config = self.topology, self.config
+        # bad certificate files stop the start before the broker is asked anything
+        web_tls = web_tls_contexts(config) if config.web_port is not None else None
         await wait_for_broker(config.broker, config.startup_timeout)
+        await check_login(config.broker, **config.client_kwargs())  # refused: exit 3 now
         self.link.settle_partitions(await prepare_topics(topology, config))
         limits = RecordLimits(
             await fetch_topic_limits(config.broker, topology.topics, **config.client_kwargs())
@@ -309,7 +325,7 @@ class Worker(Service):
             self.sender = TransactionalSender(
                 config.broker,
                 client_options=config.client_kwargs(),
-                producer_options=config.producer_options,
+                producer_options=reveal(config.producer_options),
                 client_id=self.client_id,
                 transactional_id=transactional_id_for(config.id, config.group_instance_id),
                 transaction_timeout_ms=config.transaction_timeout_ms,
@@ -320,7 +336,7 @@ class Worker(Service):
             self.sender = KafkaSender(
                 config.broker,
                 client_options=config.client_kwargs(),
-                producer_options=config.producer_options,
+                producer_options=reveal(config.producer_options),
                 client_id=self.client_id,
                 limits=limits,
             )
@@ -360,6 +376,7 @@ class Worker(Service):
             status_log_interval=config.status_log_interval,
             web_host=config.web_host,
             web_port=config.web_port,
+            web_tls=web_tls.server if web_tls is not None else None,
         )
         web = self.monitor.web
         if topology.tables:
@@ -372,6 +389,7 @@ class Worker(Service):
                 describe=lambda: describe_group(config.broker, config.id, **config.client_kwargs()),
                 self_host=config.host,
                 token=config.query_token_value(),
+                forward_tls=web_tls.forward if web_tls is not None else None,
             )
             if web is not None:
                 for method, path, handler in self.queries.routes():
@@ -418,7 +436,7 @@ class Worker(Service):
                 config.broker,
                 client_id=self.client_id,
                 client_options=config.client_kwargs(),
-                consumer_options=config.consumer_options,
+                consumer_options=reveal(config.consumer_options),
                 read_committed=config.exactly_once,
             )
         )
@@ -443,6 +461,12 @@ class Worker(Service):
             assignor=self.assignor,
             on_fatal=self._on_crash,
             metrics=self.rebalances,
+        )
+        fetcher, state = self.fetcher, self.state_service
+        membership.other_clients = lambda: (
+            fetcher.kafka_client(),
+            sender.kafka_client(),
+            None if state is None else state.kafka_client(),
         )
         transaction = None
         if isinstance(sender, TransactionalSender):

@@ -45,6 +45,7 @@ from streamjoin.spark.bootstrap_writes import (
     check_no_stores,
     commit_source_ends,
     create_empty_changelogs,
+    ingest_staged,
     write_partition_state,
 )
 from streamjoin.spark.outputs import (
@@ -423,6 +424,8 @@ def bootstrap_aggregation(
         reporter,
         lambda: rows.rdd.mapPartitionsWithIndex(task).collect(),
     )
+    if root is not None:
+        ingest_staged(root, list(changelogs), count)
     offsets = {p: last for p, table, n, last in written if table == name and n and last >= 0}
     committed = (
         commit_source_ends(kafka_source, config.id, topic.name, source_ends[topic.name], options)

@@ -13,10 +13,11 @@ would hold it in. Then, per partition, in one Spark task:
 * ``mode="changelog"``: the live keys are produced to the table's changelog
   (``<app id>-<table>-changelog``) with explicit partitions; a worker restores
   them as usual.
-* ``mode="rocksdb"``: the same, and the task also writes the RocksDB store
-  ``<state_dir>/tables/<table>/<partition>`` holding exactly those keys with the
-  offset of the last changelog record it produced, so a worker using that state
-  dir restores nothing: its store already is at the changelog's end.
+* ``mode="rocksdb"``: the same, and the task also stages the partition (an SST file)
+  for the table's RocksDB database ``<state_dir>/stores/<table>``, holding exactly
+  those keys with the offset of the last changelog record it produced; the driver
+  ingests every staged partition at the end, so a worker using that state dir
+  restores nothing: its store already is at the changelog's end.
 
 Both modes require an empty changelog (otherwise the changelog's older keys and
 the bootstrapped store would disagree). With a Kafka source, the app's consumer
@@ -41,6 +42,7 @@ from streamjoin.spark.bootstrap_writes import (
     check_no_stores,
     commit_source_ends,
     create_empty_changelogs,
+    ingest_staged,
     write_partition_state,
 )
 from streamjoin.spark.outputs import MISMATCH_TAG as _MISMATCH_TAG
@@ -239,6 +241,8 @@ def bootstrap(
         reporter,
         lambda: reduced.mapPartitionsWithIndex(task).collect(),
     )
+    if root is not None:
+        ingest_staged(root, [table_name], count)
     offsets = {p: last for p, _, n, last in written if n and last >= 0}
     committed = (
         commit_source_ends(kafka_source, config.id, topic.name, source_ends[topic.name], options)

@@ -1,6 +1,12 @@
 """What a bootstrap writes, shared by the topic-table and aggregation bootstraps: empty
-changelogs to start from, each partition's state (to its changelog, and to a RocksDB
-store), and the consumer group's offsets after the history read."""
+changelogs to start from, each partition's state (to its changelog, and to the table's
+RocksDB database), and the consumer group's offsets after the history read.
+
+A table's database has one writer, and Spark tasks run in parallel (in other processes):
+so each task stages its partition as an SST file (:func:`write_staged_partition`) and the
+driver ingests them all into the database at the end (:func:`ingest_staged`; a worker
+opening the database would too). The partitions then hold the same keys and values, at
+the same changelog offsets, as a worker's stores would."""
 
 from __future__ import annotations
 
@@ -18,11 +24,9 @@ __all__ = [
     "check_no_stores",
     "commit_source_ends",
     "create_empty_changelogs",
+    "ingest_staged",
     "write_partition_state",
 ]
-
-#: keys per RocksDB write batch
-_CHUNK = 10_000
 
 
 def create_empty_changelogs(
@@ -54,12 +58,29 @@ def create_empty_changelogs(
             )
 
 
+def _database(stores_root: Path, table: str) -> Path:
+    from streamjoin.state.inspect import store_path
+
+    return store_path(stores_root, table)
+
+
 def check_no_stores(stores_root: Path, tables: Iterable[str]) -> None:
     """Refuse a state dir that already holds stores of ``tables``."""
     for table in tables:
-        existing = stores_root / "tables" / table
+        existing = _database(stores_root, table)
         if existing.exists() and any(existing.iterdir()):
             raise FileExistsError(f"{existing} already holds stores; use an empty state dir")
+
+
+def ingest_staged(stores_root: Path | str, tables: Iterable[str], partitions: int) -> None:
+    """Ingest what the tasks staged into each table's database (on the driver, after the
+    job): the stores are then complete and readable (``streamjoin tables``)."""
+    from streamjoin.state.rocksdb import TableDatabase
+
+    for table in tables:
+        path = _database(Path(stores_root), table)
+        if path.is_dir():
+            TableDatabase(path, table, partitions=range(partitions)).close()
 
 
 def write_partition_state(
@@ -72,9 +93,9 @@ def write_partition_state(
     stores_root: str | None,
 ) -> int:
     """Write one partition's state (from a Spark task): ``items`` to the changelog, then,
-    with ``stores_root``, the RocksDB store holding them at the changelog offset of the
-    last one, so a worker using that state dir restores nothing. The last offset (-1:
-    nothing written)."""
+    with ``stores_root``, the partition staged for the table's RocksDB database, holding
+    them at the changelog offset of the last one, so a worker using that state dir
+    restores nothing. The last offset (-1: nothing written)."""
     from streamjoin.spark.kafka_io import TaskProducer
 
     producer = TaskProducer(broker, options)
@@ -85,16 +106,10 @@ def write_partition_state(
     finally:
         producer.close()
     if stores_root is not None and items:
-        from streamjoin.state.rocksdb import RocksDBStorePartition
+        from streamjoin.state.rocksdb import write_staged_partition
 
-        path = Path(stores_root) / "tables" / table / str(partition)
-        store = RocksDBStorePartition(path, table=table, partition=partition)
-        try:
-            for start in range(0, len(items), _CHUNK):
-                chunk = dict(items[start : start + _CHUNK])
-                store.write(chunk, last if start + _CHUNK >= len(items) else None)
-        finally:
-            store.close()
+        database = _database(Path(stores_root), table)
+        write_staged_partition(database, partition, sorted(items), last)
     return last
 
 

@@ -157,16 +157,37 @@ def _progress(quiet: bool) -> Callable[[Any], None] | None:
 
 
 def _load(app_spec: str) -> Any:
+    from streamjoin.cli_app import _add_env_client_options
     from streamjoin.errors import AppNotFound
     from streamjoin.loader import load_app
 
     try:
-        return load_app(app_spec)
+        app = load_app(app_spec)
+        _add_env_client_options(app)  # STREAMJOIN_CLIENT_* credentials, as every command
     except AppNotFound as exc:
         raise click.ClickException(str(exc)) from exc
+    return app
+
+
+def _secured(source: Source, app: Any) -> Source:
+    """A Kafka source logging in as the app's client options say (Spark's JVM client)."""
+    if not isinstance(source, KafkaSource):
+        return source
+    from dataclasses import replace
+
+    from streamjoin.client_security import spark_kafka_options
+    from streamjoin.config import reveal
+
+    login = spark_kafka_options(reveal(app.config.client_options))
+    return replace(source, options={**login, **source.options})
 
 
 def _fail(exc: Exception) -> click.ClickException:
+    from streamjoin.cli_app import _kafka_failure
+
+    failure = _kafka_failure(exc)
+    if failure.exit_code != 1:  # a refused login or ACL: exit 3, as for every command
+        return failure
     return click.ClickException(f"{type(exc).__name__}: {exc}")
 
 
@@ -250,6 +271,7 @@ def backfill_command(
         from_kafka, inputs, input_format, starting_offsets, ending_offsets, from_time, until_time
     )
     app = _load(app_spec)
+    source = _secured(source, app)
     sink: Sink
     if output_format is not None or is_path(output):
         sink = FileSink(
@@ -348,6 +370,7 @@ def bootstrap_command(
         from_kafka, inputs, input_format, starting_offsets, ending_offsets, from_time, until_time
     )
     app = _load(app_spec)
+    source = _secured(source, app)
     try:
         result = bootstrap(
             app,

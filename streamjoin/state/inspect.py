@@ -1,7 +1,8 @@
 """Read local table state from disk for the CLI, without disturbing a running worker.
 
-Stores are opened read-only (RocksDB takes no lock then), so ``streamjoin
-tables`` and ``streamjoin table get`` work while a worker holds them.
+Table databases (``<state_dir>/stores/<table>``, a column family per partition) are
+opened read-only (RocksDB takes no lock then), so ``streamjoin tables`` and ``streamjoin
+table get`` work while a worker holds them; they see the state as of their open.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from streamjoin.errors import NotFoundError, StoreError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.state import window_layout as layout
 from streamjoin.state.keys import MAX_UINT64
-from streamjoin.state.rocksdb import RocksDBStorePartition
+from streamjoin.state.rocksdb import RocksDBStorePartition, TableDatabase, partition_path
 from streamjoin.state.windows import WindowSpec
 
 if TYPE_CHECKING:
@@ -36,37 +37,40 @@ class LocalPartition:
     error: str | None = None
 
 
-def store_path(state_dir: Path, table: str, partition: int) -> Path:
-    return state_dir / "tables" / table / str(partition)
+def store_path(state_dir: Path, table: str) -> Path:
+    """The table's RocksDB database under a worker's state dir."""
+    return state_dir / "stores" / table
 
 
 def local_partitions(state_dir: Path, table: Table) -> Iterator[LocalPartition]:
     """Every partition of ``table`` with a store under ``state_dir``."""
-    root = state_dir / "tables" / table.name
+    root = store_path(state_dir, table.name)
     if not root.is_dir():
         return
-    for child in sorted(root.iterdir(), key=lambda p: (len(p.name), p.name)):
-        if not (child.is_dir() and child.name.isdigit()):
-            continue
-        partition = int(child.name)
-        try:
-            store = RocksDBStorePartition(
-                child, table=table.name, partition=partition, read_only=True
-            )
-        except StoreError as exc:
-            yield LocalPartition(table.name, partition, child, None, None, None, str(exc))
-            continue
-        try:
+    try:
+        database = TableDatabase(root, table.name, read_only=True)
+    except StoreError as exc:
+        yield LocalPartition(table.name, -1, root, None, None, None, str(exc))
+        return
+    try:
+        for partition in database.stored_partitions():
+            where = partition_path(root, partition)
+            try:
+                store = database.partition(partition)
+            except StoreError as exc:
+                yield LocalPartition(table.name, partition, where, None, None, None, str(exc))
+                continue
             yield LocalPartition(
                 table.name,
                 partition,
-                child,
+                where,
                 store.count(),
                 store.size_bytes(),
                 store.changelog_offset(),
             )
-        finally:
             store.close()
+    finally:
+        database.close()
 
 
 def parse_key(table: Table, text: str) -> Any:
@@ -83,7 +87,7 @@ def parse_key(table: Table, text: str) -> Any:
 
 
 def _open(state_dir: Path, table: Table, partition: int) -> RocksDBStorePartition:
-    path = store_path(state_dir, table.name, partition)
+    path = store_path(state_dir, table.name)
     try:
         return RocksDBStorePartition(path, table=table.name, partition=partition, read_only=True)
     except StoreError as exc:

@@ -24,6 +24,8 @@ __all__ = [
     "decode_uint64",
     "encode_uint64",
     "length_prefixed",
+    "partition_column_family",
+    "partition_metadata_key",
     "prefix_range",
     "split_window_key",
     "window_key",
@@ -32,17 +34,31 @@ __all__ = [
 
 # ------------------------------------------------------------------ reserved names
 
-#: on-disk layout version written into every RocksDB store; bump on incompatible changes.
+#: on-disk layout version written into every RocksDB store partition; bump on incompatible
+#: changes (2: a database per table, a column family per partition).
 #: A store with another version is wiped at open and rebuilt from its changelog, so this
 #: versions what a changelog replay rebuilds (the store and its metadata), not the keys
 #: tables write: those come back from the changelog as they were written.
-FORMAT_VERSION = 1
-#: RocksDB column family holding store metadata, out of the user key space entirely
+FORMAT_VERSION = 2
+#: RocksDB column family holding every partition's metadata, out of the user key space
+#: entirely; a partition's keys there start with ``b"<partition>/"`` (see
+#: :func:`partition_metadata_key`)
 METADATA_COLUMN_FAMILY = "streamjoin-metadata"
 META_FORMAT_VERSION = b"format-version"
 META_TABLE = b"table"
 META_PARTITION = b"partition"
 META_CHANGELOG_OFFSET = b"changelog-offset"
+
+
+def partition_metadata_key(partition: int, name: bytes) -> bytes:
+    """Where partition ``partition``'s metadata ``name`` lives in the metadata column family."""
+    return b"%d/%s" % (partition, name)
+
+
+def partition_column_family(partition: int) -> str:
+    """The column family holding partition ``partition``'s keys."""
+    return str(partition)
+
 
 # ------------------------------------------------------------------ encodings
 

@@ -11,6 +11,13 @@
   broker settings the shared broker cannot change (static configs such as the
   initial rebalance delay). Always a broker of our own, even with
   ``STREAMJOIN_KAFKA_BOOTSTRAP`` set.
+- ``kafka_cluster``: a session-scoped real 3-broker cluster on loopback
+  (:class:`~streamjoin.local_cluster.LocalKafkaCluster`: ``min.insync.replicas=2``,
+  internal topics replicated 3 times). Tests may kill and restart its nodes, but must leave
+  it healthy: restart what they stopped and ``wait_until_healthy()`` before returning.
+- ``kafka_cluster_factory``: ``kafka_cluster_factory(brokers=3, **options)`` starts a
+  cluster of the test's own (stopped at the end of the test), for tests that leave it broken
+  or need other settings.
 - ``unique_topic``: a factory of topic names unique to the test, so tests on a
   shared broker never see each other's records.
 """
@@ -22,10 +29,12 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
 from streamjoin.errors import KafkaProvisioningError
+from streamjoin.local_cluster import LocalKafkaCluster
 from streamjoin.local_kafka import LocalKafka
 
 EXTERNAL_BOOTSTRAP_ENV = "STREAMJOIN_KAFKA_BOOTSTRAP"
@@ -93,6 +102,36 @@ def kafka_broker_with() -> Iterator[Callable[[Mapping[str, str]], str]]:
     finally:
         for kafka in started.values():
             kafka.stop()
+
+
+def _say(line: str) -> None:
+    print(f"[streamjoin] {line}", flush=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalKafkaCluster]:
+    """A real 3-broker Kafka cluster for the whole session; tests leave it healthy."""
+    with LocalKafkaCluster(brokers=3, progress=_say) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_cluster_factory() -> Iterator[Callable[..., LocalKafkaCluster]]:
+    """``kafka_cluster_factory(brokers=3, **options)``: a started cluster of the test's own
+    (options as :class:`LocalKafkaCluster` takes them), stopped when the test ends."""
+    started: list[LocalKafkaCluster] = []
+
+    def make(brokers: int = 3, **options: Any) -> LocalKafkaCluster:
+        options.setdefault("progress", _say)
+        cluster = LocalKafkaCluster(brokers, **options)
+        started.append(cluster)
+        return cluster.start()
+
+    try:
+        yield make
+    finally:
+        for cluster in started:
+            cluster.stop()
 
 
 @pytest.fixture

@@ -12,10 +12,12 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import RecordMetadata
 
 from streamjoin.runtime.group.group_info import GroupInfo, MemberInfo, describe_group
 
@@ -401,3 +403,269 @@ class Traffic:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+# -- counted traffic: the ledger app's inputs acknowledged one by one, and what came out ------
+
+#: keys the ledger traffic spreads its events over
+LEDGER_KEYS = 24
+
+
+@dataclass
+class AckedTraffic:
+    """Inputs with unique ids on ``keys`` keys at a steady rate, until stopped; remembers
+    which ones the broker acknowledged (acks=all) and which ones failed.
+
+    With ``join_topics`` (impressions, clicks) it also sends ad auctions, an impression
+    then a click keyed by the auction id (tests/integration/apps/ledger_join.py joins
+    them): the expected joins are the auctions with both sides in the input topics."""
+
+    bootstrap: str
+    topic: str
+    keys: int = LEDGER_KEYS
+    join_topics: tuple[str, str] | None = None
+    acked: dict[str, str] = field(default_factory=dict)  #: input id -> key
+    failed: set[str] = field(default_factory=set)
+    sent: int = 0
+    auctions: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _settled(self, record_id: str, key: str, future: asyncio.Future[RecordMetadata]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self.failed.add(record_id)
+        elif record_id.startswith("e"):
+            self.acked[record_id] = key
+
+    async def _send(
+        self,
+        producer: AIOKafkaProducer,
+        pending: set[asyncio.Future[RecordMetadata]],
+        topic: str,
+        record_id: str,
+        key: str,
+        value: bytes,
+    ) -> None:
+        try:
+            future = await asyncio.wait_for(producer.send(topic, value, key=key.encode()), 5)
+        except Exception:  # the broker is away: this one is not acknowledged
+            self.failed.add(record_id)
+            return
+        future.add_done_callback(lambda f, r=record_id, k=key: self._settled(r, k, f))
+        pending.add(future)
+
+    async def run(self, per_second: int = 100, auctions_per_second: int = 40) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            # (a retry after a lost answer would write an input twice: counted as a
+            # duplicate output of the worker's)
+            enable_idempotence=True,
+            linger_ms=5,
+            request_timeout_ms=4_000,
+            retry_backoff_ms=250,
+        )
+        await producer.start()
+        pending: set[asyncio.Future[RecordMetadata]] = set()
+        try:
+            while not self._stop.is_set():
+                for _ in range(per_second // 20):
+                    record_id, key = f"e{self.sent}", f"k{self.sent % self.keys}"
+                    self.sent += 1
+                    await self._send(
+                        producer, pending, self.topic, record_id, key, record_id.encode()
+                    )
+                if self.join_topics is not None:
+                    impressions, clicks = self.join_topics
+                    for _ in range(auctions_per_second // 20):
+                        auction = f"a{self.auctions}"
+                        self.auctions += 1
+                        for topic, side in ((impressions, "impression"), (clicks, "click")):
+                            value = json.dumps({f"{side}_id": f"{side[0]}{auction}"}).encode()
+                            await self._send(
+                                producer, pending, topic, f"{side[0]}{auction}", auction, value
+                            )
+                pending = {f for f in pending if not f.done()}
+                await asyncio.sleep(0.05)
+            if pending:
+                await asyncio.wait(pending, timeout=30)
+        finally:
+            await producer.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@dataclass
+class Outcome:
+    """What the outputs and the table hold against the inputs."""
+
+    acked: int
+    inputs: int  #: records in the input topic (acknowledged or not)
+    missing: list[str]  #: acknowledged inputs without an output
+    duplicates: int  #: outputs beyond the first of an input
+    unknown: int  #: outputs of ids that are not in the input topic
+    broken_sequences: dict[str, list[int]]  #: keys whose output counts are not 1..n
+    table_wrong: dict[str, tuple[int, int]]  #: key -> (table count, true count) if different
+    acked_not_in_topic: int  #: acknowledged but not in the input topic: the broker lost it
+    #: where the missing outputs are in the log read uncommitted (id -> partition, offset;
+    #: absent: never written): written but not committed means an aborted transaction
+    missing_uncommitted: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        over = {k: v for k, v in self.table_wrong.items() if v[0] > v[1]}
+        under = {k: v for k, v in self.table_wrong.items() if v[0] < v[1]}
+        return (
+            f"{self.acked} inputs acknowledged, {self.inputs} in the input topic; "
+            f"{len(self.missing)} missing (e.g. {self.missing[:5]}), {self.duplicates} "
+            f"duplicated outputs, {self.unknown} outputs of unknown inputs, "
+            f"{len(self.broken_sequences)} keys not counted 1..n "
+            f"(e.g. {dict(list(self.broken_sequences.items())[:2])}), table counts: "
+            f"{len(over)} keys over (e.g. {dict(list(over.items())[:3])}), {len(under)} under "
+            f"(e.g. {dict(list(under.items())[:3])}); {self.acked_not_in_topic} acknowledged "
+            f"inputs not in the input topic; missing outputs found uncommitted: "
+            f"{dict(list(self.missing_uncommitted.items())[:12])}"
+        )
+
+
+async def outcome_of(
+    bootstrap: str, env: dict[str, str], traffic: AckedTraffic, partitions: int
+) -> Outcome:
+    """The ledger app's outputs and table (its changelog, read committed) against its
+    input topic, read back after the run."""
+    inputs = await read_to_end(bootstrap, env["SJT_SOURCE"], partitions)
+    outputs = await read_to_end(bootstrap, env["SJT_OUTPUT"], partitions)
+    changelog = await read_to_end(bootstrap, f"{env['SJT_APP_ID']}-counts-changelog", partitions)
+    truth = Counter(key for key, _ in inputs)
+    in_topic = Counter(record_id for _, record_id in inputs)
+    answered: Counter[str] = Counter()
+    sequences: dict[str, list[int]] = {}
+    for key, value in outputs:  # in offset order per partition, so per key
+        record = json.loads(value)
+        answered[record["id"]] += 1
+        sequences.setdefault(key, []).append(record["count"])
+    table = {key: json.loads(value) for key, value in changelog}  # the last value per key
+    missing = sorted(set(traffic.acked) - set(answered))
+    return Outcome(
+        acked=len(traffic.acked),
+        inputs=len(inputs),
+        missing=missing,
+        # (an input in the topic twice has two outputs, rightly)
+        duplicates=sum(
+            max(0, n - max(1, in_topic[record_id])) for record_id, n in answered.items()
+        ),
+        unknown=sum(n for record_id, n in answered.items() if record_id not in in_topic),
+        broken_sequences={
+            k: seq
+            for k in truth.keys() | sequences.keys()
+            if (seq := sequences.get(k, [])) != list(range(1, truth[k] + 1))
+        },
+        table_wrong={
+            k: (table.get(k, 0), truth[k])
+            for k in truth.keys() | table.keys()
+            if table.get(k, 0) != truth[k]
+        },
+        acked_not_in_topic=len(set(traffic.acked) - set(in_topic)),
+        missing_uncommitted=(
+            await uncommitted_places(bootstrap, env["SJT_OUTPUT"], set(missing), partitions)
+            if missing
+            else {}
+        ),
+    )
+
+
+async def uncommitted_places(
+    bootstrap: str, topic: str, ids: set[str], partitions: int
+) -> dict[str, tuple[int, int]]:
+    """Where outputs answering ``ids`` are in ``topic`` read uncommitted (for the report)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_uncommitted",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    places: dict[str, tuple[int, int]] = {}
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                for record in records:
+                    record_id = json.loads(record.value)["id"]
+                    if record_id in ids:
+                        places[record_id] = (record.partition, record.offset)
+            if all([await consumer.position(tp) >= ends[tp] for tp in tps]):
+                break
+    finally:
+        await consumer.stop()
+    return places
+
+
+def ledger_workers(
+    bootstrap: str,
+    unique_topic: Callable[..., str],
+    log_dir: Path,
+    guarantee: str,
+    partitions: int,
+    app_spec: str = "tests.integration.apps.ledger:app",
+    **settings: str,
+) -> Workers:
+    """Worker processes of tests/integration/apps/ledger.py (or ``app_spec``, an app built
+    on it) on fresh topics; ``settings`` are more of its environment variables."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "SJT_APP_ID": unique_topic("ledger"),
+        "SJT_BROKER": f"kafka://{bootstrap}",
+        "SJT_SOURCE": unique_topic("in"),
+        "SJT_OUTPUT": unique_topic("out"),
+        "SJT_PARTITIONS": str(partitions),
+        "SJT_GUARANTEE": guarantee,
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    return Workers(app_spec, env, log_dir)
+
+
+async def wait_all_committed(
+    bootstrap: str,
+    workers: Workers,
+    name: str | None,
+    timeout: float = 60.0,
+    *,
+    partitions: int,
+    topics: Sequence[str] | None = None,
+) -> None:
+    """Until the group's committed offsets reach the end of ``topics`` (by default the
+    ledger's input topic); fails at once if worker ``name`` (None: any running worker)
+    exits meanwhile."""
+    env = workers.env
+    deadline = time.monotonic() + timeout
+    watched = [env["SJT_SOURCE"]] if topics is None else list(topics)
+    ends = {t: await end_offsets(bootstrap, t, partitions) for t in watched}
+    committed: dict[str, list[int]] = {}
+    while time.monotonic() < deadline:
+        for worker in [name] if name is not None else list(workers.procs):
+            code = workers.procs[worker].poll()
+            assert code is None, f"{worker} exited with {code}\n{workers.log_of(worker)[-6000:]}"
+        for topic in watched:
+            committed[topic] = await committed_offsets(
+                bootstrap, env["SJT_APP_ID"], topic, partitions
+            )
+        if all(c >= e for t in watched for c, e in zip(committed[t], ends[t], strict=True)):
+            return
+        await asyncio.sleep(0.5)
+    logs = workers.log_of(name)[-6000:] if name is not None else workers.logs()
+    raise AssertionError(f"inputs never all committed: {committed} of {ends}\n{logs}")
+
+
+async def sleep_alive(workers: Workers, name: str, seconds: float) -> None:
+    """Sleep, failing at once if the worker exits meanwhile."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        code = workers.procs[name].poll()
+        assert code is None, f"the worker exited with {code}:\n{workers.log_of(name)[-6000:]}"
+        await asyncio.sleep(0.2)

@@ -46,30 +46,25 @@ restarted by every test.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.structs import RecordMetadata
 
 from streamjoin.local_kafka import LocalKafka, free_port
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from tests.integration.support import (
-    Workers,
-    committed_offsets,
-    end_offsets,
-    read_to_end,
+    AckedTraffic,
+    ledger_workers,
+    outcome_of,
+    sleep_alive,
+    wait_all_committed,
     wait_for_group,
 )
 
 PARTITIONS = 4
-KEYS = 24
 EXACTLY_ONCE = "exactly_once"
 AT_LEAST_ONCE = "at_least_once"
 #: seconds of traffic before the broker stops, of the broker being down (beyond its own
@@ -107,206 +102,6 @@ def restartable_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Res
     broker = RestartableBroker(tmp_path_factory.mktemp("restartable-kafka"))
     yield broker
     broker.kafka.stop()
-
-
-@dataclass
-class AckedTraffic:
-    """Inputs with unique ids on ``KEYS`` keys at a steady rate, until stopped; remembers
-    which ones the broker acknowledged (acks=all) and which ones failed."""
-
-    bootstrap: str
-    topic: str
-    acked: dict[str, str] = field(default_factory=dict)  #: input id -> key
-    failed: set[str] = field(default_factory=set)
-    sent: int = 0
-    _stop: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def _settled(self, record_id: str, key: str, future: asyncio.Future[RecordMetadata]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            self.failed.add(record_id)
-        else:
-            self.acked[record_id] = key
-
-    async def run(self, per_second: int = 100) -> None:
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            acks="all",
-            linger_ms=5,
-            request_timeout_ms=4_000,
-            retry_backoff_ms=250,
-        )
-        await producer.start()
-        pending: set[asyncio.Future[RecordMetadata]] = set()
-        try:
-            while not self._stop.is_set():
-                for _ in range(per_second // 20):
-                    record_id, key = f"e{self.sent}", f"k{self.sent % KEYS}"
-                    self.sent += 1
-                    try:
-                        future = await asyncio.wait_for(
-                            producer.send(self.topic, record_id.encode(), key=key.encode()), 5
-                        )
-                    except Exception:  # the broker is away: this one is not acknowledged
-                        self.failed.add(record_id)
-                        continue
-                    future.add_done_callback(lambda f, r=record_id, k=key: self._settled(r, k, f))
-                    pending.add(future)
-                pending = {f for f in pending if not f.done()}
-                await asyncio.sleep(0.05)
-            if pending:
-                await asyncio.wait(pending, timeout=30)
-        finally:
-            await producer.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-@dataclass
-class Outcome:
-    """What the outputs and the table hold against the inputs."""
-
-    acked: int
-    inputs: int  #: records in the input topic (acknowledged or not)
-    missing: list[str]  #: acknowledged inputs without an output
-    duplicates: int  #: outputs beyond the first of an input
-    unknown: int  #: outputs of ids that are not in the input topic
-    broken_sequences: dict[str, list[int]]  #: keys whose output counts are not 1..n
-    table_wrong: dict[str, tuple[int, int]]  #: key -> (table count, true count) if different
-    acked_not_in_topic: int  #: acknowledged but not in the input topic: the broker lost it
-    #: where the missing outputs are in the log read uncommitted (id -> partition, offset;
-    #: absent: never written): written but not committed means an aborted transaction
-    missing_uncommitted: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        over = {k: v for k, v in self.table_wrong.items() if v[0] > v[1]}
-        under = {k: v for k, v in self.table_wrong.items() if v[0] < v[1]}
-        return (
-            f"{self.acked} inputs acknowledged, {self.inputs} in the input topic; "
-            f"{len(self.missing)} missing (e.g. {self.missing[:5]}), {self.duplicates} "
-            f"duplicated outputs, {self.unknown} outputs of unknown inputs, "
-            f"{len(self.broken_sequences)} keys not counted 1..n "
-            f"(e.g. {dict(list(self.broken_sequences.items())[:2])}), table counts: "
-            f"{len(over)} keys over (e.g. {dict(list(over.items())[:3])}), {len(under)} under "
-            f"(e.g. {dict(list(under.items())[:3])}); {self.acked_not_in_topic} acknowledged "
-            f"inputs not in the input topic; missing outputs found uncommitted: "
-            f"{dict(list(self.missing_uncommitted.items())[:12])}"
-        )
-
-
-async def outcome_of(bootstrap: str, env: dict[str, str], traffic: AckedTraffic) -> Outcome:
-    inputs = await read_to_end(bootstrap, env["SJT_SOURCE"], PARTITIONS)
-    outputs = await read_to_end(bootstrap, env["SJT_OUTPUT"], PARTITIONS)
-    changelog = await read_to_end(bootstrap, f"{env['SJT_APP_ID']}-counts-changelog", PARTITIONS)
-    truth = Counter(key for key, _ in inputs)
-    in_topic = {record_id for _, record_id in inputs}
-    answered: Counter[str] = Counter()
-    sequences: dict[str, list[int]] = {}
-    for key, value in outputs:  # in offset order per partition, so per key
-        record = json.loads(value)
-        answered[record["id"]] += 1
-        sequences.setdefault(key, []).append(record["count"])
-    table = {key: json.loads(value) for key, value in changelog}  # the last value per key
-    missing = sorted(set(traffic.acked) - set(answered))
-    return Outcome(
-        acked=len(traffic.acked),
-        inputs=len(inputs),
-        missing=missing,
-        duplicates=sum(n - 1 for n in answered.values()),
-        unknown=sum(n for record_id, n in answered.items() if record_id not in in_topic),
-        broken_sequences={
-            k: seq
-            for k in truth.keys() | sequences.keys()
-            if (seq := sequences.get(k, [])) != list(range(1, truth[k] + 1))
-        },
-        table_wrong={
-            k: (table.get(k, 0), truth[k])
-            for k in truth.keys() | table.keys()
-            if table.get(k, 0) != truth[k]
-        },
-        acked_not_in_topic=len(set(traffic.acked) - in_topic),
-        missing_uncommitted=(
-            await uncommitted_places(bootstrap, env["SJT_OUTPUT"], set(missing)) if missing else {}
-        ),
-    )
-
-
-async def uncommitted_places(
-    bootstrap: str, topic: str, ids: set[str]
-) -> dict[str, tuple[int, int]]:
-    """Where outputs answering ``ids`` are in ``topic`` read uncommitted (for the report)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        isolation_level="read_uncommitted",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    places: dict[str, tuple[int, int]] = {}
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=300)
-            for records in batch.values():
-                for record in records:
-                    record_id = json.loads(record.value)["id"]
-                    if record_id in ids:
-                        places[record_id] = (record.partition, record.offset)
-            if all([await consumer.position(tp) >= ends[tp] for tp in tps]):
-                break
-    finally:
-        await consumer.stop()
-    return places
-
-
-def ledger_workers(
-    bootstrap: str, unique_topic: Callable[..., str], log_dir: Path, guarantee: str
-) -> Workers:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "SJT_APP_ID": unique_topic("ledger"),
-        "SJT_BROKER": f"kafka://{bootstrap}",
-        "SJT_SOURCE": unique_topic("in"),
-        "SJT_OUTPUT": unique_topic("out"),
-        "SJT_PARTITIONS": str(PARTITIONS),
-        "SJT_GUARANTEE": guarantee,
-        "PYTHONUNBUFFERED": "1",
-    }
-    return Workers("tests.integration.apps.ledger:app", env, log_dir)
-
-
-async def wait_all_committed(
-    bootstrap: str, workers: Workers, name: str, timeout: float = 60.0
-) -> None:
-    """Until the group's committed offsets reach the input topic's end."""
-    env = workers.env
-    deadline = time.monotonic() + timeout
-    ends = await end_offsets(bootstrap, env["SJT_SOURCE"], PARTITIONS)
-    committed: list[int] = []
-    while time.monotonic() < deadline:
-        assert workers.procs[name].poll() is None, workers.log_of(name)
-        committed = await committed_offsets(
-            bootstrap, env["SJT_APP_ID"], env["SJT_SOURCE"], PARTITIONS
-        )
-        if all(c >= e for c, e in zip(committed, ends, strict=True)):
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(
-        f"inputs never all committed: {committed} of {ends}\n{workers.log_of(name)[-6000:]}"
-    )
-
-
-async def sleep_alive(workers: Workers, name: str, seconds: float) -> None:
-    """Sleep, failing at once if the worker exits meanwhile."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        code = workers.procs[name].poll()
-        assert code is None, f"the worker exited with {code}:\n{workers.log_of(name)[-6000:]}"
-        await asyncio.sleep(0.2)
 
 
 #: how each guarantee's broker goes down (see the module docstring for why not both ways)
@@ -354,7 +149,7 @@ async def _broker_restart_run(
     restart: str,
 ) -> None:
     bootstrap = await restartable_broker.ensure_running()
-    workers = ledger_workers(bootstrap, unique_topic, tmp_path, guarantee)
+    workers = ledger_workers(bootstrap, unique_topic, tmp_path, guarantee, PARTITIONS)
     env = workers.env
     await ensure_topics(
         bootstrap,
@@ -382,13 +177,13 @@ async def _broker_restart_run(
         traffic.stop()
         await producing
         try:
-            await wait_all_committed(bootstrap, workers, "w")
+            await wait_all_committed(bootstrap, workers, "w", partitions=PARTITIONS)
         except AssertionError as exc:
             waiting = ("still held by an open transaction", "a previous owner is still open")
             if guarantee == EXACTLY_ONCE and any(line in str(exc) for line in waiting):
                 raise BrokerLostMarkers(str(exc)) from exc
             raise
-        outcome = await outcome_of(bootstrap, env, traffic)
+        outcome = await outcome_of(bootstrap, env, traffic, PARTITIONS)
         log = workers.log_of("w")
         report = (
             f"{tmp_path} {guarantee}, broker {restart}, down {outage:.0f} s: {outcome}\n"

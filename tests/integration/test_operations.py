@@ -291,7 +291,7 @@ async def test_corruption_found_by_a_read_rebuilds_the_store_and_the_worker_goes
 
         # flip bytes in a data block of each partition's store: it still opens
         for p in range(partitions):
-            store_dir = workers.state_dir("w1") / "tables" / "counts" / str(p)
+            store_dir = workers.state_dir("w1") / "stores" / "counts"  # (the table's database)
             store = RocksDBStorePartition(store_dir, table="counts", partition=p)
             first_key = next(iter(store.items()))[0]
             store.close()

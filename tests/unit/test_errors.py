@@ -165,6 +165,7 @@ TREE: dict[str, tuple[str, ...]] = {
     "KafkaProvisioningError": ("ProvisioningError",),
     "BrokerExitedError": ("KafkaProvisioningError",),
     "StartupError": ("StreamjoinError",),
+    "AccessRefused": ("StartupError",),
     "SparkJobError": ("StreamjoinError",),
     "SparkNotInstalled": ("SparkJobError",),
     "QueryError": ("StreamjoinError",),

@@ -59,6 +59,8 @@ from streamjoin.runtime.group.assignor_adapter import ASSIGNOR_NAME, known_parti
 from streamjoin.runtime.group.group_offsets import GroupOffsets
 from streamjoin.runtime.group.protocol import Decision, GroupProtocol, Step
 from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics, RebalanceRecord
+from streamjoin.runtime.transport.access import REFUSALS
+from streamjoin.runtime.transport.connections import drop_connections
 
 if TYPE_CHECKING:
     pass
@@ -80,6 +82,13 @@ TP = tuple[str, int]
 EAGER_PROTOCOL = ASSIGNOR_NAME
 COOPERATIVE_PROTOCOL = "streamjoin-cooperative"
 PROTOCOL_TYPE = "consumer"
+#: For QUICK_HEARTBEAT_WINDOW seconds after a rebalance a member heartbeats at least this
+#: often (seconds): a follow-up rebalance comes then (KIP-429's second round, the next
+#: worker of a rolling start), and a member that revoked nothing hears of it only from a
+#: heartbeat's answer. At the 3 s default interval a 30-member group's second round waited
+#: up to 3 s for its last member to notice.
+QUICK_HEARTBEAT_INTERVAL = 0.5
+QUICK_HEARTBEAT_WINDOW = 10.0
 
 
 class _CoordinatorLost(Exception):
@@ -184,6 +193,9 @@ class GroupMembership:
             now=clock(),
         )
         self.metrics = metrics if metrics is not None else RebalanceMetrics()
+        #: the worker's other Kafka clients (fetcher, producer): their connections to a
+        #: coordinator gone silent are given up too (set by the worker; each may be None)
+        self.other_clients: Callable[[], Iterable[Any]] = tuple
         #: the group's committed offsets, committed as this member
         self.offsets = GroupOffsets(
             client,
@@ -200,6 +212,9 @@ class GroupMembership:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._assigned_once = asyncio.Event()
+        #: set when an assignment was applied: the heartbeat task's pause ends early
+        self._rebalanced = asyncio.Event()
+        self._quick_heartbeats_until = 0.0
 
     # ------------------------------------------------------------------ the state, read
 
@@ -392,6 +407,8 @@ class GroupMembership:
             except _Rejoin:
                 await asyncio.sleep(backoff)
             except KafkaError as exc:
+                if isinstance(exc, REFUSALS):  # an ACL retrying cannot grant: exit code 3
+                    raise type(exc)(self.settings.group_id) from exc  # (named)
                 log.warning("group %s: %r; retrying", self.settings.group_id, exc)
                 self.forget_coordinator()
                 self.metrics.failed(self._clock())
@@ -534,6 +551,8 @@ class GroupMembership:
         await self._listening().on_partitions_assigned(changes.added, owned)
         self.metrics.assigned.add(self._clock() - started)
         self._assigned_once.set()
+        self._quick_heartbeats_until = self._clock() + QUICK_HEARTBEAT_WINDOW
+        self._rebalanced.set()
         if state.assignment_applied(
             revoked_any=bool(changes.revoked),
             followup=self._assignor.followup_rebalance,
@@ -621,7 +640,7 @@ class GroupMembership:
         session_timeout = self.settings.session_timeout_ms / 1000
         state = self.state
         while not self._stopping:
-            await asyncio.sleep(interval)
+            await self._heartbeat_pause(interval)
             if state.generation < 0 or state.joining:
                 continue
             if state.coordinator is None:
@@ -639,6 +658,16 @@ class GroupMembership:
                     session_timeout,
                 )
 
+    async def _heartbeat_pause(self, interval: float) -> None:
+        """Until the next heartbeat is due: ``interval`` seconds, at most
+        QUICK_HEARTBEAT_INTERVAL for a while after a rebalance (and at once when one
+        completes meanwhile), so that a follow-up rebalance is heard of quickly."""
+        self._rebalanced.clear()
+        if self._clock() < self._quick_heartbeats_until:
+            interval = min(interval, QUICK_HEARTBEAT_INTERVAL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._rebalanced.wait(), interval)
+
     async def heartbeat(self) -> bool:
         """Send one heartbeat now; True while this member is in the group in good standing
         (a rebalance in progress still counts: the member keeps its partitions until it
@@ -652,8 +681,22 @@ class GroupMembership:
             decision = state.heartbeat_failed()
         else:
             request = HeartbeatRequest(self.settings.group_id, generation, state.member_id)
+            session_timeout = self.settings.session_timeout_ms / 1000
             try:
-                response = await self._client.send(node, request)
+                response = await asyncio.wait_for(self._client.send(node, request), session_timeout)
+            except asyncio.TimeoutError:
+                # a silent (half-open) connection: the client would wait out its request
+                # timeout (the rebalance timeout + 5 s) on it, as would every commit
+                clients = [self._client, *(c for c in self.other_clients() if c is not None)]
+                closed = sum(drop_connections(client, node) for client in clients)
+                log.warning(
+                    "the group coordinator (node %s) answered no heartbeat in %.0fs (session "
+                    "timeout): closed the worker's %d connections to it; looking it up again",
+                    node,
+                    session_timeout,
+                    closed,
+                )
+                decision = state.heartbeat_failed()
             except KafkaError as exc:
                 log.debug("heartbeat failed: %r", exc)
                 decision = state.heartbeat_failed()

@@ -12,6 +12,7 @@ runs the HTTP server when a port is configured.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -247,6 +248,7 @@ class WorkerMonitor(Service):
         status_log_interval: float | None = 30.0,
         web_host: str = "127.0.0.1",
         web_port: int | None = None,
+        web_tls: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__()
         self._worker = worker
@@ -262,7 +264,9 @@ class WorkerMonitor(Service):
         self.registry = registry_for(self.snapshot)
         self.web: WebServer | None = None
         if web_port is not None:
-            self.web = WebServer(self.snapshot, self.registry, host=web_host, port=web_port)
+            self.web = WebServer(
+                self.snapshot, self.registry, host=web_host, port=web_port, tls=web_tls
+            )
 
     def snapshot(self) -> dict[str, Any]:
         return collect(self._worker)

@@ -12,6 +12,10 @@ answer, then reads the local store, forwards to the owner (once: the forwarded r
 carries a header, and its receiver never forwards again) or redirects. Reads see the
 store only: what the last flush applied, never the writes still buffered for the next
 one (docs/queries.md, "Consistency").
+
+A worker serving HTTPS forwards and redirects over HTTPS too (every worker of an app
+has the same web settings), verifying the owner against ``web_tls_ca`` and, under
+mutual TLS, presenting its own certificate (``forward_tls``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import hmac
 import logging
 import math
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -110,6 +115,7 @@ class QueryService:
         self_host: str | None,
         token: str | None = None,
         forward_timeout: float = 5.0,
+        forward_tls: ssl.SSLContext | None = None,
     ) -> None:
         self._tables: Mapping[str, Table] = topology.tables
         self._worker_tables = tables
@@ -120,6 +126,9 @@ class QueryService:
         self.self_host = self_host
         self._token = token
         self._forward_timeout = forward_timeout
+        self._forward_tls = forward_tls
+        #: how owners are asked and redirected to: as this worker serves
+        self._scheme = "http" if forward_tls is None else "https"
         groups = topology.task_groups()
         self._sources = {t: g.sources for g in groups for t in g.tables}
         self._changelogs = {name: t.changelog.name for name, t in topology.tables.items()}
@@ -286,7 +295,7 @@ class QueryService:
         if decision.action is Action.UNAVAILABLE:
             raise decision.unavailable()
         if decision.action is Action.REDIRECT and decision.target is not None:
-            raise web.HTTPTemporaryRedirect(_url_on(decision.target, request))
+            raise web.HTTPTemporaryRedirect(_url_on(self._scheme, decision.target, request))
         if decision.action is Action.FORWARD and decision.target is not None:
             return await self._forward(decision.target, request)
         stale = decision.action is Action.STALE
@@ -342,13 +351,15 @@ class QueryService:
     async def _forward(self, owner: str, request: web.Request) -> web.StreamResponse:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._forward_timeout)
+                timeout=aiohttp.ClientTimeout(total=self._forward_timeout),
+                connector=aiohttp.TCPConnector(ssl=self._forward_tls or True),
             )
         headers = {FORWARDED_HEADER: self.self_host or "?"}
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
         try:
-            async with self._session.get(_url_on(owner, request), headers=headers) as response:
+            url = _url_on(self._scheme, owner, request)
+            async with self._session.get(url, headers=headers) as response:
                 body = await response.read()
                 out_headers = {}
                 if "Retry-After" in response.headers:
@@ -365,9 +376,9 @@ class QueryService:
             raise QueryUnavailable(f"the owner {owner} did not answer: {exc!r}") from exc
 
 
-def _url_on(host: str, request: web.Request) -> str:
+def _url_on(scheme: str, host: str, request: web.Request) -> str:
     """The same request on another worker (path and query as received)."""
-    return f"http://{host}{request.rel_url}"
+    return f"{scheme}://{host}{request.rel_url}"
 
 
 def _error_response(exc: QueryError) -> web.Response:

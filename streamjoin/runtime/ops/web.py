@@ -5,24 +5,67 @@ Routes are a list of ``(method, path, handler)``; more can be added with
 table queries' ``GET /tables/<table>/<key>`` (``runtime/ops/query_endpoint.py``) this
 way. The access log is off: a scrape every few seconds must not become a log line every
 few seconds.
+
+With an SSL context (``App(web_tls_cert=..., web_tls_key=...)``, built by
+:func:`streamjoin.query.tls.server_context` before anything starts) it serves HTTPS
+only, and :attr:`WebServer.url` says ``https://``.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from streamjoin.config import AppConfig, Secret
 from streamjoin.errors import LifecycleError
+from streamjoin.query.tls import WORKER_SETTINGS, client_context, server_context
 from streamjoin.runtime.ops.status_page import render_status_page
 
-__all__ = ["Handler", "WebServer"]
+__all__ = ["Handler", "WebServer", "WebTLS", "web_tls_contexts"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class WebTLS:
+    """The worker's two TLS contexts: the one it serves with, and the one it asks other
+    workers with when it forwards a read (verifying them; presenting its own certificate
+    under mutual TLS)."""
+
+    server: ssl.SSLContext
+    forward: ssl.SSLContext
+
+
+def web_tls_contexts(config: AppConfig) -> WebTLS | None:
+    """The contexts of ``config``'s ``web_tls_*`` settings (None: plain HTTP). Reads the
+    files now: a missing, unreadable or mismatched one is a ConfigurationError naming it."""
+    if config.web_tls_cert is None or config.web_tls_key is None:
+        return None
+    password = config.web_tls_key_password
+    key_password = password.reveal() if isinstance(password, Secret) else password
+    mutual = config.web_tls_client_ca is not None
+    return WebTLS(
+        server=server_context(
+            config.web_tls_cert,
+            config.web_tls_key,
+            client_ca_file=config.web_tls_client_ca,
+            key_password=key_password,
+        ),
+        forward=client_context(
+            config.web_tls_ca,
+            cert_file=config.web_tls_cert if mutual else None,
+            key_file=config.web_tls_key if mutual else None,
+            key_password=key_password,
+            setting_names=WORKER_SETTINGS,
+        ),
+    )
 
 
 class WebServer:
@@ -35,8 +78,10 @@ class WebServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._snapshot = snapshot
+        self._tls = tls
         self._registry = registry
         self.host = host
         self.port = port
@@ -55,7 +100,11 @@ class WebServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"{self.scheme}://{host}:{self.port}/"
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self._tls is None else "https"
 
     async def start(self) -> None:
         app = web.Application()
@@ -63,7 +112,7 @@ class WebServer:
             app.router.add_route(method, path, handler)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True, ssl_context=self._tls)
         try:
             await site.start()
         except OSError as exc:

@@ -1,8 +1,9 @@
 """Table state at run time: local stores, restoration and standby replicas.
 
-* :class:`TableStores` opens one store per table partition (RocksDB under
-  ``<state_dir>/tables/<table>/<partition>``, or in memory for the test driver);
-  flushing their buffered writes is :mod:`streamjoin.runtime.table_state.flush`.
+* :class:`TableStores` opens one store per table partition (a column family of the
+  table's RocksDB database ``<state_dir>/stores/<table>``, or in memory for the test
+  driver), all sharing one memory budget; flushing their buffered writes is
+  :mod:`streamjoin.runtime.table_state.flush`.
 * :class:`StateService` (a mode service with its own
   :class:`~streamjoin.runtime.table_state.changelog_reader.ChangelogReader`, which fetches
   raw changelog records without a consumer group) restores active partitions
@@ -40,7 +41,14 @@ from streamjoin.runtime.table_state.changelog_records import READ_COMMITTED, REA
 from streamjoin.state.base import StorePartition
 from streamjoin.state.memory import MemoryStorePartition
 from streamjoin.state.restore import RestoreAction, lag_of, plan_restore
-from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition, open_or_rebuild
+from streamjoin.state.rocksdb import (
+    RocksDBBudget,
+    RocksDBOptions,
+    TableDatabase,
+    destroy,
+    partition_path,
+)
+from streamjoin.state.rocksdb_options import ensure_open_files_limit
 from streamjoin.tables import Table
 
 log = logging.getLogger("streamjoin.state")
@@ -48,8 +56,21 @@ log = logging.getLogger("streamjoin.state")
 TaskKey = tuple[str, int]  # (table name, partition)
 
 
+#: where the RocksDB databases of a state dir live: one directory per table
+STORES_DIR = "stores"
+#: where a state dir kept a RocksDB database per table partition before (discarded)
+OLD_LAYOUT_DIR = "tables"
+
+
 class TableStores:
-    """The open stores of every table partition this worker holds, and flushing into them."""
+    """The open stores of every table partition this worker holds, and flushing into them.
+
+    On disk, each table is one RocksDB database (opened when first needed, with a column
+    family for each of the table's partitions) and every database shares one
+    :class:`~streamjoin.state.rocksdb_options.RocksDBBudget`: one block cache and one
+    write-buffer budget for the whole worker. Creating it checks that the process may open
+    the files those databases need (``ulimit -n``).
+    """
 
     def __init__(
         self,
@@ -63,14 +84,72 @@ class TableStores:
         self.rocksdb = rocksdb
         self._by_changelog = {t.changelog.name: t for t in self.tables.values()}
         self._open: dict[TaskKey, StorePartition] = {}
+        self._databases: dict[str, TableDatabase] = {}
+        self._budget: RocksDBBudget | None = None
+        if state_dir is not None and self.tables:
+            ensure_open_files_limit(len(self.tables), rocksdb or RocksDBOptions())
 
     def table_for_changelog(self, topic: str) -> Table:
         return self._by_changelog[topic]
 
-    def path(self, table: str, partition: int) -> Path:
+    def database_path(self, table: str) -> Path:
         if self.state_dir is None:
             raise InternalError("in-memory stores have no path")
-        return self.state_dir / "tables" / table / str(partition)
+        return self.state_dir / STORES_DIR / table
+
+    def path(self, table: str, partition: int) -> Path:
+        """How errors name a partition's store (its column family in the table's database)."""
+        return partition_path(self.database_path(table), partition)
+
+    def budget(self) -> RocksDBBudget:
+        """The block cache and write-buffer budget every database of this worker shares."""
+        if self._budget is None:
+            self._budget = RocksDBBudget(self.rocksdb or RocksDBOptions())
+        return self._budget
+
+    def database(self, table: Table) -> TableDatabase:
+        """The table's RocksDB database, opened on first use (a database that cannot be
+        opened at all is reported, wiped and rebuilt from the changelogs)."""
+        database = self._databases.get(table.name)
+        if database is not None:
+            return database
+        path = self.database_path(table.name)
+        self._discard_old_layout(table.name)
+        try:
+            partitions: Iterable[int] = range(table.partitions)
+        except Exception:  # (a count nobody settled: the test driver's tables)
+            partitions = ()
+        try:
+            database = self._open_database(path, table.name, partitions)
+        except StoreCorrupted as exc:
+            log.warning("the store of table %s is unusable and is rebuilt: %s", table.name, exc)
+            destroy(path)
+            database = self._open_database(path, table.name, partitions)
+        self._databases[table.name] = database
+        return database
+
+    def _open_database(self, path: Path, table: str, partitions: Iterable[int]) -> TableDatabase:
+        return TableDatabase(
+            path, table, partitions=partitions, options=self.rocksdb, budget=self.budget()
+        )
+
+    def _discard_old_layout(self, table: str) -> None:
+        """Delete the table's stores in the layout before column families (a database per
+        partition): the changelog restores them (a migration would cost as much I/O)."""
+        assert self.state_dir is not None
+        old = self.state_dir / OLD_LAYOUT_DIR / table
+        if old.is_dir():
+            log.warning(
+                "table %s has stores in the old layout (a RocksDB database per partition, "
+                "%s); discarding them: their partitions are restored from the changelog "
+                "into %s",
+                table,
+                old,
+                self.database_path(table),
+            )
+            shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                old.parent.rmdir()  # (only once every table's old stores are gone)
 
     def get(self, table: str, partition: int) -> StorePartition | None:
         """The partition's store if it is open."""
@@ -92,13 +171,7 @@ class TableStores:
                     "store %s[%d] is unusable and is rebuilt: %s", table.name, partition, exc
                 )
 
-            store = open_or_rebuild(
-                self.path(table.name, partition),
-                table.name,
-                partition,
-                corrupt,
-                options=self.rocksdb,
-            )
+            store = self.database(table).open_or_rebuild(partition, corrupt)
         self._open[(table.name, partition)] = store
         return store
 
@@ -109,64 +182,55 @@ class TableStores:
 
     def wipe(self, table: Table, partition: int) -> StorePartition:
         """Delete a store's data (it will be rebuilt from the changelog) and reopen it empty."""
-        self.close(table, partition)
-        if self.state_dir is not None:
-            shutil.rmtree(self.path(table.name, partition), ignore_errors=True)
+        self.destroy(table, partition)
         return self.open(table, partition)
 
     def destroy(self, table: Table, partition: int) -> None:
-        """Close a store and delete its data (rebuilt from the changelog when next opened)."""
+        """Close a store and delete its data (rebuilt from the changelog when next opened):
+        its metadata, then its column family."""
         self.close(table, partition)
         if self.state_dir is not None:
-            shutil.rmtree(self.path(table.name, partition), ignore_errors=True)
+            self.database(table).drop(partition)
 
     def key_of(self, path: Path) -> TaskKey | None:
-        """The table partition whose store lives at ``path`` (None: not one of ours)."""
+        """The table partition whose store ``path`` names (None: not one of ours)."""
         if self.state_dir is None:
             return None
         for name in self.tables:
-            root = self.state_dir / "tables" / name
-            if path.parent == root and path.name.isdigit():
+            if path.parent == self.database_path(name) and path.name.isdigit():
                 return name, int(path.name)
         return None
 
     def close_all(self) -> None:
         for name, partition in list(self._open):
             self.close(self.tables[name], partition)
+        for database in self._databases.values():
+            database.close()
+        self._databases.clear()
 
     def on_disk(self) -> list[TaskKey]:
-        """Table partitions with a store directory under the state dir (any owner, any age)."""
+        """Table partitions with a store under the state dir (any owner, any age)."""
         if self.state_dir is None:
             return []
         found: list[TaskKey] = []
         for name, table in sorted(self.tables.items()):
-            root = self.state_dir / "tables" / name
-            if not root.is_dir():
+            if name not in self._databases and not self.database_path(name).is_dir():
                 continue
-            for child in root.iterdir():
-                if child.is_dir() and child.name.isdigit() and int(child.name) < table.partitions:
-                    found.append((name, int(child.name)))
+            for partition in self.database(table).stored_partitions():
+                if partition < table.partitions:
+                    found.append((name, partition))
         return sorted(found)
 
     def stored_offset(self, table: Table, partition: int) -> int | None:
-        """The changelog offset stored with a partition's store, opening it briefly if needed.
+        """The changelog offset stored with a partition's store (None: none yet).
 
-        Read-only in effect: a corrupt or locked store raises :class:`StoreError` and is left
-        alone (the restore path, not lag reporting, decides to rebuild it).
+        Read-only: a corrupt store raises :class:`StoreError` and is left alone (the
+        restore path, not lag reporting, decides to rebuild it).
         """
         store = self._open.get((table.name, partition))
         if store is not None:
             return store.changelog_offset()
-        probe = RocksDBStorePartition(
-            self.path(table.name, partition),
-            table=table.name,
-            partition=partition,
-            options=self.rocksdb,
-        )
-        try:
-            return probe.changelog_offset()
-        finally:
-            probe.close()
+        return self.database(table).stored_offset(partition)
 
 
 @dataclass(frozen=True)
@@ -255,6 +319,12 @@ class StateService(Service):
         self.restored_records = 0
 
     # ------------------------------------------------------------------ public
+
+    def kafka_client(self) -> Any:
+        """The changelog reader's aiokafka client (None when not started): the membership
+        closes its connections to a broker gone silent, as the fetcher's."""
+        reader = getattr(self, "_reader", None)
+        return getattr(reader, "_client", None)
 
     def lags(self) -> dict[str, dict[int, int]]:
         """Per changelog topic and partition, how far each local store is behind.

@@ -170,12 +170,12 @@ class Acknowledgements:
             self._policies.add(policy)
             policy.add_done_callback(self._policies.discard)
             return
-        self._on_crash(
-            AgentFailed(
-                f"a record sent while processing {raw.position} "
-                f"was not acknowledged: {exc!r}; stopping without committing past it"
-            )
+        failed = AgentFailed(
+            f"a record sent while processing {raw.position} "
+            f"was not acknowledged: {exc!r}; stopping without committing past it"
         )
+        failed.__cause__ = exc  # (a refused ACL in it stops the worker with exit code 3)
+        self._on_crash(failed)
 
     async def _refused(self, inflight: InFlight, exc: RecordRejected) -> None:
         try:

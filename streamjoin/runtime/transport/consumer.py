@@ -110,6 +110,12 @@ class Fetcher:
     def started(self) -> bool:
         return self._consumer is not None
 
+    def kafka_client(self) -> Any:
+        """The aiokafka client under the consumer (None when not started): the membership
+        closes its connections to a broker gone silent
+        (:func:`~streamjoin.runtime.transport.connections.drop_connections`)."""
+        return getattr(self._consumer, "_client", None)
+
     async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
         """The next fetched records of each partition (empty when pointed nowhere yet)."""
         consumer = self._consumer

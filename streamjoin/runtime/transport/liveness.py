@@ -33,10 +33,11 @@ CONNECTION_TROUBLE = re.compile(
     r"|RequestTimedOut|Unable to request metadata|not ready|Connection refused",
 )
 #: aiokafka's lines about conditions it retries itself while the broker answers (a leader
-#: not elected yet right after a topic is created, metadata catching up): not an outage
+#: not elected yet right after a topic is created, metadata catching up, a replica of a
+#: cluster restarting so that fewer than min.insync.replicas are in sync): not an outage
 RETRIED_BY_THE_CLIENT = re.compile(
     r"NotLeaderForPartition|LeaderNotAvailable|UnknownTopicOrPartition|Failed fetch offsets"
-    r"|NotCoordinator|CoordinatorLoadInProgress",
+    r"|NotCoordinator|CoordinatorLoadInProgress|NotEnoughReplicas",
 )
 #: first and longest pause between two attempts to reach the broker while starting
 BACKOFF_START, BACKOFF_MAX = 0.1, 5.0
@@ -88,6 +89,18 @@ async def wait_for_broker(bootstrap: str, timeout: float, *, report_every: float
         log.info("broker %s reachable after %.0f s", bootstrap, time.monotonic() - started)
 
 
+def _lost_connection(record: logging.LogRecord) -> bool:
+    """Whether the record's traceback is a lost connection (aiokafka's producer logs one
+    under "Unexpected error in sender routine" when its transaction coordinator's
+    connection breaks; the worker replaces that producer and says so itself)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while exc is not None:
+        if CONNECTION_TROUBLE.search(type(exc).__name__) or isinstance(exc, ConnectionError):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 class BrokerWatch(logging.Filter):
     """A filter for the worker's log handler: aiokafka's connection failures become one
     line every ``interval`` seconds (see the module docstring). Run :meth:`run` beside the
@@ -117,7 +130,7 @@ class BrokerWatch(logging.Filter):
         message = record.getMessage()
         if RETRIED_BY_THE_CLIENT.search(message):
             return False
-        if not CONNECTION_TROUBLE.search(message):
+        if not CONNECTION_TROUBLE.search(message) and not _lost_connection(record):
             return True
         self.trouble()
         return False

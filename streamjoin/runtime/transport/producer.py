@@ -31,6 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
+    KafkaTimeoutError,
     OutOfOrderSequenceNumber,
     UnknownProducerId,
 )
@@ -66,16 +67,43 @@ MAX_WAITING_BATCHES = 2
 _NO_HEADERS: list[tuple[str, bytes]] = []
 #: a topic without a size limit (RecordLimits.quick)
 _ANY = sys.maxsize
+#: how long a record batch waits for its partition to have a leader before it fails
+#: (aiokafka's own limit is its request timeout, 40 s: less than a cluster takes to
+#: come back after a full outage)
+LEADER_WAIT = 300.0
+
+
+def wait_for_leaders(producer: AIOKafkaProducer, seconds: float = LEADER_WAIT) -> None:
+    """Let ``producer``'s record batches wait ``seconds`` for a partition without a leader
+    (every replica's broker down, an election) before they fail.
+
+    aiokafka fails such a batch with LeaderNotAvailableError once it is older than its
+    accumulator's ``_batch_ttl`` (private; its request timeout), however idempotent the
+    producer: an at-least-once worker then stopped after a 40 s outage of the whole
+    cluster, although nothing was lost yet. An aiokafka without that attribute keeps its
+    own limit, with a warning."""
+    accumulator: Any = getattr(producer, "_message_accumulator", None)
+    ttl = getattr(accumulator, "_batch_ttl", None)
+    if not isinstance(ttl, int | float):
+        log.warning(
+            "this aiokafka's producer has no _message_accumulator._batch_ttl: a record batch "
+            "fails after request_timeout_ms without a partition leader (not after %.0f s)",
+            seconds,
+        )
+        return
+    accumulator._batch_ttl = max(float(ttl), seconds)
 
 
 async def started_producer(
     options: Mapping[str, Any], check: Callable[[AIOKafkaProducer], None] | None = None
 ) -> AIOKafkaProducer:
-    """A started producer (``check`` looks at it first); one whose check or start fails
-    (or is cancelled) is stopped before the error goes on, so no half-started client is
-    left for the garbage collector."""
+    """A started producer (``check`` looks at it first) whose batches wait for a partition
+    leader for :data:`LEADER_WAIT`; one whose check or start fails (or is cancelled) is
+    stopped before the error goes on, so no half-started client is left for the garbage
+    collector."""
     producer = AIOKafkaProducer(**options)
     try:
+        wait_for_leaders(producer)
         if check is not None:
             check(producer)
         await producer.start()
@@ -166,6 +194,12 @@ class KafkaSender(Service):
             await self._drop_unsent()  # (anything appended since: nothing hands it over)
             await self._producer.stop()  # flushes what is buffered
             self._producer = None
+
+    def kafka_client(self) -> Any:
+        """The current producer's aiokafka client (None when not started): the membership
+        closes its connections to a broker gone silent
+        (:func:`~streamjoin.runtime.transport.connections.drop_connections`)."""
+        return getattr(self._producer, "client", None)
 
     def _require(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -419,11 +453,23 @@ class KafkaSender(Service):
         if batch.future.done():
             return  # dropped (its transaction aborted)
         try:
-            while self._replacing is not None:
-                await self._replacing
-            producer = self._require()
-            # (left open: aiokafka lingers on it for linger_ms, like the records it batches)
-            delivered = await producer.send_batch(batch.builder, topic, partition=batch.partition)
+            while True:
+                while self._replacing is not None:
+                    await self._replacing
+                producer = self._require()
+                try:
+                    # (left open: aiokafka lingers on it for linger_ms, like its own batches)
+                    delivered = await producer.send_batch(
+                        batch.builder, topic, partition=batch.partition
+                    )
+                    break
+                except KafkaTimeoutError:
+                    # No room within request_timeout_ms: the partition's batch before this
+                    # one is still unanswered (the broker away, a silent connection given
+                    # up only now). This one was not taken: it waits on, in order.
+                    if batch.future.done():
+                        return  # dropped meanwhile (its transaction aborted)
+                    log.debug("%s[%d]: waiting on for room in the producer", topic, batch.partition)
         except asyncio.CancelledError:
             batch.future.cancel()
             raise
@@ -561,7 +607,7 @@ class KafkaSender(Service):
             if batch.append(key=key, value=value, timestamp=None) is None:
                 # full: send it and start the next one (an empty batch takes any record)
                 if count:
-                    sent = await producer.send_batch(batch, topic, partition=partition)
+                    sent = await _send_batch_waiting(producer, batch, topic, partition)
                     batches.append((sent, count))
                     batch, count = producer.create_batch(), 0
                 if batch.append(key=key, value=value, timestamp=None) is None:
@@ -577,7 +623,7 @@ class KafkaSender(Service):
                     )
             count += 1
         if count:
-            batches.append((await producer.send_batch(batch, topic, partition=partition), count))
+            batches.append((await _send_batch_waiting(producer, batch, topic, partition), count))
         self.counters.sent(topic, len(records))
         self.counters.changelog_flush_records.observe(len(records))
         return asyncio.ensure_future(_last_offset(batches))
@@ -591,6 +637,20 @@ class KafkaSender(Service):
         if self._producer is not None:
             await self._submit_all()
             await self._producer.flush()
+
+
+async def _send_batch_waiting(
+    producer: AIOKafkaProducer, batch: Any, topic: str, partition: int
+) -> asyncio.Future[Any]:
+    """``producer.send_batch``, waiting on while aiokafka has no room for the batch: it
+    gives up after request_timeout_ms when the partition's batch before is unanswered (the
+    broker away, a silent connection), but this batch was not taken and can wait on."""
+    while True:
+        try:
+            sent: asyncio.Future[Any] = await producer.send_batch(batch, topic, partition=partition)
+            return sent
+        except KafkaTimeoutError:
+            log.debug("%s[%d]: waiting on for room in the producer", topic, partition)
 
 
 #: what a producer's later sends fail with once a refused batch broke its sequence numbers

@@ -15,12 +15,19 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
 
-from streamjoin.errors import ConfigurationError, CopartitioningError, ProvisioningError
+from streamjoin.errors import (
+    AccessRefused,
+    ConfigurationError,
+    CopartitioningError,
+    ProvisioningError,
+)
 from streamjoin.runtime.transport.record_limits import TopicLimits
 
 _NO_ERROR = 0
 _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC_OR_PARTITION = 3
+_TOPIC_AUTHORIZATION_FAILED = 29
+_CLUSTER_AUTHORIZATION_FAILED = 31
 
 
 def _count_mismatch(topic: str, declared: int, actual: int) -> CopartitioningError:
@@ -34,11 +41,15 @@ def _count_mismatch(topic: str, declared: int, actual: int) -> CopartitioningErr
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """A topic the application needs: name, partition count, replication and configs."""
+    """A topic the application needs: name, partition count, replication and configs.
+
+    ``replication_factor`` None: decided when the topic is created, from the cluster
+    (:func:`replication_for`).
+    """
 
     name: str
     partitions: int
-    replication_factor: int = 1
+    replication_factor: int | None = None
     config: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -48,6 +59,88 @@ class TopicSpec:
             raise ConfigurationError(
                 f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}"
             )
+
+
+#: "auto" replication never goes above this: 3 copies survive one broker down plus a second
+#: failure, as Kafka Streams' recommended replication.factor=3 does
+AUTO_REPLICATION_MAX = 3
+
+
+def replication_for(topic: str, requested: int | None, brokers: int) -> int:
+    """The replication factor a topic is created with: ``requested`` when given, else
+    ``min(3, brokers)``; more replicas than brokers is a clear error naming both numbers."""
+    if requested is None:
+        return max(1, min(AUTO_REPLICATION_MAX, brokers))
+    if requested > brokers:
+        raise ConfigurationError(
+            f"topic {topic!r}: replication factor {requested} is more than the {brokers} "
+            f"broker{'s' if brokers != 1 else ''} in the cluster; lower it (App("
+            f"topic_replication_factor=...) or the topic's replication_factor=), or use "
+            f'"auto" (min(3, brokers))'
+        )
+    return requested
+
+
+def creation_config(config: Mapping[str, str], replication: int) -> dict[str, str]:
+    """A new topic's configs: with 3 or more replicas, ``min.insync.replicas=2`` unless the
+    user set it (acks=all then survives one broker down, and an acknowledged write is on
+    two brokers: the loss of one never loses it)."""
+    out = dict(config)
+    if replication >= 3:
+        out.setdefault("min.insync.replicas", "2")
+    return out
+
+
+def internal_topics(app_id: str, names: Iterable[str], changelogs: Iterable[str]) -> set[str]:
+    """The topics streamjoin makes for itself: changelogs, and ``<app id>-*-repartition``."""
+    prefix = f"{app_id}-"
+    repartition = {n for n in names if n.startswith(prefix) and n.endswith("-repartition")}
+    return repartition | set(changelogs)
+
+
+@dataclass(frozen=True)
+class TopicReplication:
+    """An existing topic's replication: its replica count and ``min.insync.replicas``."""
+
+    replication_factor: int
+    min_insync_replicas: int | None = None
+
+
+def replication_warnings(
+    existing: Mapping[str, TopicReplication],
+    *,
+    internal: Iterable[str],
+    changelogs: Iterable[str],
+    brokers: int,
+    exactly_once: bool,
+) -> list[str]:
+    """One line for each internal topic that is less safe than the cluster allows: a single
+    copy on a cluster of 3+ brokers, and (exactly-once) a replicated changelog whose
+    ``min.insync.replicas`` of 1 lets an acknowledged write live on one broker only."""
+    out = []
+    changelog_names = set(changelogs)
+    for name in sorted(set(internal) & set(existing)):
+        topic = existing[name]
+        if topic.replication_factor == 1 and brokers >= AUTO_REPLICATION_MAX:
+            out.append(
+                f"topic {name!r} has replication factor 1 on a cluster of {brokers} brokers: "
+                "losing one broker loses its data. Stop the app's workers, delete the topic "
+                "(streamjoin creates it again with 3 replicas) or add replicas with "
+                "kafka-reassign-partitions"
+            )
+        elif (
+            exactly_once
+            and name in changelog_names
+            and topic.replication_factor >= AUTO_REPLICATION_MAX
+            and topic.min_insync_replicas == 1
+        ):
+            out.append(
+                f"exactly_once: changelog {name!r} has {topic.replication_factor} replicas "
+                "but min.insync.replicas=1, so a committed write can be on one broker only "
+                "and lost with it; set it to 2: kafka-configs --alter --entity-type topics "
+                f"--entity-name {name} --add-config min.insync.replicas=2"
+            )
+    return out
 
 
 async def describe_partition_counts(
@@ -62,6 +155,12 @@ async def describe_partition_counts(
         code = entry["error_code"]
         if code == _UNKNOWN_TOPIC_OR_PARTITION:
             continue
+        if code == _TOPIC_AUTHORIZATION_FAILED:
+            raise AccessRefused(
+                f"the brokers refused to describe topic {entry['topic']!r} "
+                "(TOPIC_AUTHORIZATION_FAILED: DESCRIBE, or READ or WRITE, on it is needed); "
+                "`streamjoin acls -A MODULE:APP` lists the ACLs the app needs"
+            )
         if code != _NO_ERROR:
             raise ProvisioningError(
                 f"describing topic {entry['topic']!r} failed: {for_code(code).__name__}"
@@ -92,24 +191,32 @@ async def ensure_topics(
         missing = [s for s in specs if s.name not in existing]
         if not missing:
             return []
-        response = await admin.create_topics(
-            [
-                NewTopic(
-                    s.name,
-                    s.partitions,
-                    s.replication_factor,
-                    topic_configs=dict(s.config),
-                )
-                for s in missing
-            ]
-        )
+        brokers = len((await admin.describe_cluster())["brokers"])
+        new_topics = []
+        for spec in missing:
+            replication = replication_for(spec.name, spec.replication_factor, brokers)
+            configs = creation_config(spec.config, replication)
+            new_topics.append(
+                NewTopic(spec.name, spec.partitions, replication, topic_configs=configs)
+            )
+        response = await admin.create_topics(new_topics)
         failures = []
+        refused = []
         for entry in response.topic_errors:
             name, code = entry[0], entry[1]
             message = entry[2] if len(entry) > 2 else None
             if code in (_NO_ERROR, _TOPIC_ALREADY_EXISTS):
                 continue
+            if code in (_TOPIC_AUTHORIZATION_FAILED, _CLUSTER_AUTHORIZATION_FAILED):
+                refused.append(name)
+                continue
             failures.append(f"{name}: {for_code(code).__name__} {message or ''}".strip())
+        if refused:
+            raise AccessRefused(
+                f"the brokers refused to create topics {', '.join(map(repr, refused))} "
+                "(TOPIC_AUTHORIZATION_FAILED: CREATE on them is needed, or create them "
+                "beforehand); `streamjoin acls -A MODULE:APP` lists the ACLs the app needs"
+            )
         if failures:
             raise ProvisioningError("creating topics failed: " + "; ".join(failures))
         # A concurrent creator may have won the race with another partition count. A new
@@ -140,6 +247,55 @@ async def _wait_visible(
                 + ", ".join(absent)
             )
         await asyncio.sleep(0.1)
+
+
+async def check_replication(
+    bootstrap_servers: str,
+    internal: Iterable[str],
+    changelogs: Iterable[str],
+    *,
+    exactly_once: bool,
+    **client_kwargs: object,
+) -> list[str]:
+    """:func:`replication_warnings` for the existing ``internal`` topics, as the cluster
+    describes them now (their replicas, and the changelogs' ``min.insync.replicas``)."""
+    wanted = sorted(set(internal))
+    if not wanted:
+        return []
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
+    await admin.start()
+    try:
+        brokers = len((await admin.describe_cluster())["brokers"])
+        replicas: dict[str, int] = {}
+        for entry in await admin.describe_topics(wanted):
+            if entry["error_code"] == _NO_ERROR and entry["partitions"]:
+                replicas[entry["topic"]] = min(len(p["replicas"]) for p in entry["partitions"])
+        min_isr: dict[str, int] = {}
+        changelog_names = sorted(set(changelogs) & set(replicas))
+        if exactly_once and changelog_names:
+            responses = await admin.describe_configs(
+                [
+                    ConfigResource(ConfigResourceType.TOPIC, name, {"min.insync.replicas": None})
+                    for name in changelog_names
+                ]
+            )
+            for response in responses:
+                for code, _message, _type, name, entries in response.resources:
+                    for entry in entries if code == _NO_ERROR else ():
+                        if entry[0] == "min.insync.replicas" and entry[1] is not None:
+                            min_isr[name] = int(entry[1])
+    finally:
+        await admin.close()
+    existing = {
+        name: TopicReplication(count, min_isr.get(name)) for name, count in replicas.items()
+    }
+    return replication_warnings(
+        existing,
+        internal=wanted,
+        changelogs=changelogs,
+        brokers=brokers,
+        exactly_once=exactly_once,
+    )
 
 
 async def fetch_partition_counts(

@@ -6,6 +6,7 @@ table ``counts`` (so its changelog ``<app id>-counts-changelog`` holds the count
 ``{"id": <event id>, "count": <the key's count after it>}`` to $SJT_OUTPUT under the same
 key: a reader finds which inputs have an output, which have more than one, and per key the
 sequence of counts. $SJT_GUARANTEE is the processing guarantee (at_least_once by default);
+$SJT_SESSION_TIMEOUT_MS the group session timeout (10 s by default);
 $SJT_PARTITIONS the partitions of both topics (4 by default).
 """
 
@@ -20,7 +21,10 @@ app = streamjoin.App(
     os.environ.get("SJT_APP_ID", "ledger"),
     broker=os.environ.get("SJT_BROKER", "kafka://127.0.0.1:9092"),
     processing_guarantee=os.environ.get("SJT_GUARANTEE", "at_least_once"),
-    consumer_options={"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000},
+    consumer_options={
+        "session_timeout_ms": int(os.environ.get("SJT_SESSION_TIMEOUT_MS", "10000")),
+        "heartbeat_interval_ms": 1_000,
+    },
 )
 PARTITIONS = int(os.environ.get("SJT_PARTITIONS", "4"))
 source = app.topic(

@@ -222,7 +222,7 @@ def test_redeclaring_a_topic_with_other_settings_is_an_error_naming_them() -> No
     assert "topic 'clicks'" in message
     assert "key_serializer 'str' and 'json'" in message
     assert "value_serializer 'json[Click]' and 'raw'" in message
-    with pytest.raises(ConfigurationError, match=r"topic 'clicks'.*replication_factor 1 and 3"):
+    with pytest.raises(ConfigurationError, match=r"topic 'clicks'.*replication_factor auto and 3"):
         app.topic("clicks", replication_factor=3)
     app.topic("audit", config={"retention.ms": "1000"})
     assert app.topic("audit", config={"retention.ms": "1000"}) is app.topics["audit"]

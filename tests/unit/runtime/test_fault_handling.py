@@ -174,6 +174,9 @@ def test_broker_watch_drops_aiokafkas_retried_metadata_errors_without_an_outage(
         "Failed fetch offsets from 1: [Error 6] NotLeaderForPartitionError: TopicPartition(...)",
         "Got error [Error 5] LeaderNotAvailableError for topic t",
         "Topic t not found in cluster metadata ([Error 3] UnknownTopicOrPartitionError)",
+        # a 3-broker cluster with one broker restarting: the producer retries its batch
+        "Got error produce response on topic-partition TopicPartition(topic='t', "
+        "partition=0), retrying. Error: <class 'aiokafka.errors.NotEnoughReplicasError'>",
     ]
     for message in retried:
         record = logging.LogRecord(

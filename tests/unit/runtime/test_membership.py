@@ -241,6 +241,22 @@ async def test_cooperative_heartbeat_rebalance_in_progress_rejoins_keeping_parti
     assert m.client.count(OffsetCommitRequest) == 0
 
 
+async def test_right_after_a_rebalance_a_member_hears_of_the_next_one_before_its_interval(
+    make_member: Callable[..., Member],
+) -> None:
+    # KIP-429's second round (or the next worker of a rolling start) comes right after a
+    # rebalance; a member that revoked nothing hears of it only from a heartbeat's answer,
+    # and at a long interval the whole group would wait for it
+    m = make_member(heartbeat_interval_ms=60_000)
+    m.client.script(JoinGroupRequest, join_ok(generation=1), join_ok(generation=2))
+    m.client.script(SyncGroupRequest, sync_ok([0, 1]), sync_ok([0, 1]))
+    await assigned(m, [0, 1])
+    m.client.script(HeartbeatRequest, heartbeat(REBALANCE_IN_PROGRESS))
+    await eventually(lambda: len(m.joins()) == 2)  # not a minute later
+    await assigned(m, [0, 1], times=2)
+    assert m.callbacks("revoked", "lost") == []
+
+
 async def test_eager_heartbeat_rebalance_in_progress_revokes_everything_before_rejoining(
     make_member: Callable[..., Member],
 ) -> None:

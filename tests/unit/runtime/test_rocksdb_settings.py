@@ -65,8 +65,8 @@ def _options_file(store_dir: Path) -> str:
 def test_stores_have_bloom_filters_unless_turned_off(
     tmp_path: Path, bits: int, filtered: bool
 ) -> None:
-    """Whole-key bloom filters in SST files and memtables (by default): a read of a key the
-    store does not hold skips the files instead of searching each."""
+    """Whole-key bloom filters in SST files (by default): a read of a key the store does
+    not hold skips the files instead of searching each."""
     app = streamjoin.App(
         "rocks", state_dir=tmp_path, rocksdb=RocksDBOptions(bloom_filter_bits=bits)
     )
@@ -77,14 +77,56 @@ def test_stores_have_bloom_filters_unless_turned_off(
         assert isinstance(store, RocksDBStorePartition)
         store.write({b"k": b"1"}, None)
         assert store.get(b"k") == b"1" and store.get(b"absent") is None
-        written = _options_file(stores.path("counts", 0))
+        written = _options_file(stores.database_path("counts"))
     finally:
         stores.close(counts, 0)
     assert ("filter_policy=bloomfilter\n" in written) is filtered
-    assert ("memtable_whole_key_filtering=true" in written) is filtered
-    assert ("memtable_prefix_bloom_size_ratio=0.010000" in written) is filtered
+    # no memtable filters: each would take memory in every partition's memtable
+    assert "memtable_prefix_bloom_size_ratio=0.000000" in written
 
 
 def test_bloom_filter_bits_must_be_an_int_of_at_least_zero() -> None:
     with pytest.raises(ConfigurationError, match="bloom_filter_bits must be an int >= 0"):
         RocksDBOptions(bloom_filter_bits=-1)
+
+
+def test_one_database_per_table_with_bounded_budgets_in_its_options(tmp_path: Path) -> None:
+    """Every partition of a table is a column family of one database; its OPTIONS file
+    shows the shared block cache, the small per-partition write buffers, the bounded open
+    files and info LOG."""
+    options = RocksDBOptions(block_cache_bytes=32 << 20, max_open_files=100)
+    app = streamjoin.App("rocks", state_dir=tmp_path, rocksdb=options)
+    counts = app.table("counts", default=int, partitions=4)
+    stores = TableStores(app.tables, app.config.state_path, app.config.rocksdb)
+    try:
+        for p in range(4):
+            stores.open(counts, p).write({b"k": str(p).encode()}, p)
+        assert [d.name for d in (tmp_path / "stores").iterdir()] == ["counts"]
+        written = _options_file(stores.database_path("counts"))
+        assert stores.on_disk() == [("counts", p) for p in range(4)]
+        assert [stores.stored_offset(counts, p) for p in range(4)] == [0, 1, 2, 3]
+    finally:
+        stores.close_all()
+    for family in ("0", "1", "2", "3"):
+        assert f'[CFOptions "{family}"]' in written
+    assert "max_open_files=100" in written
+    assert "write_buffer_size=16777216" in written  # each partition's memtable
+    assert "max_log_file_size=1048576" in written
+    assert "cache_index_and_filter_blocks=true" in written
+
+
+def test_a_workers_databases_share_one_cache_and_write_buffer_budget(tmp_path: Path) -> None:
+    app = streamjoin.App("rocks", state_dir=tmp_path)
+    counts = app.table("counts", default=int, partitions=2)
+    totals = app.table("totals", default=int, partitions=2)
+    stores = TableStores(app.tables, app.config.state_path, app.config.rocksdb)
+    try:
+        for table in (counts, totals):
+            for p in range(2):
+                stores.open(table, p).write({b"k" * 10: b"v" * 1000}, None)
+        first, second = stores.database(counts), stores.database(totals)
+        assert first.budget is second.budget is stores.budget()
+        assert stores.budget().block_cache.get_usage() <= 64 << 20
+        assert stores.budget().usage()["write_buffer_bytes"] > 0  # the memtables, counted
+    finally:
+        stores.close_all()

@@ -37,9 +37,12 @@ class StoreFactory:
 
 
 def corrupt_data_block(store_dir: Path, table: str, partition: int, key: bytes) -> Path:
-    """Flush a closed RocksDB store's data into SST files, then flip bytes at the start of
-    the SST that holds ``key``: its first data block. The store still opens (footer, index
-    and metadata are intact); a read of that block fails its checksum. Returns the SST."""
+    """Flush a closed RocksDB table database into SST files, then overwrite bytes at the
+    start of each SST whose key range holds ``key`` (the partition's, and any other
+    partition's whose range covers it): its first data block. The database still opens
+    (footer, index and metadata are intact); a read of that block fails its checksum.
+    Overwriting (not flipping) makes a second call on the same file harmless. Returns the
+    first SST."""
     store = RocksDBStorePartition(store_dir, table=table, partition=partition)
     try:
         db = store._db
@@ -51,9 +54,10 @@ def corrupt_data_block(store_dir: Path, table: str, partition: int, key: bytes) 
     finally:
         store.close()
     assert files, f"no SST of {store_dir} holds {key!r}"
-    sst = store_dir / files[0]["name"].lstrip("/")
-    data = bytearray(sst.read_bytes())
-    for i in range(8, 72):
-        data[i] ^= 0xFF
-    sst.write_bytes(bytes(data))
-    return sst
+    for found in files:
+        sst = store_dir / found["name"].lstrip("/")
+        data = bytearray(sst.read_bytes())
+        for i in range(8, 72):
+            data[i] = 0xA5
+        sst.write_bytes(bytes(data))
+    return store_dir / files[0]["name"].lstrip("/")

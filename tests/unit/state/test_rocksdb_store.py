@@ -21,6 +21,7 @@ from streamjoin.state.keys import (
     META_PARTITION,
     META_TABLE,
     METADATA_COLUMN_FAMILY,
+    partition_metadata_key,
 )
 from streamjoin.state.rocksdb import (
     RocksDBOptions,
@@ -32,7 +33,7 @@ from streamjoin.state.rocksdb import (
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
-    return tmp_path / "tables" / "counts" / "3"
+    return tmp_path / "stores" / "counts"  # the table's database; the store is partition 3
 
 
 @pytest.fixture
@@ -53,17 +54,20 @@ def open_store(
 
 
 def set_metadata(path: Path, **values: bytes) -> None:
-    """Rewrite metadata behind the store's back, as another version or a bug might."""
+    """Rewrite partition 3's metadata behind the store's back, as another version or a bug
+    might."""
     names = {
         "format": META_FORMAT_VERSION,
         "table": META_TABLE,
         "partition": META_PARTITION,
         "offset": META_CHANGELOG_OFFSET,
     }
-    db = Rdict(str(path), Options(raw_mode=True))
+    opts = Options(raw_mode=True)
+    families = Rdict.list_cf(str(path), opts)
+    db = Rdict(str(path), opts, column_families={f: opts for f in families if f != "default"})
     meta = db.get_column_family(METADATA_COLUMN_FAMILY)
     for name, value in values.items():
-        meta[names[name]] = value
+        meta[partition_metadata_key(3, names[name])] = value
     del meta
     db.close()
 
@@ -234,30 +238,37 @@ def garbled_offset(path: Path) -> None:
 
 
 def plain_rocksdb_without_metadata(path: Path) -> None:
+    """Partition 3's column family holds data, but no metadata names it (as an interrupted
+    wipe, which deletes the metadata first, would leave it)."""
     destroy(path)
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
-    db = Rdict(str(path), opts)
-    db[b"a"] = b"1"
+    opts.create_missing_column_families(True)
+    db = Rdict(str(path), opts, column_families={"3": opts})
+    data = db.get_column_family("3")
+    data[b"a"] = b"1"
+    del data
     db.close()
 
 
 @pytest.mark.parametrize(
-    ("damage", "cause"),
+    ("damage", "cause", "where"),
     [
-        (corrupt_current, "RocksDB failed to open it"),
-        (corrupt_manifest, "RocksDB failed to open it"),
-        (junk_without_rocksdb, "no RocksDB CURRENT file"),
-        (foreign_table, "belongs to 'orders', not table 'counts'"),
-        (foreign_partition, "belongs to partition 7, not 3"),
-        (future_format, "unknown format version 99"),
-        (garbled_offset, "is not an integer"),
-        (plain_rocksdb_without_metadata, "no streamjoin metadata"),
+        (corrupt_current, "RocksDB failed to open it", ""),
+        (corrupt_manifest, "RocksDB failed to open it", ""),
+        (junk_without_rocksdb, "no RocksDB CURRENT file", ""),
+        (foreign_table, "belongs to 'orders', not table 'counts'", "3"),
+        (foreign_partition, "belongs to partition 7, not 3", "3"),
+        (future_format, "unknown format version 99", "3"),
+        (garbled_offset, "is not an integer", "3"),
+        (plain_rocksdb_without_metadata, "no streamjoin metadata", "3"),
     ],
 )
 def test_damaged_stores_are_reported_as_corrupted_naming_path_and_cause(
-    opened: list[RocksDBStorePartition], path: Path, damage: Any, cause: str
+    opened: list[RocksDBStorePartition], path: Path, damage: Any, cause: str, where: str
 ) -> None:
+    """A database that does not open is named by its directory; a damaged partition by
+    its column family (``<database>/<partition>``): only that partition is rebuilt."""
     store = open_store(opened, path)
     store.write({b"a": b"1"}, 9)
     store.close()
@@ -266,7 +277,7 @@ def test_damaged_stores_are_reported_as_corrupted_naming_path_and_cause(
         open_store(opened, path)
     assert str(path) in str(info.value)
     assert cause in str(info.value)
-    assert info.value.path == path
+    assert info.value.path == (path / where if where else path)
 
 
 def test_open_or_rebuild_reports_wipes_and_opens_an_empty_store(

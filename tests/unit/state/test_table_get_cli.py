@@ -68,7 +68,7 @@ async def _write_state(state_dir: Path) -> None:
             source = driver.stores.get(name, partition)
             assert source is not None
             target = RocksDBStorePartition(
-                store_path(state_dir, name, partition), table=name, partition=partition
+                store_path(state_dir, name), table=name, partition=partition
             )
             target.write(dict(source.items()), source.changelog_offset())
             target.close()

@@ -21,12 +21,21 @@ def _props(text: str) -> dict[str, str]:
 
 
 def test_server_properties_single_node_kraft_on_loopback(tmp_path: Path) -> None:
-    settings = BrokerSettings(broker_port=19092, controller_port=19093, log_dir=tmp_path / "d")
+    settings = BrokerSettings(
+        client_port=19092, internal_port=19094, controller_port=19093, log_dir=tmp_path / "d"
+    )
     props = _props(kafka.render_server_properties(settings))
     assert props["process.roles"] == "broker,controller"
     assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
-    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
-    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["listeners"] == (
+        "CLIENT://127.0.0.1:19092,INTERNAL://127.0.0.1:19094,CONTROLLER://127.0.0.1:19093"
+    )
+    assert props["advertised.listeners"] == "CLIENT://127.0.0.1:19092,INTERNAL://127.0.0.1:19094"
+    assert props["inter.broker.listener.name"] == "INTERNAL"
+    assert props["controller.listener.names"] == "CONTROLLER"
+    assert props["listener.security.protocol.map"] == (
+        "CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    )
     assert props["log.dirs"] == str(tmp_path / "d")
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert props["offsets.topic.replication.factor"] == "1"
@@ -34,11 +43,46 @@ def test_server_properties_single_node_kraft_on_loopback(tmp_path: Path) -> None
     assert props["transaction.state.log.min.isr"] == "1"
     assert props["auto.create.topics.enable"] == "false"
     assert settings.bootstrap_servers == "127.0.0.1:19092"
+    assert settings.internal_bootstrap_servers == "127.0.0.1:19094"
+
+
+def test_advertised_client_port_and_secured_client_listener(tmp_path: Path) -> None:
+    """A fault proxy's port is what clients are told; INTERNAL stays direct and PLAINTEXT."""
+    settings = BrokerSettings(
+        client_port=19092,
+        internal_port=19094,
+        controller_port=19093,
+        log_dir=tmp_path,
+        advertised_client_port=29092,
+        client_protocol="SASL_SSL",
+    )
+    props = _props(kafka.render_server_properties(settings))
+    assert props["listeners"].startswith("CLIENT://127.0.0.1:19092,")
+    assert props["advertised.listeners"] == "CLIENT://127.0.0.1:29092,INTERNAL://127.0.0.1:19094"
+    assert props["listener.security.protocol.map"] == (
+        "CLIENT:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    )
+    assert settings.bootstrap_servers == "127.0.0.1:29092"
+
+
+def test_node_of_a_quorum_lists_every_voter(tmp_path: Path) -> None:
+    settings = BrokerSettings(
+        client_port=1,
+        internal_port=2,
+        controller_port=3,
+        log_dir=tmp_path,
+        node_id=2,
+        quorum={3: 13, 1: 11, 2: 3},
+    )
+    props = _props(kafka.render_server_properties(settings))
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:11,2@127.0.0.1:3,3@127.0.0.1:13"
 
 
 def test_server_properties_overrides_win(tmp_path: Path) -> None:
     settings = BrokerSettings(
-        broker_port=1,
+        client_port=1,
+        internal_port=3,
         controller_port=2,
         log_dir=tmp_path,
         overrides={"auto.create.topics.enable": "true", "message.max.bytes": "2000000"},
@@ -46,6 +90,45 @@ def test_server_properties_overrides_win(tmp_path: Path) -> None:
     props = _props(kafka.render_server_properties(settings))
     assert props["auto.create.topics.enable"] == "true"
     assert props["message.max.bytes"] == "2000000"
+
+
+def test_client_protocol_is_checked() -> None:
+    assert kafka.check_client_protocol("sasl_ssl") == "SASL_SSL"
+    with pytest.raises(KafkaProvisioningError, match=r"'TLS' is not a Kafka security protocol"):
+        LocalKafka(client_protocol="TLS")
+
+
+def test_saved_ports_old_and_new_formats() -> None:
+    assert kafka.parse_saved_ports("21000 21001 21002\n") == (21000, 21001, 21002)
+    # a data dir kept by an older version: two ports, the internal one is picked afresh
+    assert kafka.parse_saved_ports("21000 21001\n") == (21000, 21001, None)
+    for bad in ("", "21000", "a b", "1 2 3 4", "21000 21000"):
+        assert kafka.parse_saved_ports(bad) is None
+
+
+def test_kept_two_port_file_keeps_its_ports(tmp_path: Path) -> None:
+    old_client = kafka.free_port()
+    old_controller = kafka.free_port(exclude=frozenset({old_client}))
+    (tmp_path / kafka.PORTS_FILE).write_text(f"{old_client} {old_controller}\n")
+    broker = LocalKafka(data_dir=tmp_path)
+    broker.workdir = tmp_path
+    client, controller, internal = broker._choose_ports()
+    assert (client, controller) == (old_client, old_controller)
+    assert internal not in (client, controller)
+
+
+def test_advertise_is_asked_once_per_client_port() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def advertise(node_id: int, port: int) -> int:
+        calls.append((node_id, port))
+        return port + 1
+
+    broker = LocalKafka(advertise=advertise, node_id=3)
+    assert broker._advertised_port(20000) == 20001
+    assert broker._advertised_port(20000) == 20001
+    assert broker._advertised_port(20500) == 20501
+    assert calls == [(3, 20000), (3, 20500)]
 
 
 def test_pom_names_the_broker_artifact_and_version() -> None:
@@ -245,3 +328,40 @@ def test_stored_cluster_id_is_read_from_meta_properties(tmp_path: Path) -> None:
     (tmp_path / "meta.properties").write_text("node.id=1\n")
     with pytest.raises(KafkaProvisioningError, match=r"has no cluster\.id"):
         kafka.stored_cluster_id(tmp_path)
+
+
+def test_class_data_archive_is_used_once_written(tmp_path: Path) -> None:
+    java = _fake_executable(tmp_path / "java", "exit 0\n")
+    archive = kafka.class_data_archive(tmp_path / "cache", "4.3.0", str(java))
+    assert archive.parent == kafka.kafka_libs_dir(tmp_path / "cache", "4.3.0").parent
+    assert archive != kafka.class_data_archive(tmp_path / "cache", "4.2.0", str(java))
+    scratch = tmp_path / "scratch.jsa"
+    assert f"-XX:ArchiveClassesAtExit={scratch}" in kafka.class_data_flags(archive, scratch)
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"cds")
+    flags = kafka.class_data_flags(archive, scratch)
+    assert f"-XX:SharedArchiveFile={archive}" in flags
+    assert not any(f.startswith("-XX:ArchiveClassesAtExit") for f in flags)
+
+
+def test_the_archive_a_stopped_broker_wrote_is_kept_atomically(tmp_path: Path) -> None:
+    final = tmp_path / "broker-cds-x.jsa"
+    broker = LocalKafka(cache_dir=tmp_path)
+    broker._archive_scratch = tmp_path / "broker-cds-x.jsa.1234abcd.tmp"
+    broker._archive_scratch.write_bytes(b"first")
+    broker.stop()
+    assert final.read_bytes() == b"first"
+    assert not broker.writes_class_data_archive
+    # a second broker finishing later leaves the first archive alone
+    broker._archive_scratch = tmp_path / "broker-cds-x.jsa.5678abcd.tmp"
+    broker._archive_scratch.write_bytes(b"second")
+    broker.kill()
+    assert final.read_bytes() == b"first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broker-cds-x.jsa"]
+
+
+def test_fast_start_flags_only_when_asked(tmp_path: Path) -> None:
+    java = str(_fake_executable(tmp_path / "java", "exit 0\n"))
+    assert "-XX:+UseG1GC" in LocalKafka(cache_dir=tmp_path)._jvm_flags(java)
+    fast = LocalKafka(cache_dir=tmp_path, fast_start=True)._jvm_flags(java)
+    assert "-XX:TieredStopAtLevel=1" in fast and "-XX:+UseG1GC" not in fast
