@@ -45,15 +45,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from tests.integration.support import outcome_of, wait_all_committed, wait_for_group
-from tests.integration.test_cluster_faults import (
+from tests.integration.ledger_runs import (
     AT_LEAST_ONCE,
     EXACTLY_ONCE,
     Ledger,
-    create_topics,
     join_check,
     new_ledger,
 )
+from tests.integration.support import outcome_of, wait_all_committed, wait_for_group
+from tests.integration.test_cluster_faults import create_topics
 
 PARTITIONS = 6
 WORKERS = ("w1", "w2", "w3")

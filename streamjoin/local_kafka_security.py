@@ -17,7 +17,6 @@ settings, the format arguments) are functions; :class:`SecureLocalKafka` is the 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -83,79 +82,15 @@ def make_certificates(directory: Path, hosts: Sequence[str] = (LOOPBACK, "localh
     """A new CA and a server certificate it signs for ``hosts`` (IP addresses and DNS names),
     written as PEM into ``directory``: ``ca.pem`` (the trust anchor) and ``server.pem`` (the
     broker's unencrypted PKCS#8 key followed by its certificate and the CA's)."""
-    import ipaddress
+    from streamjoin.dev_certificates import CertificateAuthority
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = dt.datetime.now(dt.timezone.utc)
-    valid_from, valid_to = now - dt.timedelta(hours=1), now + dt.timedelta(days=30)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "streamjoin local test CA")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid_from)
-        .not_valid_after(valid_to)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid_from)
-        .not_valid_after(valid_to)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    pem = serialization.Encoding.PEM
+    authority = CertificateAuthority(directory, "streamjoin local test CA")
+    leaf = authority.issue("broker", hosts=hosts, client=False)
     ca_file = directory / "ca.pem"
-    ca_file.write_bytes(ca_cert.public_bytes(pem))
+    ca_file.write_bytes(authority.cert.read_bytes())
     keystore = directory / "server.pem"
     keystore.touch(mode=0o600)
-    keystore.write_bytes(
-        server_key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        + server_cert.public_bytes(pem)
-        + ca_cert.public_bytes(pem)
-    )
+    keystore.write_bytes(leaf.key.read_bytes() + leaf.cert.read_bytes() + ca_file.read_bytes())
     return TlsFiles(ca_file=ca_file, server_keystore=keystore)
 
 

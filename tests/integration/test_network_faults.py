@@ -30,15 +30,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
 from streamjoin.local_kafka import LocalKafka
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.testing.fault_proxy import BrokerProxies, broker_behind_proxy
+from tests.integration.ledger_runs import GUARANTEES, LedgerRun, new_ledger
 from tests.integration.support import wait_for_group
-from tests.integration.test_cluster_faults import GUARANTEES, ClusterRun, new_ledger
 
 PARTITIONS = 4
 #: the workers' group session timeout: the broker's minimum, so a cut outlives it quickly
@@ -63,8 +62,7 @@ class ProxiedBroker:
 
     @property
     def bootstrap_servers(self) -> str:
-        """Where the test's own clients connect: the INTERNAL listener, never proxied
-        (named like a cluster's, for :class:`ClusterRun`)."""
+        """Where the test's own clients connect: the INTERNAL listener, never proxied."""
         return self.kafka.internal_bootstrap_servers
 
 
@@ -86,7 +84,7 @@ def broker(proxied_broker_module: ProxiedBroker) -> Iterator[ProxiedBroker]:
 @contextlib.asynccontextmanager
 async def proxied_run(
     broker: ProxiedBroker, unique_topic: Callable[..., str], tmp_path: Path
-) -> AsyncIterator[ClusterRun]:
+) -> AsyncIterator[LedgerRun]:
     """One worker per guarantee on topics of their own, connected through the proxy; their
     traffic and every check go to the broker directly."""
     ledgers = []
@@ -95,9 +93,7 @@ async def proxied_run(
         ledger.env["SJT_SESSION_TIMEOUT_MS"] = str(SESSION_TIMEOUT_MS)
         ledger.traffic.bootstrap = broker.bootstrap_servers
         ledgers.append(ledger)
-    # (ClusterRun reads only ``bootstrap_servers`` of it here: the cluster-only steps,
-    # leaders and health, are not used)
-    run = ClusterRun(cast(Any, broker), ledgers)
+    run = LedgerRun(broker.bootstrap_servers, ledgers)
     try:
         for ledger in ledgers:
             specs = [TopicSpec(t, PARTITIONS) for t, compacted in ledger.topics() if not compacted]

@@ -85,9 +85,7 @@ async def test_exactly_once_timer_sends_of_an_app_without_agents_are_committed(
     """An app reading no topic never commits a transaction: under exactly_once its timers'
     sends must still reach read_committed readers (not wait in a transaction that aborts)."""
     out = unique_topic("beats")
-    app = _app(
-        unique_topic("app"), kafka_bootstrap, tmp_path, processing_guarantee="exactly_once"
-    )
+    app = _app(unique_topic("app"), kafka_bootstrap, tmp_path, processing_guarantee="exactly_once")
     beats = app.topic(out, key_serializer="str", value_serializer="json", partitions=1)
     sent: list[int] = []
 
