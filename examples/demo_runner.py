@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from benchmarks.rebalance_analysis import describe_rebalances, read_worker_log, rebalances
 from examples.ad_traffic import Traffic, generate
+from streamjoin.local_cluster import LocalKafkaCluster
 from streamjoin.local_kafka import LocalKafka
 from streamjoin.runtime.group.group_info import describe_group
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
@@ -155,8 +156,10 @@ async def read_output(bootstrap: str) -> list[dict[str, str]]:
         await consumer.stop()
 
 
-async def run(bootstrap: str, auctions: int, workdir: Path, seconds: float) -> int:
-    await ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in (*INPUTS, OUTPUT)])
+async def run(
+    bootstrap: str, auctions: int, workdir: Path, seconds: float, replicas: int = 1
+) -> int:
+    await ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS, replicas) for t in (*INPUTS, OUTPUT)])
     traffic = generate(auctions)
     say(
         f"traffic: {traffic.impressions} impressions, {traffic.clicks} clicks "
@@ -244,11 +247,25 @@ def main() -> int:
         default=None,
         help="keep worker logs and state here (default: a temp dir)",
     )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="run the demo on a local cluster of this many Kafka brokers (3: every topic "
+        "with 3 replicas and min.insync.replicas=2)",
+    )
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory(prefix="streamjoin-demo-") as tmp,
-        LocalKafka(progress=say) as kafka,
-    ):
+    if args.brokers < 1:
+        parser.error(f"--brokers must be at least 1, got {args.brokers}")
+    kafka = (
+        LocalKafka(progress=say)
+        if args.brokers == 1
+        else LocalKafkaCluster(args.brokers, progress=say)
+    )
+    with tempfile.TemporaryDirectory(prefix="streamjoin-demo-") as tmp, kafka:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(run(kafka.bootstrap_servers, args.auctions, workdir, args.seconds))
+        replicas = min(3, args.brokers)
+        return asyncio.run(
+            run(kafka.bootstrap_servers, args.auctions, workdir, args.seconds, replicas)
+        )

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -46,6 +46,7 @@ from streamjoin.local_kafka import (
     BrokerSettings,
     LocalKafka,
     Progress,
+    StartedByHand,
     free_port,
     new_cluster_id,
     port_is_free,
@@ -251,7 +252,7 @@ def _run_in_thread(factory: Callable[[], Awaitable[_T]], timeout: float) -> _T:
     return outcome[0]
 
 
-class LocalKafkaCluster:
+class LocalKafkaCluster(StartedByHand):
     """``brokers`` KRaft nodes (combined broker+controller, all voters) on loopback.
 
     ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap_servers``;
@@ -478,28 +479,6 @@ class LocalKafkaCluster:
                     f"the cluster is not healthy after {timeout:.0f}s: " + "; ".join(problems[:10])
                 )
             time.sleep(0.25)
-
-    def __enter__(self) -> LocalKafkaCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> LocalKafkaCluster:
-        return await asyncio.to_thread(self.start)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
 
     # -- internals
 

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TypeVar
 
 from streamjoin.errors import BrokerExitedError, KafkaProvisioningError
 from streamjoin.maven import copy_dependencies, default_cache_dir, file_lock, find_maven
@@ -595,7 +595,43 @@ def _spawn(cmd: list[str], stdout: IO[bytes]) -> subprocess.Popen[bytes]:
 # --------------------------------------------------------------------------- the broker
 
 
-class LocalKafka:
+_Started = TypeVar("_Started", bound="StartedByHand")
+
+
+class StartedByHand:
+    """``with`` and ``async with`` for local servers started and stopped by blocking calls
+    (under asyncio, start and stop run in a thread so the loop keeps running)."""
+
+    def start(self: _Started) -> _Started:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Started) -> _Started:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self: _Started) -> _Started:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+class LocalKafka(StartedByHand):
     """One KRaft node (broker and controller) on loopback, started and stopped by us.
 
     ``with LocalKafka() as kafka: kafka.bootstrap_servers`` in scripts;
@@ -752,28 +788,6 @@ class LocalKafka:
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None
-
-    def __enter__(self) -> LocalKafka:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> LocalKafka:
-        return await asyncio.to_thread(self.start)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
 
     # -- internals
 

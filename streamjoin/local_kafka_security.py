@@ -16,17 +16,15 @@ settings, the format arguments) are functions; :class:`SecureLocalKafka` is the 
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from streamjoin.acls import Acl
 from streamjoin.errors import ConfigurationError, KafkaProvisioningError
-from streamjoin.local_kafka import LOOPBACK, LocalKafka
+from streamjoin.local_kafka import LOOPBACK, LocalKafka, StartedByHand
 
 __all__ = [
     "SCRAM_MECHANISM",
@@ -149,7 +147,7 @@ _OPERATIONS = {
 _ALLOW = 3
 
 
-class SecureLocalKafka:
+class SecureLocalKafka(StartedByHand):
     """A :class:`LocalKafka` with a SASL_SSL (SCRAM-SHA-512) CLIENT listener and ACLs enforced.
 
     ``users`` are the logins it knows. ``client_options(user)`` are what an App (or the
@@ -221,28 +219,6 @@ class SecureLocalKafka:
         if self.kafka is None:
             raise KafkaProvisioningError("the secured broker is not started; call start()")
         return self.kafka
-
-    def __enter__(self) -> SecureLocalKafka:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> SecureLocalKafka:
-        return await asyncio.to_thread(self.start)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
 
 
 async def _create_acls(bootstrap: str, acls: Iterable[Acl]) -> None:
