@@ -32,13 +32,15 @@ def check_loopback(bootstrap: str) -> str:
 
 
 @contextlib.contextmanager
-def broker(bootstrap: str | None, progress: Callable[[str], None]) -> Iterator[str]:
-    """The bootstrap address of ``bootstrap`` (checked) or of a LocalKafka started for the
-    duration of the block."""
+def broker(
+    bootstrap: str | None, progress: Callable[[str], None], *, heap: str | None = None
+) -> Iterator[str]:
+    """The bootstrap address of ``bootstrap`` (checked) or of a LocalKafka (with ``heap``,
+    else its default) started for the duration of the block."""
     if bootstrap:
         yield check_loopback(bootstrap)
         return
     from streamjoin.local_kafka import LocalKafka
 
-    with LocalKafka(progress=progress) as kafka:
+    with LocalKafka(progress=progress, **({} if heap is None else {"heap": heap})) as kafka:
         yield kafka.bootstrap_servers

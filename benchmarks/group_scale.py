@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import contextlib
 import datetime as dt
 import json
 import os
@@ -317,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     peak: list[float] = []
 
     async def run() -> None:
-        with _broker(args.bootstrap, args.broker_heap) as bootstrap:
+        with broker(args.bootstrap, log, heap=args.broker_heap) as bootstrap:
             uid = uuid.uuid4().hex[:6]
             setup = Setup(
                 bootstrap=bootstrap,
@@ -374,18 +373,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{report['peak_rss_mb']['median'] or 0:.0f} MB)"
         )
     return 0 if joins and all(j.status == "ok" for j in joins) else 1
-
-
-@contextlib.contextmanager
-def _broker(bootstrap: str | None, heap: str) -> Any:
-    if bootstrap:
-        with broker(bootstrap, log) as address:
-            yield address
-        return
-    from streamjoin.local_kafka import LocalKafka
-
-    with LocalKafka(heap=heap, progress=log) as kafka:
-        yield kafka.bootstrap_servers
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -451,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[StartResult] = []
 
     async def run_all() -> None:
-        with _broker(args.bootstrap, args.broker_heap) as bootstrap:
+        with broker(args.bootstrap, log, heap=args.broker_heap) as bootstrap:
             for n in sizes:
                 results.extend(
                     await run_size(bootstrap, tree, n, args.per_partition, workdir, args.timeout)
@@ -473,18 +472,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if r.detail:
                 print(f"\n{r.partitions} partitions, {r.phase}: {r.detail}")
     return 0 if results and all(r.status == "ok" for r in results) else 1
-
-
-@contextlib.contextmanager
-def _broker(bootstrap: str | None, heap: str) -> Any:
-    if bootstrap:
-        with broker(bootstrap, log) as address:
-            yield address
-        return
-    from streamjoin.local_kafka import LocalKafka
-
-    with LocalKafka(heap=heap, progress=log) as kafka:
-        yield kafka.bootstrap_servers
 
 
 if __name__ == "__main__":

@@ -34,11 +34,10 @@ import struct
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from types import TracebackType
 from typing import Any, TypeVar
 
 from streamjoin.errors import ConfigurationError, LifecycleError
-from streamjoin.local_kafka import LOOPBACK, LocalKafka
+from streamjoin.local_kafka import LOOPBACK, LocalKafka, StartedByHand
 
 __all__ = [
     "BrokerProxies",
@@ -160,7 +159,7 @@ class _Link:
         self.client.close()
 
 
-class FaultProxy:
+class FaultProxy(StartedByHand):
     """A loopback TCP proxy to ``upstream`` with switchable network faults (see the module
     docstring). ``with FaultProxy(("127.0.0.1", 9092)) as proxy: proxy.port``."""
 
@@ -226,17 +225,6 @@ class FaultProxy:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(CONTROL_TIMEOUT)
         self._loop = self._thread = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def address(self) -> str:

@@ -20,6 +20,7 @@ from aiokafka import errors as kafka_errors
 from aiokafka.conn import create_conn
 
 from streamjoin.errors import AccessRefused, GroupMembershipError
+from streamjoin.runtime.transport.liveness import bootstrap_addresses
 
 __all__ = ["REFUSALS", "check_login", "refusal_of"]
 
@@ -45,14 +46,6 @@ _CONNECTION_OPTIONS = (
 )
 
 
-def _servers(bootstrap: str) -> list[tuple[str, int]]:
-    out = []
-    for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        out.append((host.strip("[]"), int(port)))
-    return out
-
-
 async def check_login(bootstrap: str, timeout: float = 10.0, **client_kwargs: Any) -> None:
     """Log in to the first bootstrap server that answers, as the clients will; raise
     :class:`AccessRefused` when the login is refused. Nothing to check for PLAINTEXT;
@@ -62,7 +55,7 @@ async def check_login(bootstrap: str, timeout: float = 10.0, **client_kwargs: An
         return
     options = {k: client_kwargs[k] for k in _CONNECTION_OPTIONS if k in client_kwargs}
     user = client_kwargs.get("sasl_plain_username")
-    for host, port in _servers(bootstrap):
+    for host, port in bootstrap_addresses(bootstrap):
         try:
             conn = await asyncio.wait_for(
                 create_conn(host, port, request_timeout_ms=int(timeout * 1000), **options),

@@ -43,7 +43,8 @@ RETRIED_BY_THE_CLIENT = re.compile(
 BACKOFF_START, BACKOFF_MAX = 0.1, 5.0
 
 
-def _servers(bootstrap: str) -> list[tuple[str, int]]:
+def bootstrap_addresses(bootstrap: str) -> list[tuple[str, int]]:
+    """``host:port,...`` as (host, port) pairs (IPv6 hosts without their brackets)."""
     out = []
     for server in bootstrap.split(","):
         host, _, port = server.strip().rpartition(":")
@@ -53,7 +54,7 @@ def _servers(bootstrap: str) -> list[tuple[str, int]]:
 
 async def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
     """Whether one of the bootstrap servers accepts a connection."""
-    for host, port in _servers(bootstrap):
+    for host, port in bootstrap_addresses(bootstrap):
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         except (OSError, asyncio.TimeoutError):
