@@ -193,6 +193,11 @@ class LedgerRun:
         )
         counted = await asyncio.gather(*(self._count(ledger) for ledger in self.ledgers))
         self.notes.append(f"drained and counted in {time.monotonic() - began:.1f} s")
+        self.notes.extend(
+            f"{ledger.guarantee}: the test's producer replaced {n} time(s) after a failed batch"
+            for ledger in self.ledgers
+            if (n := ledger.traffic.replaced_producers)
+        )
         for ledger, (outcome, joins) in zip(self.ledgers, counted, strict=True):
             log = ledger.workers.log_of("w")
             report = (
@@ -208,10 +213,13 @@ class LedgerRun:
 
     async def acknowledged_beyond(self, ledger: Ledger, count: int, bound: float = 60.0) -> None:
         deadline = time.monotonic() + bound
+        traffic = ledger.traffic
         while len(ledger.traffic.acked) < count:
             assert time.monotonic() < deadline, (
                 f"{ledger.guarantee}: the producer got {len(ledger.traffic.acked)} inputs "
-                f"acknowledged in all, {count} expected after the fault"
+                f"acknowledged in all, {count} expected after the fault; {traffic.sent} sent, "
+                f"{len(traffic.failed)} failed: {dict(traffic.failures)}, "
+                f"{traffic.replaced_producers} producers replaced"
             )
             await self.traffic_for(0.2)
 

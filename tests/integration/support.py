@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber, UnknownProducerId
 from aiokafka.structs import RecordMetadata
 
 from streamjoin.runtime.group.group_info import GroupInfo, MemberInfo, describe_group
@@ -410,6 +412,9 @@ class Traffic:
 #: keys the ledger traffic spreads its events over
 LEDGER_KEYS = 24
 
+#: what an idempotent producer's sends fail with once a failed batch broke its sequence
+SEQUENCE_BROKEN = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
+
 
 @dataclass
 class AckedTraffic:
@@ -426,13 +431,22 @@ class AckedTraffic:
     join_topics: tuple[str, str] | None = None
     acked: dict[str, str] = field(default_factory=dict)  #: input id -> key
     failed: set[str] = field(default_factory=set)
+    #: why sends failed: exception type name -> count (shown when a run stalls)
+    failures: Counter[str] = field(default_factory=Counter)
     sent: int = 0
     auctions: int = 0
+    #: producers replaced after a refused batch broke their sequence numbers
+    replaced_producers: int = 0
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _sequence_broken: bool = False
 
     def _settled(self, record_id: str, key: str, future: asyncio.Future[RecordMetadata]) -> None:
         if future.cancelled() or future.exception() is not None:
             self.failed.add(record_id)
+            error = None if future.cancelled() else future.exception()
+            self.failures["cancelled" if error is None else type(error).__name__] += 1
+            if isinstance(error, SEQUENCE_BROKEN):
+                self._sequence_broken = True
         elif record_id.startswith("e"):
             self.acked[record_id] = key
 
@@ -447,13 +461,14 @@ class AckedTraffic:
     ) -> None:
         try:
             future = await asyncio.wait_for(producer.send(topic, value, key=key.encode()), 5)
-        except Exception:  # the broker is away: this one is not acknowledged
+        except Exception as exc:  # the broker is away: this one is not acknowledged
             self.failed.add(record_id)
+            self.failures[f"send: {type(exc).__name__}"] += 1
             return
         future.add_done_callback(lambda f, r=record_id, k=key: self._settled(r, k, f))
         pending.add(future)
 
-    async def run(self, per_second: int = 100, auctions_per_second: int = 40) -> None:
+    async def _producer(self) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             acks="all",
@@ -465,9 +480,24 @@ class AckedTraffic:
             retry_backoff_ms=250,
         )
         await producer.start()
+        return producer
+
+    async def run(self, per_second: int = 100, auctions_per_second: int = 40) -> None:
+        producer = await self._producer()
         pending: set[asyncio.Future[RecordMetadata]] = set()
         try:
             while not self._stop.is_set():
+                if self._sequence_broken:
+                    # A batch that failed (its partition had no leader for longer than
+                    # the request timeout) leaves a gap in the idempotent producer's
+                    # sequence numbers: aiokafka has no epoch bump (KIP-360), so every
+                    # later batch to that partition fails with OutOfOrderSequenceNumber.
+                    # Like the worker's sender, start a new producer.
+                    self._sequence_broken = False
+                    old, producer = producer, await self._producer()
+                    self.replaced_producers += 1
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(old.stop(), 5)
                 for _ in range(per_second // 20):
                     record_id, key = f"e{self.sent}", f"k{self.sent % self.keys}"
                     self.sent += 1
