@@ -60,7 +60,7 @@ from streamjoin.runtime.group.group_offsets import GroupOffsets
 from streamjoin.runtime.group.protocol import Decision, GroupProtocol, Step
 from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics, RebalanceRecord
 from streamjoin.runtime.transport.access import REFUSALS
-from streamjoin.runtime.transport.connections import drop_connections
+from streamjoin.runtime.transport.connections import ALL_NODES, drop_connections
 
 if TYPE_CHECKING:
     pass
@@ -250,6 +250,13 @@ class GroupMembership:
         """Whether the coordination task runs (it ends at :meth:`stop`, on a fatal error, and
         when a stopping worker would have to join: see :meth:`stop_joining`)."""
         return bool(self._tasks) and not self._tasks[0].done()
+
+    def drop_all_connections(self) -> int:
+        """Close every connection of the worker's clients (the group's and
+        :attr:`other_clients`) to every broker: requests waiting on a silent one fail at
+        once and are retried on new connections. Returns how many were closed."""
+        clients = [self._client, *(c for c in self.other_clients() if c is not None)]
+        return sum(drop_connections(client, ALL_NODES) for client in clients)
 
     async def check_standing(self) -> bool:
         """:attr:`in_good_standing`, as the commit path's membership check (no request)."""

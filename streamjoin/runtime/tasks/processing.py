@@ -96,6 +96,8 @@ class TaskProcessing:
         revoke_timeout: float = 10.0,
         transaction: Transaction | None = None,
         on_transaction_aborted: Callable[[str], None] | None = None,
+        on_commit_stalled: Callable[[float], None] | None = None,
+        commit_stall_after: float = 10.0,
     ) -> None:
         self.tasks = tasks
         self.runtime = runtime
@@ -110,6 +112,10 @@ class TaskProcessing:
         self._committer: asyncio.Task[object] | None = None
         self.transaction = transaction
         self._on_transaction_aborted = on_transaction_aborted
+        #: called with the seconds waited, every ``commit_stall_after`` seconds a
+        #: transaction's commit is still waiting (see :meth:`_watch_commit`)
+        self._on_commit_stalled = on_commit_stalled
+        self.commit_stall_after = commit_stall_after
         self._aborts_in_a_row = 0
         #: commits are being skipped because the member is rejoining (logged once)
         self._skipping_commits = False
@@ -230,7 +236,13 @@ class TaskProcessing:
                 # Rejoining: the commit would carry a generation the group may have left
                 # behind (refused: every task lost). The transaction stays open until the
                 # first commit after the rebalance.
+                if not self._skipping_commits:
+                    self._skipping_commits = True
+                    log.info("not committing: this worker is rejoining the group")
                 return {}
+            if self._skipping_commits:
+                self._skipping_commits = False
+                log.info("committing again: this worker is back in the group")
             try:
                 await self._settle_shared()
                 tasks = self.tasks.live()
@@ -259,6 +271,7 @@ class TaskProcessing:
             if not positions and not taken and not transaction.has_data:
                 await transaction.reopen()  # nothing happened: the transaction goes on
                 return {}
+            watchdog = asyncio.ensure_future(self._watch_commit())
             try:
                 sending = await transaction.send_writes(taken)
                 await transaction.commit(positions)
@@ -266,12 +279,28 @@ class TaskProcessing:
             except TransactionFailed as exc:
                 await self._aborted(transaction, exc)
                 return {}
+            finally:
+                watchdog.cancel()
             self._aborts_in_a_row = 0
             await transaction.begin()
             apply_writes(sending, offsets)
             self.tasks.mark_committed(positions)
             self._report_corruption(tasks)
             return positions
+
+    async def _watch_commit(self) -> None:
+        """While a transaction commits: every ``commit_stall_after`` seconds it still waits,
+        tell ``on_commit_stalled``. A commit outliving the transaction timeout waits on a
+        broker that is away or on a connection gone silent (half-open), which only its
+        request timeout would end; the worker closes its connections then, so what waits
+        on a silent one is retried at once (an outage just keeps waiting, as before)."""
+        if self._on_commit_stalled is None:
+            return
+        waited = 0.0
+        while True:
+            await asyncio.sleep(self.commit_stall_after)
+            waited += self.commit_stall_after
+            self._on_commit_stalled(waited)
 
     async def _settle_shared(self) -> None:
         """Agents reading one topic caught up with each other (see

@@ -26,12 +26,15 @@ log = logging.getLogger("streamjoin.consumer")
 
 __all__ = ["drop_connections"]
 
+#: every broker: :func:`drop_connections` closes the connections to all of them
+ALL_NODES = None
+
 _warned_seam = False
 
 
-def drop_connections(client: Any, node_id: int) -> int:
-    """Close every connection ``client`` (an ``AIOKafkaClient``) holds to ``node_id``;
-    returns how many it closed."""
+def drop_connections(client: Any, node_id: int | None) -> int:
+    """Close every connection ``client`` (an ``AIOKafkaClient``) holds to ``node_id``
+    (:data:`ALL_NODES`: to every broker); returns how many it closed."""
     global _warned_seam
     conns = getattr(client, "_conns", None)
     if not isinstance(conns, dict):
@@ -44,7 +47,9 @@ def drop_connections(client: Any, node_id: int) -> int:
         return 0
     closed = 0
     for key, conn in list(conns.items()):
-        if isinstance(key, tuple) and key and key[0] == node_id:
+        if not (isinstance(key, tuple) and key):
+            continue
+        if key[0] == node_id or (node_id is ALL_NODES and isinstance(key[0], int)):
             conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
             closed += 1
     return closed
