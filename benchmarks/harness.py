@@ -149,6 +149,15 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """The process's CPU time so far (user + system, all threads), while it runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def py_spy_prefix(name: str) -> list[str]:
     """``py-spy record`` in front of a streamjoin worker's command when the environment
     names a directory in ``STREAMJOIN_BENCH_PYSPY`` (profiles: ``benchmarks/profile_summary.py``).
@@ -321,7 +330,7 @@ async def run_to_completion(
     last: dict[tuple[str, int], int],
     timeout: float,
     progress: Callable[[str], None] = say,
-    settle: Callable[[], Awaitable[None]] | None = None,
+    settle: Callable[[], Awaitable[float | None]] | None = None,
 ) -> Measured:
     """Start every command (one process each, at once), wait until the marks of all of them
     together show every partition of ``last`` done, take their peak RSS, stop them.
@@ -329,7 +338,10 @@ async def run_to_completion(
     Each command's environment gets ``BENCH_MARKS`` (its marks file) and
     ``BENCH_LAST_OFFSETS`` (``last``, formatted for :mod:`benchmarks.progress_marks`).
     ``settle`` is awaited once every partition is done, before the processes are stopped
-    (to let outputs arrive)."""
+    (to let outputs arrive). A ``settle`` that returns a time (``time.time()``: when the
+    output last grew) ends the measurement there instead: the work goes on after the last
+    input (a foreign-key join's round trips), so the wall time runs to that moment and the
+    CPU time to the end of the settling (read from ``/proc``: the quiet wait is counted)."""
     measured = Measured(processes=len(commands))
     procs: list[subprocess.Popen[bytes]] = []
     spawned = time.time()
@@ -380,17 +392,20 @@ async def run_to_completion(
                 )
                 return measured
             await asyncio.sleep(0.1)
+        settled_at = None
         if settle is not None:
-            await settle()
+            settled_at = await settle()
+        cpu_at_end: list[float | None] = []
         for proc in procs:  # once more, at the end
             peak = peak_rss_mb(proc.pid)
             if peak is not None:
                 rss[proc.pid] = max(rss.get(proc.pid, 0.0), peak)
+            cpu_at_end.append(process_cpu_seconds(proc.pid))
     finally:
         for proc in procs:
             stop_process(proc)
     firsts, ends, cpu = [], [], 0.0
-    for path in marks_paths:
+    for path, end_cpu in zip(marks_paths, cpu_at_end, strict=True):
         marks = read_marks(path)
         measured.marks.append({"path": path.name, "marks": len(marks)})
         first = next((m for m in marks if m[0] == "FIRST"), None)
@@ -398,6 +413,10 @@ async def run_to_completion(
             continue  # this process got no input at all
         last_mark = max(marks, key=lambda m: m[1])
         firsts.append(first[1])
+        if settled_at is not None and end_cpu is not None:
+            ends.append(settled_at)
+            cpu += end_cpu - first[2]
+            continue
         ends.append(
             max(m[1] for m in marks if m[0] == "PDONE")
             if any(m[0] == "PDONE" for m in marks)

@@ -322,11 +322,12 @@ def dumps_complete(marks: list[Path], partitions: int) -> bool:
 # --------------------------------------------------------------------------- systems
 
 
-def kstreams_build(rebuild: bool) -> tuple[list[str] | None, str]:
-    """The classpath of the Kafka Streams app (built with Maven when missing), or None and why."""
+def kstreams_build(rebuild: bool, app: str = "WindowKinds") -> tuple[list[str] | None, str]:
+    """The classpath of the Kafka Streams apps (built with Maven when ``app``'s class is
+    missing), or None and why."""
     classes = KSTREAMS_DIR / "target" / "classes"
     lib = KSTREAMS_DIR / "target" / "lib"
-    if rebuild or not (classes / "streamjoin" / "bench" / "WindowKinds.class").exists():
+    if rebuild or not (classes / "streamjoin" / "bench" / f"{app}.class").exists():
         mvn = shutil.which("mvn")
         if mvn is None:
             return None, "no mvn on PATH"

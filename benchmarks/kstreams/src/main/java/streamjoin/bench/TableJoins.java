@@ -1,0 +1,184 @@
+package streamjoin.bench;
+
+import java.time.Duration;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.CountDownLatch;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.GlobalKTable;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.KTable;
+import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.processor.api.FixedKeyProcessor;
+import org.apache.kafka.streams.processor.api.FixedKeyProcessorContext;
+import org.apache.kafka.streams.processor.api.FixedKeyRecord;
+import org.apache.kafka.streams.processor.api.RecordMetadata;
+import org.apache.kafka.streams.state.KeyValueStore;
+
+/**
+ * The Kafka Streams side of benchmarks/table_joins.py, written as a Kafka Streams user writes
+ * it (DSL, RocksDB stores, default caching, one stream thread, --commit-ms as the commit
+ * interval), JSON values parsed with Jackson:
+ *
+ * <ul>
+ *   <li>--workload global: the rows of --table in a GlobalKTable (every instance holds all of
+ *   them); each event of --input is left-joined with the row of its "user" field and sent to
+ *   --output as {"event_id", "amount", "tier", "country"}.
+ *   <li>--workload fk: orders (--input, a KTable keyed by order id) inner-joined with
+ *   customers (--table, a KTable) by the order's "customer" field (KIP-213's foreign-key
+ *   join); every change of the result goes to --output as {"order", "amount", "customer",
+ *   "name", "country"} (a tombstone when a row leaves it).
+ * </ul>
+ *
+ * <p>Progress marks (BENCH_MARKS, BENCH_LAST_OFFSETS) are written as in WindowKinds: every
+ * record of --input is marked (and, fk, every record of --table).
+ */
+public final class TableJoins {
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    public static void main(String[] argv) throws Exception {
+        Map<String, String> args = parse(argv);
+        String workload = args.get("workload");
+        WindowKinds.Marks marks = new WindowKinds.Marks(
+                System.getenv("BENCH_MARKS"), System.getenv("BENCH_LAST_OFFSETS"));
+
+        Properties props = new Properties();
+        props.put(StreamsConfig.APPLICATION_ID_CONFIG, args.get("app-id"));
+        props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args.get("bootstrap"));
+        props.put(StreamsConfig.STATE_DIR_CONFIG, args.get("state-dir"));
+        props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
+        props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
+        props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+        props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, args.getOrDefault("commit-ms", "1000"));
+
+        StreamsBuilder builder = new StreamsBuilder();
+        Consumed<String, String> strings = Consumed.with(Serdes.String(), Serdes.String());
+        Produced<String, String> out = Produced.with(Serdes.String(), Serdes.String());
+        if ("global".equals(workload)) {
+            GlobalKTable<String, String> users = builder.globalTable(args.get("table"), strings,
+                    Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("users"));
+            KStream<String, String> events = builder.stream(args.get("input"), strings)
+                    .processValues(() -> new Mark<>(marks));
+            events.leftJoin(users, (key, event) -> field(event, "user"), TableJoins::enrich)
+                    .to(args.get("output"), out);
+        } else if ("fk".equals(workload)) {
+            KTable<String, String> orders = builder.stream(args.get("input"), strings)
+                    .processValues(() -> new Mark<>(marks))
+                    .toTable(Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("orders"));
+            KTable<String, String> customers = builder.stream(args.get("table"), strings)
+                    .processValues(() -> new Mark<>(marks))
+                    .toTable(Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("customers"));
+            orders.join(customers, order -> field(order, "customer"), TableJoins::orderWithCustomer)
+                    .toStream()
+                    .to(args.get("output"), out);
+        } else {
+            throw new IllegalArgumentException("--workload must be global or fk, not " + workload);
+        }
+
+        KafkaStreams streams = new KafkaStreams(builder.build(), props);
+        CountDownLatch stopped = new CountDownLatch(1);
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            streams.close(Duration.ofSeconds(10));
+            stopped.countDown();
+        }));
+        streams.start();
+        stopped.await();
+    }
+
+    private static JsonNode tree(String json) {
+        try {
+            return JSON.readTree(json);
+        } catch (java.io.IOException e) {
+            throw new IllegalArgumentException("not JSON: " + json, e);
+        }
+    }
+
+    private static String field(String json, String name) {
+        JsonNode node = tree(json).get(name);
+        return node == null || node.isNull() ? null : node.asText();
+    }
+
+    private static String write(ObjectNode node) {
+        try {
+            return JSON.writeValueAsString(node);
+        } catch (java.io.IOException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    private static String enrich(String event, String row) {
+        JsonNode e = tree(event);
+        ObjectNode outValue = JSON.createObjectNode();
+        outValue.set("event_id", e.get("event_id"));
+        outValue.set("amount", e.get("amount"));
+        if (row == null) {
+            outValue.putNull("tier");
+            outValue.putNull("country");
+        } else {
+            JsonNode r = tree(row);
+            outValue.set("tier", r.get("tier"));
+            outValue.set("country", r.get("country"));
+        }
+        return write(outValue);
+    }
+
+    private static String orderWithCustomer(String order, String customer) {
+        JsonNode o = tree(order);
+        JsonNode c = tree(customer);
+        ObjectNode outValue = JSON.createObjectNode();
+        outValue.set("order", o.get("order"));
+        outValue.set("amount", o.get("amount"));
+        outValue.set("customer", o.get("customer"));
+        outValue.set("name", c.get("name"));
+        outValue.set("country", c.get("country"));
+        return write(outValue);
+    }
+
+    private static Map<String, String> parse(String[] argv) {
+        Map<String, String> out = new HashMap<>();
+        for (int i = 0; i + 1 < argv.length; i += 2) {
+            if (!argv[i].startsWith("--")) {
+                throw new IllegalArgumentException("expected --name value, got " + argv[i]);
+            }
+            out.put(argv[i].substring(2), argv[i + 1]);
+        }
+        return out;
+    }
+
+    /** Marks each record as seen (its topic, partition and offset), then passes it on. */
+    private static final class Mark<V> implements FixedKeyProcessor<String, V, V> {
+        private final WindowKinds.Marks marks;
+        private FixedKeyProcessorContext<String, V> context;
+
+        Mark(WindowKinds.Marks marks) {
+            this.marks = marks;
+        }
+
+        @Override
+        public void init(FixedKeyProcessorContext<String, V> context) {
+            this.context = context;
+        }
+
+        @Override
+        public void process(FixedKeyRecord<String, V> record) {
+            RecordMetadata meta = context.recordMetadata().orElseThrow();
+            synchronized (marks) {
+                marks.seen(meta.topic(), meta.partition(), meta.offset());
+            }
+            context.forward(record);
+        }
+    }
+}
