@@ -26,6 +26,7 @@ from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
 from streamjoin.context import RuntimeLink
 from streamjoin.errors import ConfigurationError, CopartitioningError, LifecycleError
 from streamjoin.events import Event
+from streamjoin.global_tables import GlobalTable
 from streamjoin.joins.api import declare_join
 from streamjoin.joins.run_state import JoinStats
 from streamjoin.punctuation import (
@@ -36,9 +37,12 @@ from streamjoin.punctuation import (
     interval_ms,
 )
 from streamjoin.query.routing import Location
+from streamjoin.set_tables import SetTable
+from streamjoin.state.ttl import check_ttl_ms
+from streamjoin.state.versions import check_history_ms
 from streamjoin.state.windows import WindowSpec
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
-from streamjoin.tables import Table
+from streamjoin.tables import STORE_KINDS, StoreKind, Table
 from streamjoin.timers import (
     AppTask,
     Crontab,
@@ -52,6 +56,8 @@ from streamjoin.timers import (
 from streamjoin.topic_tables import TopicTableFeed
 from streamjoin.topics import Topic
 from streamjoin.topology import Topology
+from streamjoin.ttl_tables import TtlTable
+from streamjoin.versioned_tables import VersionedTable
 from streamjoin.windowed import (
     WindowCloseCallback,
     WindowedTable,
@@ -186,6 +192,8 @@ class App:
         self.aggregations: dict[str, WindowedAggregation] = {}
         #: tables materialized from a topic (app.topic_table): table name -> topic
         self.table_sources: dict[str, Topic] = {}
+        #: ``app.global_table`` declarations, by name
+        self.global_tables: dict[str, GlobalTable] = {}
         #: table name -> what keeps that topic table (and the stream-table joins reading it)
         self._feeds: dict[str, TopicTableFeed] = {}
         self.copartition_groups: list[tuple[str, ...]] = []
@@ -343,6 +351,9 @@ class App:
         on_window_close: WindowCloseCallback | None = None,
         close_idle_after: timedelta | float | None = None,
         timestamp: Callable[[Event], int] | None = None,
+        store: StoreKind = "rocksdb",
+        ttl_ms: int | None = None,
+        history_ms: int | None = None,
     ) -> Table:
         """Declare a table backed by the compacted changelog ``<app id>-<name>-changelog``.
 
@@ -360,9 +371,41 @@ class App:
         receiving nothing for that long closes windows as if stream time had moved on
         with the wall clock. ``timestamp(event) -> ms``: the event time that picks the
         windows (default: the record timestamp).
+
+        ``store="memory"`` keeps the table's partitions in memory instead of RocksDB: same
+        changelog, standbys and guarantees, but each start restores them in full from the
+        changelog (small or short-lived tables; docs/tables.md). ``ttl_ms=N`` (plain
+        tables only) expires a key not written for N ms of stream time, the highest event
+        timestamp the partition has seen: reads stop seeing it at once, and a later flush
+        purges it with a changelog tombstone.
+
+        ``history_ms=N`` (plain tables) makes a versioned table: each write is a version at
+        the current event's timestamp, kept for N ms of stream time (the latest always),
+        and ``table.get(key, as_of=ts)`` reads the value valid at ts; a stream-table join
+        with it looks rows up as of each event's timestamp (docs/tables.md).
         """
         if name in self.tables:
             raise ConfigurationError(f"table {name!r} is declared twice")
+        if store not in STORE_KINDS:
+            raise ConfigurationError(
+                f"table {name!r}: store must be one of {', '.join(map(repr, STORE_KINDS))}, "
+                f"got {store!r}"
+            )
+        if ttl_ms is not None:
+            ttl_ms = check_ttl_ms(name, ttl_ms)
+            if window is not None:
+                raise ConfigurationError(
+                    f"table {name!r}: ttl_ms does not apply to windowed tables (their "
+                    "windows expire after the window's retention: see window=)"
+                )
+        if history_ms is not None:
+            history_ms = check_history_ms(name, history_ms)
+            if window is not None or ttl_ms is not None:
+                raise ConfigurationError(
+                    f"table {name!r}: history_ms (a versioned table) does not combine with "
+                    f"{'window=' if window is not None else 'ttl_ms='}: its history is "
+                    "retained by stream time already"
+                )
         emission: dict[str, Any] = {}
         if window is None:
             given = [
@@ -419,27 +462,58 @@ class App:
         )
         key_codec, value_codec = self._codecs(key_serializer, value_serializer)
         writer_names = frozenset(t.name for t in writer_topics)
-        table: Table
-        if window is None:
-            table = Table(
-                name, key_codec, value_codec, changelog, default, writer_names, link=self._link
-            )
-        else:
-            table = WindowedTable(
-                name,
-                key_codec,
-                value_codec,
-                changelog,
-                default,
-                writer_names,
-                link=self._link,
-                windows=window,
-                topics=self.topics,
-                **emission,
-            )
+        # (the kind of table, and what only that kind takes)
+        kind: type[Table] = Table
+        extra: dict[str, Any] = {}
+        if ttl_ms is not None:
+            kind, extra = TtlTable, {"ttl_ms": ttl_ms}
+        elif history_ms is not None:
+            kind, extra = VersionedTable, {"history_ms": history_ms}
+        elif window is not None:
+            kind, extra = WindowedTable, {"windows": window, "topics": self.topics, **emission}
+        table = kind(
+            name,
+            key_codec,
+            value_codec,
+            changelog,
+            default,
+            writer_names,
+            link=self._link,
+            store=store,
+            **extra,
+        )
         self.tables[name] = table
         if writer_topics:
             self.copartition(changelog, *writer_topics)
+        return table
+
+    def set_table(
+        self,
+        name: str,
+        *,
+        key_serializer: str | Codec | type | None = None,
+        value_serializer: str | Codec | type | None = None,
+        partitions: int | None = None,
+        copartitioned_with: Topic | str | Sequence[Topic | str] = (),
+        changelog_config: Mapping[str, str] | None = None,
+        store: StoreKind = "rocksdb",
+    ) -> SetTable:
+        """Declare a set table (Faust's ``SetTable``): ``table[key]`` is a mutable set of
+        members (encoded with ``value_serializer``), empty for a missing key; an emptied
+        set deletes its key. Otherwise a plain table: same changelog, standbys, restore and
+        guarantees (docs/tables.md, "Set tables")."""
+        table = SetTable.of(
+            self.table(
+                name,
+                key_serializer=key_serializer,
+                value_serializer=value_serializer,
+                partitions=partitions,
+                copartitioned_with=copartitioned_with,
+                changelog_config=changelog_config,
+                store=store,
+            )
+        )
+        self.tables[name] = table
         return table
 
     def topic_table(
@@ -448,11 +522,14 @@ class App:
         *,
         name: str | None = None,
         default: Callable[[], Any] | None = None,
+        history_ms: int | None = None,
     ) -> Table:
         """A table holding the latest value per key of ``topic`` (a null value deletes the key),
         kept up to date by an internal agent (``<table>.materialize``); usable in stream-table
         and table-table joins. Streams joined with it are read by that same agent, in
-        timestamp order with the topic (see :mod:`streamjoin.topic_tables`)."""
+        timestamp order with the topic (see :mod:`streamjoin.topic_tables`). ``history_ms``
+        makes it a versioned table (see :meth:`table`): joined streams' events then meet
+        the row as of their timestamp even when they arrive after a newer row."""
         source = self.topic(topic) if isinstance(topic, str) else topic
         table_name = name or f"{source.name}-table"
         table = self.table(
@@ -461,10 +538,43 @@ class App:
             key_serializer=source.key_codec,
             value_serializer=source.value_codec,
             copartitioned_with=source,
+            history_ms=history_ms,
         )
         self.table_sources[table_name] = source
         feed = self._feeds[table_name] = TopicTableFeed(table, source)
         self._declare_feed_agent(feed)
+        return table
+
+    def global_table(
+        self,
+        topic: Topic | str,
+        *,
+        name: str | None = None,
+        default: Callable[[], Any] | None = None,
+        key_serializer: str | Codec | type | None = None,
+        value_serializer: str | Codec | type | None = None,
+        store: StoreKind = "rocksdb",
+    ) -> GlobalTable:
+        """A read-only table of the latest value per key of ALL partitions of ``topic``, on
+        every worker (Faust's ``GlobalTable``, Kafka Streams' ``GlobalKTable``): restored
+        before the agents start, then kept current in the background; readable from any
+        agent (no co-partitioning) and by ``app.join(stream, table, key=...)``. The topic
+        is its changelog (docs/tables.md, "Global tables")."""
+        source = self.topic(topic) if isinstance(topic, str) else topic
+        table_name = name or f"{source.name}-global"
+        if store not in STORE_KINDS:
+            raise ConfigurationError(f"store must be one of {STORE_KINDS}, got {store!r}")
+        if table_name in self.tables or table_name in self.global_tables:
+            raise ConfigurationError(f"a table named {table_name!r} is already declared")
+        table = GlobalTable(
+            table_name,
+            source,
+            source.key_codec if key_serializer is None else resolve_codec(key_serializer),
+            source.value_codec if value_serializer is None else resolve_codec(value_serializer),
+            default=default,
+            store=store,
+        )
+        self.global_tables[table_name] = table
         return table
 
     def attach_reader(self, table: Table, topic: Topic) -> None:
@@ -521,7 +631,7 @@ class App:
     def join(
         self,
         left: Topic | Table,
-        right: Topic | Table,
+        right: Topic | Table | GlobalTable,
         *,
         window: timedelta | int | None = None,
         grace: timedelta | int = 0,
@@ -532,6 +642,8 @@ class App:
         right_timestamp: Callable[[Event], int] | None = None,
         on_error: OnError = "stop",
         close_idle_after: timedelta | float | None = None,
+        foreign_key: Callable[[Any], Any] | None = None,
+        key: Callable[[Event], Any] | None = None,
     ) -> Callable[[Callable[[Any, Any, Any], Any]], Callable[[Any, Any, Any], Any]]:
         """Declare a join; decorate ``fun(key, left_value, right_value) -> output value``.
 
@@ -546,6 +658,10 @@ class App:
           agents, its current value.
         * ``(table, table)``: the join of two ``app.topic_table`` tables, maintained as a
           table named after the join; every change is emitted (None when a row disappears).
+        * ``(table, table, foreign_key=lambda left_value: ...)``: the foreign-key join of two
+          ``app.topic_table`` tables (``inner`` or ``left``), kept as a table keyed by the
+          left key; eventually consistent through internal subscription and response
+          topics (docs/joins.md, "Foreign-key joins").
 
         The function's non-None results are sent to ``output`` keyed like the inputs.
         Event time is the record timestamp unless ``left_timestamp``/``right_timestamp``
@@ -569,6 +685,8 @@ class App:
             right_timestamp=right_timestamp,
             on_error=on_error,
             close_idle_after=close_idle_after,
+            foreign_key=foreign_key,
+            key=key,
         )
 
     def group_by(
@@ -822,6 +940,7 @@ class App:
             timers=self.timers,
             app_tasks=self.app_tasks,
             punctuations=tuple(self.punctuations.values()),
+            global_tables=self.global_tables,
         )
 
     @property

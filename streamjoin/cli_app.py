@@ -383,7 +383,8 @@ def tables(app_spec: str, state_dir: Path | None) -> None:
                 )
             )
         if not found:
-            rows.append((table.name, table.changelog.name, "-", "-", "-", "-", "no local state"))
+            note = "no local state" if table.store == "rocksdb" else "memory store (no local state)"
+            rows.append((table.name, table.changelog.name, "-", "-", "-", "-", note))
     click.echo(f"state dir: {root}")
     click.echo(_table(rows))
 

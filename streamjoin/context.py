@@ -152,7 +152,7 @@ class TablePartitions(Protocol):
 class RuntimeLink:
     """What an App's declarations reach while a worker runs them; empty otherwise."""
 
-    __slots__ = ("join_stats", "partitions", "sender", "tables", "window_stats")
+    __slots__ = ("join_stats", "partitions", "sender", "tables", "ttl_expired", "window_stats")
 
     def __init__(self) -> None:
         self.sender: Sender | None = None
@@ -162,6 +162,8 @@ class RuntimeLink:
         #: join name -> its counters on this worker: the objects the agents' events count
         #: into, reached here by what counts outside events (a join's idle closes)
         self.join_stats: dict[str, JoinStats] = {}
+        #: TTL table name -> keys purged as expired on this worker (running or last run)
+        self.ttl_expired: dict[str, int] = {}
         #: every topic's partition count as the worker settled it at start (declared, or
         #: the existing topic's, or the default); empty while nothing runs
         self.partitions: Mapping[str, int] = {}
@@ -175,6 +177,7 @@ class RuntimeLink:
         self.tables = tables
         self.window_stats = {}
         self.join_stats = {}
+        self.ttl_expired = {}
 
     def disconnect(self) -> None:
         self.sender = None

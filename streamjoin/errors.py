@@ -70,6 +70,7 @@ __all__ = [
     "EncodeError",
     "FencedInstanceError",
     "GroupMembershipError",
+    "HistoryExpired",
     "IncompatibleWindowState",
     "InternalError",
     "InvalidAssignmentError",
@@ -586,3 +587,8 @@ class InternalError(StreamjoinError, RuntimeError):
     """An invariant of streamjoin's own code broke: a bug in streamjoin, please report it
     (an offset acknowledged that was never registered, a view written while one of its
     scans was open...)."""
+
+
+class HistoryExpired(TableAccessError, LookupError):
+    """``versioned_table.get(key, as_of=ts)`` asked for a time older than the history the
+    table keeps (its stream time - ``history_ms``): that version may have been purged."""

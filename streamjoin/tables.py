@@ -16,17 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from streamjoin.codecs import Codec
 from streamjoin.context import RuntimeLink, current_event
 from streamjoin.errors import TableAccessError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.remembered_values import value_loader
+from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topics import Topic
 
-__all__ = ["Table"]
+__all__ = ["STORE_KINDS", "StoreKind", "Table"]
+
+#: where a table's partitions keep their state: a RocksDB database under the state dir,
+#: or memory (empty at every start, restored in full from the changelog)
+StoreKind = Literal["rocksdb", "memory"]
+STORE_KINDS: tuple[StoreKind, ...] = ("rocksdb", "memory")
 
 
 @dataclass(eq=False)
@@ -46,6 +52,8 @@ class Table:
     #: taken, even one no event touched since it was assigned (set by the declaration that
     #: owns the table: a join closing idle partitions makes its per-task state there)
     before_flush: Callable[[TablePartition], None] | None = field(default=None, repr=False)
+    #: ``"rocksdb"`` or ``"memory"`` (an app without a state dir keeps every table in memory)
+    store: StoreKind = "rocksdb"
     #: decodes stored values (JSON values are remembered: see :mod:`~streamjoin.remembered_values`)
     _load_value: Callable[[bytes], Any] = field(init=False, repr=False)
 
@@ -183,6 +191,13 @@ class Table:
 
     def __iter__(self) -> Iterator[Any]:
         return self.keys()
+
+    def stored_value(
+        self, store: StorePartition | TablePartition, key_bytes: bytes
+    ) -> bytes | None:
+        """The encoded value of ``key_bytes`` in a partition's store, read outside agents
+        (the interactive-query endpoint); None when absent (or, in a TTL table, expired)."""
+        return store.get(key_bytes)
 
     def view(self, partition: int) -> TablePartition:
         """Byte-level access to one active partition (join buffers, windowed tables)."""

@@ -7,6 +7,11 @@ source first on equal timestamps). So a stream event is enriched with the row of
 as of its own timestamp (the latest row at or before it), whatever the fetch order: on a
 backlog, rows are not overtaken by the events that need them, and an event older than its
 row does not see it. One agent also means one writer of the table.
+
+That order cannot fix a stream record that is out of order within its own partition (its
+timestamp is older than records before it): it is read after rows newer than itself. A
+versioned table (``history_ms=``) answers it anyway: its join looks the row up as of the
+record's timestamp (:mod:`streamjoin.versioned_tables`), as the Spark backfill does.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from streamjoin.events import Event
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
+from streamjoin.versioned_tables import VersionedTable
 
 __all__ = ["TopicTableFeed"]
 
@@ -73,7 +79,9 @@ class TopicTableFeed:
         """Write one source record to the table (a null value deletes the key)."""
         table = self.table
         if event.value is None:
-            if event.key in table:
+            if isinstance(table, VersionedTable):
+                table.delete(event.key)  # a version even if absent now: a late delete
+            elif event.key in table:
                 del table[event.key]
         else:
             table[event.key] = event.value

@@ -20,6 +20,7 @@ from typing import Any
 
 from streamjoin.agents import Agent
 from streamjoin.errors import CopartitioningError
+from streamjoin.global_tables import GlobalTable
 from streamjoin.punctuation import Punctuation
 from streamjoin.tables import Table
 from streamjoin.timers import AppTask, Timer
@@ -61,6 +62,8 @@ class Topology:
     app_tasks: Mapping[str, AppTask] = field(default_factory=lambda: MappingProxyType({}))
     #: per-task punctuations of agents (``@app.punctuate``), in declaration order
     punctuations: tuple[Punctuation, ...] = ()
+    #: ``app.global_table`` declarations (every worker holds all of each), by name
+    global_tables: Mapping[str, GlobalTable] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def freeze(
@@ -76,6 +79,7 @@ class Topology:
         timers: Mapping[str, Timer] | None = None,
         app_tasks: Mapping[str, AppTask] | None = None,
         punctuations: tuple[Punctuation, ...] = (),
+        global_tables: Mapping[str, GlobalTable] | None = None,
     ) -> Topology:
         return cls(
             app_id,
@@ -88,6 +92,7 @@ class Topology:
             MappingProxyType(dict(timers or {})),
             MappingProxyType(dict(app_tasks or {})),
             punctuations=tuple(punctuations),
+            global_tables=MappingProxyType(dict(global_tables or {})),
         )
 
     @property

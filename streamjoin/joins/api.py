@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from streamjoin.context import EventContext, OutgoingRecord, current_event
 from streamjoin.errors import (
@@ -39,12 +39,16 @@ from streamjoin.errors import (
     TableAccessError,
 )
 from streamjoin.events import Event
+from streamjoin.global_tables import GlobalTable
 from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamStreamJoin
+from streamjoin.joins.foreign_key_api import ForeignKeyDeclarations, declare_foreign_key_join
+from streamjoin.joins.global_join import GlobalJoinDeclarations, declare_global_join
 from streamjoin.joins.idle import IdleClock
 from streamjoin.joins.run_state import JoinPartition, JoinStats
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
+from streamjoin.versioned_tables import TOO_LATE, VersionedTable
 
 if TYPE_CHECKING:
     from streamjoin.state.table_partition import TablePartition
@@ -450,7 +454,7 @@ class TableTableJoinDecl:
 def declare_join(
     app: Declarations,
     left: Topic | Table,
-    right: Topic | Table,
+    right: Topic | Table | GlobalTable,
     *,
     window: timedelta | int | None = None,
     grace: timedelta | int = 0,
@@ -461,6 +465,8 @@ def declare_join(
     right_timestamp: TimestampExtractor | None = None,
     on_error: Literal["stop", "skip", "dead_letter"] = "stop",
     close_idle_after: timedelta | float | None = None,
+    foreign_key: Callable[[Any], Any] | None = None,
+    key: Callable[[Event], Any] | None = None,
 ) -> Callable[[JoinFunction], JoinFunction]:
     """The implementation of :meth:`App.join`; see its docstring."""
     out_topic = app.topic(output) if isinstance(output, str) else output
@@ -474,7 +480,47 @@ def declare_join(
                 f"join {join_name!r}: close_idle_after= closes the windows of a stream-stream "
                 "join on an idle partition; a join with a table has no windows to close"
             )
-        if isinstance(left, Topic) and isinstance(right, Topic):
+        if isinstance(right, GlobalTable):
+            if not isinstance(left, Topic):
+                raise ConfigurationError(
+                    f"join {join_name!r}: a global table is joined with a stream (topic), "
+                    f"got {type(left).__name__}"
+                )
+            declare_global_join(
+                cast("GlobalJoinDeclarations", app),
+                join_name,
+                left,
+                right,
+                key,
+                how,
+                out_topic,
+                fun,
+                on_error,
+            )
+            return fun
+        if key is not None:
+            raise ConfigurationError(
+                f"join {join_name!r}: key= picks the row of a global table "
+                "(app.join(stream, app.global_table(...), key=...)); this join has none"
+            )
+        if foreign_key is not None:
+            if not (isinstance(left, Table) and isinstance(right, Table)):
+                raise ConfigurationError(
+                    f"join {join_name!r}: foreign_key= joins two tables (app.topic_table); "
+                    f"got ({type(left).__name__}, {type(right).__name__})"
+                )
+            declare_foreign_key_join(
+                cast("ForeignKeyDeclarations", app),
+                join_name,
+                left,
+                right,
+                foreign_key,
+                how,
+                out_topic,
+                fun,
+                on_error,
+            )
+        elif isinstance(left, Topic) and isinstance(right, Topic):
             if window is None:
                 raise ConfigurationError(f"join {join_name!r}: a stream-stream join needs window=")
             idle_ms = None
@@ -607,19 +653,49 @@ def _stream_table(
         if sending is not None:
             await sending
 
+    handler: Callable[[Event], Awaitable[object] | None] = enrich
+    if isinstance(table, VersionedTable):
+        handler = _enrich_as_of(table, how == "inner", fun, _emit, _emit_awaited)
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
-    if app.read_in_order(table, stream, enrich, join=name, on_error=on_error):
+    if app.read_in_order(table, stream, handler, join=name, on_error=on_error):
         return
 
     # A table written by agents: nothing orders its writes against the stream.
     async def run(events: Stream) -> None:
         async for batch in events.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
             for event in batch:
-                pending = enrich(event)
+                pending = handler(event)
                 if pending is not None:
                     await pending
 
     app.agent(stream, name=f"{name}.stream", on_error=on_error)(run)
+
+
+def _enrich_as_of(
+    table: VersionedTable,
+    inner: bool,
+    fun: JoinFunction,
+    emit: Callable[[Event, Any], Awaitable[object] | None],
+    emit_awaited: Callable[[Event, Awaitable[Any]], Awaitable[None]],
+) -> Callable[[Event], Awaitable[object] | None]:
+    """A stream-table join's per-event work on a versioned table: the row as of the
+    event's timestamp. An event older than the table's history is dropped and counted
+    (``table.too_late``): its row may be purged, so no answer would be reliable."""
+
+    def enrich_as_of(event: Event) -> Awaitable[object] | None:
+        key = event.key
+        current = table.lookup_for_join(key, event.timestamp)
+        if current is TOO_LATE:
+            table.too_late += 1
+            return None
+        if current is None and inner:
+            return None
+        result = fun(key, event.value, current)
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+            return emit_awaited(event, result)
+        return emit(event, result)
+
+    return enrich_as_of
 
 
 def _table_table(

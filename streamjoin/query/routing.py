@@ -350,6 +350,25 @@ def value_body(
     return _dumps(body)
 
 
+def global_value_body(
+    table: str, key: str, value: Any, served_by: str | None, lag: int | None
+) -> bytes:
+    """A global table's value, read from this worker's own copy (every worker holds all
+    of it; nothing is forwarded): ``lag`` is the copy's distance to the topic's end as of
+    the last check (records), ``partition`` is null (the copy holds every partition)."""
+    body: dict[str, Any] = {
+        "table": table,
+        "key": key,
+        "partition": None,
+        "served_by": served_by,
+        "stale": False,
+        "lag": lag,
+        "global": True,
+        "value": jsonable(value),
+    }
+    return _dumps(body)
+
+
 def windows_body(
     table: str,
     key: str,

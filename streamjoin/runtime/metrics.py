@@ -267,6 +267,24 @@ METRICS: tuple[MetricSpec, ...] = (
         "table",
         "Final results whose on_window_close raised or that could not be encoded.",
     ),
+    _spec(
+        "streamjoin_table_expired_keys",
+        "counter",
+        "table",
+        "Keys of TTL tables purged as expired (a changelog tombstone each).",
+    ),
+    _spec(
+        "streamjoin_global_table_lag",
+        "gauge",
+        "table",
+        "Records of a global table's topic not yet in this worker's copy.",
+    ),
+    _spec(
+        "streamjoin_global_table_restored",
+        "gauge",
+        "table",
+        "1 once this worker's copy of a global table is restored.",
+    ),
     _spec("streamjoin_dead_lettered", "counter", "agent", "Records sent to a dead-letter topic."),
     _spec("streamjoin_skipped", "counter", "agent", "Records skipped after an error."),
     _spec("streamjoin_errors", "counter", "kind", "Errors by kind."),
@@ -366,6 +384,11 @@ def samples(snapshot: Mapping[str, Any]) -> dict[str, list[Sample]]:
         put("streamjoin_window_results", (table,), stats.get("closed"))
         put("streamjoin_window_late", (table,), stats.get("late"))
         put("streamjoin_window_result_errors", (table,), stats.get("callback_errors"))
+    for table, n in sorted((snapshot.get("ttl_expired") or {}).items()):
+        put("streamjoin_table_expired_keys", (table,), n)
+    for table, row in sorted((snapshot.get("global_tables") or {}).items()):
+        put("streamjoin_global_table_lag", (table,), row.get("lag"))
+        put("streamjoin_global_table_restored", (table,), int(bool(row.get("restored"))))
     for name, key in (
         ("streamjoin_dead_lettered", "dead_lettered"),
         ("streamjoin_skipped", "skipped"),

@@ -56,6 +56,7 @@ from streamjoin.runtime.ops.query_endpoint import QueryService, advertised_host
 from streamjoin.runtime.ops.web import web_tls_contexts
 from streamjoin.runtime.scheduled import ScheduledWork
 from streamjoin.runtime.table_state.flush import TableFlusher
+from streamjoin.runtime.table_state.global_tables import GlobalTableService
 from streamjoin.runtime.table_state.service import StateService, TableStores
 from streamjoin.runtime.table_state.state_dir import StateDirLock
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
@@ -197,6 +198,8 @@ class Worker(Service):
         self.assignor: StreamjoinAssignor | None = None
         self.stores: TableStores | None = None
         self.state_service: StateService | None = None
+        #: the local copies of the app's global tables (restored before the agents start)
+        self.global_tables: GlobalTableService | None = None
         #: interactive queries (tables only): the routing table and ``GET /tables/...``
         self.queries: QueryService | None = None
         #: the ``host:port`` this worker advertises for queries (``host``, else the web
@@ -254,7 +257,7 @@ class Worker(Service):
         return self.monitor.web_url if self.monitor is not None else None
 
     async def on_start(self) -> None:
-        if self.topology.agents or self.topology.tables:
+        if self.topology.agents or self.topology.tables or self.topology.global_tables:
             # before the group: a second worker on this directory must fail here, not
             # after it took partitions whose stores the first one holds open
             self.state_dir_lock.acquire()
@@ -296,6 +299,8 @@ class Worker(Service):
             stops.append(self._leave_group)
         if self.runtime is not None and self.member is None:
             stops.append(self.runtime.stop)
+        if self.global_tables is not None:
+            stops.append(self.global_tables.stop)
         if self.state_service is not None:
             stops.append(self.state_service.stop)
         if self.sender is not None:
@@ -353,6 +358,19 @@ class Worker(Service):
                 on_crash=self._on_crash,
             )
             await self.state_service.start()
+        if topology.global_tables:
+            # restored here, before any agent runs: agents read them from the first event
+            self.global_tables = GlobalTableService(
+                topology.global_tables,
+                partitions=self.link.partitions,
+                state_dir=config.state_path,
+                rocksdb=config.rocksdb,
+                bootstrap_servers=config.broker,
+                client_options=config.client_kwargs(),
+                read_committed=config.exactly_once,
+                on_crash=self._on_crash,
+            )
+            await self.global_tables.start()
         self.link.connect(self.sender, WorkerTables(self.tasks, self.stores))
         self.runtime = AgentRuntime(
             topology.agents.values(),
@@ -379,7 +397,7 @@ class Worker(Service):
             web_tls=web_tls.server if web_tls is not None else None,
         )
         web = self.monitor.web
-        if topology.tables:
+        if topology.tables or topology.global_tables:
             self.queries = QueryService(
                 topology,
                 tables=WorkerTables(self.tasks, self.stores),
@@ -390,6 +408,7 @@ class Worker(Service):
                 self_host=config.host,
                 token=config.query_token_value(),
                 forward_tls=web_tls.forward if web_tls is not None else None,
+                global_tables=self.global_tables,
             )
             if web is not None:
                 for method, path, handler in self.queries.routes():

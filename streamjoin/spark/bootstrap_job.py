@@ -148,6 +148,14 @@ def bootstrap(
     topic = topology.table_sources.get(table_name)
     if topic is None:
         raise SparkJobError(_why_not_bootstrappable(topology, table_name))
+    from streamjoin.versioned_tables import VersionedTable
+
+    if isinstance(table, VersionedTable):
+        raise SparkJobError(
+            f"table {table_name!r} is a versioned table (history_ms=): bootstrap writes the "
+            "latest value per key, not its versions, so it does not build one; let the "
+            "workers read its topic (they keep the history from the start)"
+        )
     kafka_source = source if isinstance(source, KafkaSource) else None
     broker = changelog_bootstrap or (
         kafka_source.bootstrap_servers if kafka_source is not None else config.broker

@@ -131,7 +131,7 @@ def read_value(state_dir: Path, table: Table, key: Any) -> tuple[int, Any]:
     key_bytes = table.key_codec.dumps(key)
 
     def read(store: RocksDBStorePartition) -> Any:
-        raw = None if key_bytes is None else store.get(key_bytes)
+        raw = None if key_bytes is None else table.stored_value(store, key_bytes)
         return None if raw is None else (table.value_codec.loads(raw),)
 
     partition, (value,) = _find(state_dir, table, key, read)

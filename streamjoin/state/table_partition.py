@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
 from streamjoin.state.keys import prefix_range
+from streamjoin.state.ttl import Expiry
 
 __all__ = ["Buffer", "Emitted", "GroupOf", "TablePartition"]
 
@@ -85,6 +86,7 @@ class TablePartition:
         "pending",
         "store",
         "table",
+        "ttl",
     )
 
     def __init__(self, table: str, partition: int, store: StorePartition) -> None:
@@ -126,6 +128,9 @@ class TablePartition:
         self._take_hooks: list[Callable[[], None]] = []
         #: records to send with the next flush, in order (see emit)
         self.outbox: list[Emitted] = []
+        #: a TTL table's stream time and expiry index (made on first use: see
+        #: :mod:`streamjoin.ttl_tables`); None for every other table
+        self.ttl: Expiry | None = None
 
     def __repr__(self) -> str:
         return f"TablePartition({self.table!r}, {self.partition})"
@@ -426,6 +431,7 @@ class TablePartition:
         dropped = len(self.pending) + len(self.flushing) + len(self.outbox)
         self.abandoned = True
         self.outbox = []
+        self.ttl = None
         self.pending = {}
         self.flushing = {}
         self._fresh = set()

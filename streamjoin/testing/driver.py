@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from streamjoin.context import OutgoingRecord
+from streamjoin.context import OutgoingRecord, current_event
 from streamjoin.errors import ConfigurationError, InternalError, LifecycleError, UnknownTopicError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
@@ -44,6 +44,7 @@ from streamjoin.runtime.tasks.processing import TaskProcessing
 from streamjoin.runtime.tasks.punctuation import PunctuationService
 from streamjoin.runtime.tasks.task import Task, TaskManager
 from streamjoin.runtime.worker import WorkerTables
+from streamjoin.state.global_rows import GlobalRowsStore, MemoryRows, batch_writes
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topics import check_timestamp_ms
 from streamjoin.topology import Topology
@@ -87,6 +88,9 @@ class TestDriver:
         #: when :meth:`run_timers` says; ``leader``: whether this "worker" leads the group
         self.scheduled: ScheduledWork | None = None
         self.leader = True
+        #: global tables' in-memory copies by source topic: a record sent there is applied
+        #: at once, so records sent after it (in the test's order) see it
+        self._global_rows: dict[str, list[GlobalRowsStore]] = {}
 
     # -- Sender protocol
 
@@ -110,6 +114,12 @@ class TestDriver:
         timestamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
         raw = RawRecord(topic, partition, len(log), timestamp, key, value, tuple(headers))
         log.append(raw)
+        global_rows = self._global_rows.get(topic, ())
+        if global_rows and self.runtime is not None and current_event.get() is None:
+            await self.drain()  # what the test sent before this row is processed without it
+        for rows in global_rows:
+            applied = batch_writes([(raw.offset, key, value)], partition, raw.offset + 1)
+            rows.store.write(applied, None)
         if self.processing is not None and self.tasks is not None:
             task = self.tasks.task_for(topic, partition)
             if task is not None and topic in self.processing.runtime.topics:
@@ -357,6 +367,10 @@ class TestDriver:
         link = self.app.runtime_link
         link.settle_partitions(topology.resolve_partitions({}, self.app.config.topic_partitions))
         link.connect(self, WorkerTables(self.tasks, self.stores))
+        for table in topology.global_tables.values():
+            rows = GlobalRowsStore(MemoryRows())
+            table.attach(rows)
+            self._global_rows.setdefault(table.source.name, []).append(rows)
         self.runtime = AgentRuntime(
             topology.agents.values(), self, on_crash=self._on_crash, queue_size=0
         )
@@ -412,6 +426,9 @@ class TestDriver:
             await self.processing.stop(commit=self.failure is None)
         if self.stores is not None:
             self.stores.close_all()
+        for table in self.app.global_tables.values():
+            table.attach(None)
+        self._global_rows.clear()
         self.app.runtime_link.disconnect()
 
 

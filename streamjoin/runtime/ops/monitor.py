@@ -28,6 +28,7 @@ from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.metrics import WorkerCounters, registry_for
 from streamjoin.runtime.ops.web import WebServer
 from streamjoin.runtime.scheduled import ScheduledWork
+from streamjoin.runtime.table_state.global_tables import GlobalTableService
 from streamjoin.runtime.table_state.service import StateService
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.task import TaskManager, TaskState
@@ -61,6 +62,7 @@ class MonitoredWorker(Protocol):
     membership: GroupMembership | None
     rebalances: RebalanceMetrics
     state_service: StateService | None
+    global_tables: GlobalTableService | None
     assignor: StreamjoinAssignor | None
     monitor: WorkerMonitor | None
     scheduled: ScheduledWork | None
@@ -160,6 +162,24 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
             name: {"closed": w.closed, "late": w.late, "callback_errors": w.callback_errors}
             for name, w in sorted(worker.link.window_stats.items())
         },
+        "ttl_expired": dict(sorted(worker.link.ttl_expired.items())),
+        "global_tables": _global_table_rows(worker.global_tables),
+    }
+
+
+def _global_table_rows(service: GlobalTableService | None) -> dict[str, dict[str, Any]]:
+    """Each global table's restore progress and lag on this worker."""
+    if service is None:
+        return {}
+    return {
+        name: {
+            "restored": p.restored,
+            "applied": p.applied,
+            "restore_total": p.restore_total,
+            "restore_seconds": p.restore_seconds,
+            "lag": p.lag,
+        }
+        for name, p in sorted(service.progress.items())
     }
 
 
@@ -201,6 +221,7 @@ def _table_rows(worker: MonitoredWorker, now: float) -> list[dict[str, Any]]:
                 "changelog": changelog,
                 "partition": partition,
                 "role": role,
+                "store": "rocksdb" if state.stores.on_disk_store(table) else "memory",
                 "lag": lags.get(changelog, {}).get(partition),
                 "rate": found.rate if found is not None else 0.0,
                 "records_left": None,

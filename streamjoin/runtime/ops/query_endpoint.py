@@ -40,6 +40,7 @@ from streamjoin.errors import (
     QueryUnauthorized,
     QueryUnavailable,
     StreamjoinError,
+    TableAccessError,
 )
 from streamjoin.query.routing import (
     FORWARDED_HEADER,
@@ -50,6 +51,7 @@ from streamjoin.query.routing import (
     RoutingTable,
     decide,
     error_body,
+    global_value_body,
     parse_flag,
     parse_key,
     parse_window_range,
@@ -65,8 +67,10 @@ from streamjoin.windowed import WindowedTable
 from streamjoin.windowed_aggregation import AggregateTable
 
 if TYPE_CHECKING:
+    from streamjoin.global_tables import GlobalTable
     from streamjoin.runtime.group.group_info import GroupInfo
     from streamjoin.runtime.group.membership import GroupMembership
+    from streamjoin.runtime.table_state.global_tables import GlobalTableService
     from streamjoin.runtime.table_state.service import StateService, TableStores
     from streamjoin.state.table_partition import TablePartition
     from streamjoin.tables import Table
@@ -116,8 +120,12 @@ class QueryService:
         token: str | None = None,
         forward_timeout: float = 5.0,
         forward_tls: ssl.SSLContext | None = None,
+        global_tables: GlobalTableService | None = None,
     ) -> None:
         self._tables: Mapping[str, Table] = topology.tables
+        #: global tables are answered from this worker's own copy, never forwarded
+        self._global: Mapping[str, GlobalTable] = topology.global_tables
+        self._global_service = global_tables
         self._worker_tables = tables
         self._stores = stores
         self._state = state_service
@@ -272,7 +280,10 @@ class QueryService:
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         name, text = request.match_info["table"], request.match_info["key"]
-        require_table(name, self._tables)
+        global_table = self._global.get(name)
+        if global_table is not None:
+            return self._answer_global(global_table, text)
+        require_table(name, [*self._tables, *self._global])
         table = self._tables[name]
         query = request.query
         allow_stale = parse_flag(query.get("allow_stale"), "allow_stale")
@@ -307,11 +318,27 @@ class QueryService:
                 raise KeyNotFound(f"key {text!r} has no windows in table {name!r} in that range")
             body = windows_body(name, text, partition, windows, self.self_host, lag)
         else:
-            raw = store.get(key_bytes)
+            raw = table.stored_value(store, key_bytes)
             if raw is None:
                 raise KeyNotFound(f"key {text!r} is not in table {name!r}")
             value = table.value_codec.loads(raw)
             body = value_body(name, text, partition, value, self.self_host, lag)
+        return web.Response(body=body, content_type="application/json")
+
+    def _answer_global(self, table: GlobalTable, text: str) -> web.StreamResponse:
+        service = self._global_service
+        progress = None if service is None else service.progress.get(table.name)
+        if progress is None or not progress.restored:
+            raise QueryUnavailable(f"global table {table.name!r} is still restoring here")
+        key_bytes = parse_key(text, table.key_codec)
+        try:
+            raw = table.stored_value(key_bytes)
+        except TableAccessError as exc:  # stopping: the copy was just detached
+            raise QueryUnavailable(str(exc)) from exc
+        if raw is None:
+            raise KeyNotFound(f"key {text!r} is not in global table {table.name!r}")
+        value = table.value_codec.loads(raw)
+        body = global_value_body(table.name, text, value, self.self_host, progress.lag)
         return web.Response(body=body, content_type="application/json")
 
     def _local_state(self, table: Table, partition: int) -> LocalState:

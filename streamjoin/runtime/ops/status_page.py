@@ -202,6 +202,7 @@ def render_status_page(snapshot: Mapping[str, Any], now: float | None = None) ->
                 ("table", "table", True),
                 ("partition", "partition", False),
                 ("role", "role", True),
+                ("store", "store", True),
                 ("lag", "lag", False),
                 ("rate", "records/s (restore, standby)", False),
                 ("records_left", "records left", False),

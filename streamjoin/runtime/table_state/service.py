@@ -1,8 +1,9 @@
 """Table state at run time: local stores, restoration and standby replicas.
 
 * :class:`TableStores` opens one store per table partition (a column family of the
-  table's RocksDB database ``<state_dir>/stores/<table>``, or in memory for the test
-  driver), all sharing one memory budget; flushing their buffered writes is
+  table's RocksDB database ``<state_dir>/stores/<table>``, all sharing one memory budget;
+  or in memory: tables declared with ``store="memory"``, every table of an app without a
+  state dir, the test driver's); flushing their buffered writes is
   :mod:`streamjoin.runtime.table_state.flush`.
 * :class:`StateService` (a mode service with its own
   :class:`~streamjoin.runtime.table_state.changelog_reader.ChangelogReader`, which fetches
@@ -86,8 +87,14 @@ class TableStores:
         self._open: dict[TaskKey, StorePartition] = {}
         self._databases: dict[str, TableDatabase] = {}
         self._budget: RocksDBBudget | None = None
-        if state_dir is not None and self.tables:
-            ensure_open_files_limit(len(self.tables), rocksdb or RocksDBOptions())
+        on_disk = [t for t in self.tables.values() if self.on_disk_store(t)]
+        if on_disk:
+            ensure_open_files_limit(len(on_disk), rocksdb or RocksDBOptions())
+
+    def on_disk_store(self, table: Table) -> bool:
+        """Whether ``table``'s partitions live in RocksDB (else in memory: empty at every
+        start, restored in full from the changelog)."""
+        return self.state_dir is not None and table.store == "rocksdb"
 
     def table_for_changelog(self, topic: str) -> Table:
         return self._by_changelog[topic]
@@ -162,7 +169,7 @@ class TableStores:
         store = self._open.get((table.name, partition))
         if store is not None:
             return store
-        if self.state_dir is None:
+        if not self.on_disk_store(table):
             store = MemoryStorePartition(table=table.name, partition=partition)
         else:
 
@@ -189,15 +196,19 @@ class TableStores:
         """Close a store and delete its data (rebuilt from the changelog when next opened):
         its metadata, then its column family."""
         self.close(table, partition)
-        if self.state_dir is not None:
+        if self.on_disk_store(table):
             self.database(table).drop(partition)
 
     def key_of(self, path: Path) -> TaskKey | None:
         """The table partition whose store ``path`` names (None: not one of ours)."""
         if self.state_dir is None:
             return None
-        for name in self.tables:
-            if path.parent == self.database_path(name) and path.name.isdigit():
+        for name, table in self.tables.items():
+            if (
+                self.on_disk_store(table)
+                and path.parent == self.database_path(name)
+                and path.name.isdigit()
+            ):
                 return name, int(path.name)
         return None
 
@@ -209,11 +220,14 @@ class TableStores:
         self._databases.clear()
 
     def on_disk(self) -> list[TaskKey]:
-        """Table partitions with a store under the state dir (any owner, any age)."""
+        """Table partitions with a store under the state dir (any owner, any age), and the
+        open in-memory stores (their lag counts while they are open, as standbys)."""
+        found = [key for key in self._open if not self.on_disk_store(self.tables[key[0]])]
         if self.state_dir is None:
-            return []
-        found: list[TaskKey] = []
+            return sorted(found)
         for name, table in sorted(self.tables.items()):
+            if not self.on_disk_store(table):
+                continue
             if name not in self._databases and not self.database_path(name).is_dir():
                 continue
             for partition in self.database(table).stored_partitions():
@@ -230,6 +244,8 @@ class TableStores:
         store = self._open.get((table.name, partition))
         if store is not None:
             return store.changelog_offset()
+        if not self.on_disk_store(table):
+            return None
         return self.database(table).stored_offset(partition)
 
 
@@ -278,6 +294,9 @@ class _Restore:
 
 class StateService(Service):
     """Restores active table partitions and follows standby ones, in the background."""
+
+    #: what a restore's log line adds for an in-memory store
+    _IN_MEMORY = " (an in-memory store: it starts empty and is restored in full)"
 
     def __init__(
         self,
@@ -514,10 +533,11 @@ class StateService(Service):
                 )
                 if not is_standby:
                     log.info(
-                        "restoring %s[%d]: %d changelog records to replay",
+                        "restoring %s[%d]: %d changelog records to replay%s",
                         name,
                         partition,
                         plan.records,
+                        "" if self.stores.on_disk_store(table) else self._IN_MEMORY,
                     )
             if not plan.needs_restore and not is_standby:
                 self._mark_ready(table, partition)
