@@ -62,11 +62,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from benchmarks.harness import (
     WorkloadResult,
+    cprofile_args,
     last_offsets,
     load_average,
     log_tail,
     median_results,
     produce,
+    py_spy_prefix,
     read_records,
     run_to_completion,
     say,
@@ -292,7 +294,9 @@ def command(
             BENCH_OUTPUT=topics["output"],
             STREAMJOIN_BROKER=f"kafka://{bootstrap}",
         )
-        cmd = [sys.executable, "-m", "streamjoin.cli", "worker"]
+        # (profiles on request, as for the other workloads: benchmarks/harness.py)
+        cmd = [*py_spy_prefix(name), sys.executable, *cprofile_args(name)]
+        cmd += ["-m", "streamjoin.cli", "worker"]
         cmd += ["-A", "benchmarks.table_joins_streamjoin_app:app"]
         cmd += ["--state-dir", str(workdir / f"state-{name}"), "--loglevel", "warning"]
         return cmd, env

@@ -229,48 +229,63 @@ class _Sides:
         old_fk = foreign_keys.lookup(left_key)
         plan = plan_left_change(old_fk, value, new_fk, decl.how)
         if plan.unsubscribe is not None:
-            await self._subscribe(plan.unsubscribe, left_key, unsubscribe_message())
+            sending = self._subscribe(plan.unsubscribe, left_key, unsubscribe_message())
+            if sending is not None:
+                await sending
         if plan.subscribe is not None and value is not None:
             context = current_event.get()
             partition = 0 if context is None else context.record.partition
             message = subscribe_message(value_hash(value), partition)
-            await self._subscribe(plan.subscribe, left_key, message)
+            sending = self._subscribe(plan.subscribe, left_key, message)
+            if sending is not None:
+                await sending
         if new_fk != old_fk:
             foreign_keys.put(left_key, new_fk)
         await self._settle(key, plan.outcome, value, None)
 
-    async def _subscribe(self, foreign_key: bytes, left_key: bytes, message: bytes) -> None:
-        """Send a (un)subscription to the right partition of ``foreign_key``."""
+    def _subscribe(
+        self, foreign_key: bytes, left_key: bytes, message: bytes
+    ) -> Awaitable[object] | None:
+        """Send a (un)subscription to the right partition of ``foreign_key``; what is left
+        to await (None: it joined a batch at once, no coroutine)."""
         decl = self.decl
-        await decl.subscriptions.send(
-            key=subscription_key(foreign_key, left_key),
-            value=message,
-            partition=partition_for_key(foreign_key, decl.right.partitions),
-        )
+        topic, key = decl.subscriptions, subscription_key(foreign_key, left_key)
+        partition = partition_for_key(foreign_key, decl.right.partitions)
+        if topic.try_send(key=key, value=message, partition=partition) is None:
+            return topic.send(key=key, value=message, partition=partition)
+        return None
 
     async def run_subscriptions(self, stream: Stream) -> None:
         """Store each subscription (drop each unsubscription) and answer it with the right
         row as it is now."""
         async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
             for event in batch:
-                await self._on_subscription(event)
+                sending = self._on_subscription(event)
+                if sending is not None:
+                    await sending
 
-    async def _on_subscription(self, event: Event) -> None:
+    def _on_subscription(self, event: Event) -> Awaitable[object] | None:
         decl = self.decl
         key: bytes = event.key
         stored = parse_subscription(event.value)
         store = _partition_of(decl.subscription_store)
         if stored is None:
             store.delete(key)
-            return
+            return None
         store.put(key, stored)
         foreign_key, _ = split_subscription_key(key)
         right_value = _partition_of(decl.right).lookup(foreign_key)
-        await self._respond(key, stored, right_value)
+        return self._respond(key, stored, right_value)
 
-    async def _respond(self, key: bytes, stored: bytes, right_value: bytes | None) -> None:
+    def _respond(
+        self, key: bytes, stored: bytes, right_value: bytes | None
+    ) -> Awaitable[object] | None:
+        """Send the response to one subscription; what is left to await (None: none)."""
         left_key, partition, message = response_to(key, stored, right_value)
-        await self.decl.responses.send(key=left_key, value=message, partition=partition)
+        topic = self.decl.responses
+        if topic.try_send(key=left_key, value=message, partition=partition) is None:
+            return topic.send(key=left_key, value=message, partition=partition)
+        return None
 
     async def right_changed(self, key: Any) -> None:
         """A right row was written or deleted (in the right table's agent): answer every
@@ -282,7 +297,9 @@ class _Sides:
         right_value = _partition_of(decl.right).lookup(foreign_key)
         start, end = subscribers_range(foreign_key)
         for sub_key, stored in list(_partition_of(decl.subscription_store).scan(start, end)):
-            await self._respond(sub_key, stored, right_value)
+            sending = self._respond(sub_key, stored, right_value)
+            if sending is not None:
+                await sending
 
     async def run_responses(self, stream: Stream) -> None:
         """Apply each response computed for the left row's current value."""
