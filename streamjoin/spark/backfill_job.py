@@ -388,7 +388,8 @@ def backfill(
     ``ceil(parallelism / partitions)`` parts. ``close_windows_at_end`` (stream-stream):
     also emit the unmatched events of left/outer joins whose window is still open when the
     input ends (the workers would emit them once later events close the window).
-    ``final_only`` (table-table): only the last change of each key. A source's start time
+    ``final_only`` (table-table): only the last change of each key (foreign-key joins:
+    required, :mod:`streamjoin.spark.foreign_key_job`). A source's start time
     selects the records joined (stream-table) or the changes emitted (table-table); table
     sides are still read from their beginning.
 
@@ -421,6 +422,22 @@ def backfill(
             f"app {topology.app_id!r} has no join or aggregation named {join_name!r} (joins: "
             f"{', '.join(sorted(topology.joins)) or 'none'}; aggregations: "
             f"{', '.join(sorted(app.aggregations))})"
+        )
+    from streamjoin.joins.foreign_key_api import ForeignKeyJoinDecl
+
+    foreign_key_join = topology.joins.get(join_name)
+    if isinstance(foreign_key_join, ForeignKeyJoinDecl):
+        from streamjoin.spark.foreign_key_job import backfill_foreign_key, refuse_history
+
+        refuse_history(foreign_key_join, final_only, close_windows_at_end)
+        return backfill_foreign_key(
+            app,
+            foreign_key_join,
+            run,
+            source=source,
+            output=output,
+            partitions=partitions,
+            parallelism=parallelism,
         )
     inputs = _find_join(topology, join_name)
     decl = inputs.decl

@@ -214,7 +214,8 @@ def _fail(exc: Exception) -> click.ClickException:
     "--final-only",
     is_flag=True,
     help="Table-table joins: only the last change of each key (its final row), not every "
-    "change; emit='update' aggregations: only the last result of each window.",
+    "change (foreign-key joins: required); emit='update' aggregations: only the last result "
+    "of each window.",
 )
 @click.option(
     "--parallelism",
@@ -251,7 +252,8 @@ def backfill_command(
     Any declared join: stream-stream (the workers' windowed join core),
     stream-table (each stream record with its key's row as of the record's
     timestamp; the table's topic is read from its beginning) and table-table
-    (the joined table's changes, or --final-only its final rows). An
+    (the joined table's changes, or --final-only its final rows; a foreign-key
+    join: its final rows only, with --final-only). An
     aggregation (app.aggregate) writes the results its workers send, through
     the workers' window code (docs/spark.md, "Aggregations").
     Records are grouped by Kafka partition (murmur2 of the key) and joined per

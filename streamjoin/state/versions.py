@@ -342,6 +342,7 @@ def purge(view: VersionView, history: History, limit: int = PURGE_BATCH) -> int:
     flushed) and store stream time if it moved; returns how many went."""
     retry: list[bytes] = []
     purged = 0
+    horizon = history.horizon
     for stored_key in history.take_due(limit):
         stored = view.lookup(stored_key)
         if stored is None:
@@ -353,8 +354,16 @@ def purge(view: VersionView, history: History, limit: int = PURGE_BATCH) -> int:
             if next(view.scan(start, stored_key), None) is not None:
                 retry.append(stored_key)
                 continue
-        elif next(view.scan(stored_key + b"\x00", end), None) is None:
-            continue  # stale: rewritten since as the latest, which always stays
+        else:
+            successor = next(view.scan(stored_key + b"\x00", end), None)
+            if successor is None:
+                continue  # stale: rewritten since as the latest, which always stays
+            successor_ms = timestamp_of(successor[0])
+            if horizon is not None and successor_ms > horizon:
+                # stale: queued for an earlier successor (or as a delete, since rewritten
+                # at the same time with a value); still valid at the horizon
+                history.superseded(stored_key, successor_ms)
+                continue
         view.delete(stored_key)
         purged += 1
     for stored_key in retry:

@@ -119,6 +119,16 @@ operations = st.lists(
 EDGE = [("write", b"a", 5, b"x"), ("write", b"a", 10, b"y"), ("write", b"b", 11, b"z"), ("flush",)]
 
 
+#: a delete rewritten with a value at the same time, then superseded one ms past the
+#: horizon: the delete's purge entry must not take the value (found by this test)
+DELETED_THEN_REWRITTEN = [
+    ("write", b"", 0, None),
+    ("write", b"", 0, b""),
+    ("write", b"", 1, None),
+    ("flush",),
+]
+
+
 def check_answers(part: Partition, model: Model) -> None:
     horizon = model.horizon
     assert part.history.horizon == horizon
@@ -132,6 +142,7 @@ def check_answers(part: Partition, model: Model) -> None:
 @settings(max_examples=400, deadline=None)
 @given(history_ms=st.integers(0, 15), ops=operations, grouped=st.booleans())
 @example(history_ms=2, ops=EDGE, grouped=True)
+@example(history_ms=1, ops=DELETED_THEN_REWRITTEN, grouped=False)
 def test_as_of_answers_equal_the_model_through_purges_and_restores(
     history_ms: int, ops: list[tuple], grouped: bool
 ) -> None:
