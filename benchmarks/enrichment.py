@@ -18,7 +18,8 @@ whose row the system has not read yet goes out with ``tier`` None):
   (``benchmarks/workload_faust_app.py``).
 
 Every system's output is checked against the rows: ``missing`` (an event with no output),
-``unenriched`` (sent without its row), ``wrong`` (another row), ``duplicates``. Input events
+``unenriched`` (sent without its row), ``wrong`` (another row), ``unexpected`` (an event
+that was never produced), ``duplicates``. Input events
 for the per-event figures are the table rows plus the events. CPU time, wall time and peak
 RSS are measured as ``benchmarks/harness.py`` describes.
 """
@@ -26,18 +27,17 @@ RSS are measured as ``benchmarks/harness.py`` describes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
-import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from typing import Any
 
 from benchmarks.harness import (
     Topics,
     WorkloadSpec,
+    output_reached,
     read_topic,
     workload_arguments,
     workload_main,
@@ -67,31 +67,41 @@ def generate(
     for i in range(events):
         user = f"user-{rng.randrange(keys):05d}"
         ts = BASE_MS + i * SPAN_MS // events
-        value = {"event_id": i, "user": user, "amount": rng.randrange(1, 10_000)}
-        records.append(("input", user.encode(), json.dumps(value).encode(), ts))
+        event: dict[str, Any] = {"event_id": i, "user": user, "amount": rng.randrange(1, 10_000)}
+        records.append(("input", user.encode(), json.dumps(event).encode(), ts))
         truth[i] = rows[user]
     return records, truth
 
 
-async def output_settled(expected: int, partitions: int, topics: Topics, bootstrap: str) -> None:
-    """Until the output holds ``expected`` records or stops growing for 3 s."""
-    assert topics.output is not None
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topics.output, p) for p in range(partitions)]
-        last, quiet_since = -1, time.monotonic()
-        while True:
-            count = sum((await consumer.end_offsets(tps)).values())
-            if count >= expected:
-                return
-            if count != last:
-                last, quiet_since = count, time.monotonic()
-            elif time.monotonic() - quiet_since > 3.0:
-                return
-            await asyncio.sleep(0.1)
-    finally:
-        await consumer.stop()
+#: (key, value) of every output record
+Outputs = list[tuple[bytes | None, bytes | None]]
+
+
+def check_enriched(truth: Mapping[int, Sequence[str]], outputs: Outputs) -> dict[str, int]:
+    """Each event's first output against its true (tier, country): ``missing``,
+    ``unenriched`` (tier None), ``wrong`` (another row), ``unexpected`` (an event that was
+    never sent, counted only there), ``duplicates`` (outputs after an event's first)."""
+    seen: Counter[int] = Counter()
+    unenriched = wrong = 0
+    for _key, raw in outputs:
+        value = json.loads(raw or b"null")
+        event_id = value["event_id"]
+        seen[event_id] += 1
+        if seen[event_id] > 1:
+            continue
+        got = (value.get("tier"), value.get("country"))
+        if got[0] is None:
+            unenriched += 1
+        elif event_id in truth and got != tuple(truth[event_id]):
+            wrong += 1
+    return {
+        "expected": len(truth),
+        "missing": sum(1 for i in truth if i not in seen),
+        "unenriched": unenriched,
+        "wrong": wrong,
+        "unexpected": sum(1 for i in seen if i not in truth),
+        "duplicates": sum(n - 1 for n in seen.values()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,31 +112,11 @@ def main(argv: list[str] | None = None) -> int:
 
     async def check(_marks: list[Path], topics: Topics, bootstrap: str) -> dict[str, int]:
         assert topics.output is not None
-        out = await read_topic(bootstrap, topics.output, args.partitions)
-        seen: Counter[int] = Counter()
-        unenriched = wrong = 0
-        for _key, raw in out:
-            value = json.loads(raw or b"null")
-            event_id = value["event_id"]
-            seen[event_id] += 1
-            if seen[event_id] > 1:
-                continue
-            got = (value.get("tier"), value.get("country"))
-            if got[0] is None:
-                unenriched += 1
-            elif got != truth.get(event_id):
-                wrong += 1
-        return {
-            "expected": len(truth),
-            "missing": sum(1 for i in truth if i not in seen),
-            "unenriched": unenriched,
-            "wrong": wrong,
-            "unexpected": sum(1 for i in seen if i not in truth),
-            "duplicates": sum(n - 1 for n in seen.values()),
-        }
+        return check_enriched(truth, await read_topic(bootstrap, topics.output, args.partitions))
 
     async def settle(_marks: list[Path], topics: Topics, bootstrap: str) -> None:
-        await output_settled(len(truth), args.partitions, topics, bootstrap)
+        assert topics.output is not None
+        await output_reached(bootstrap, topics.output, args.partitions, len(truth))
 
     spec = WorkloadSpec(
         bench="enrichment",

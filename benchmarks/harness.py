@@ -1,8 +1,10 @@
-"""What the throughput benchmarks share: competitors' venvs, producing and reading topics,
-running app processes to completion, and measuring their CPU time and peak memory.
+"""What the throughput benchmarks share: competitors' venvs and the Kafka Streams apps,
+producing and reading topics, running app processes to completion, measuring their CPU
+time and peak memory, and one loop, table and command line for systems run in rounds.
 
-``join_throughput.py``, ``window_count.py`` and ``enrichment.py`` use it. The apps report
-their progress through marks files (:mod:`benchmarks.progress_marks`).
+``window_count.py``, ``enrichment.py``, ``window_kinds.py`` and ``table_joins.py`` run
+their systems with :func:`run_rounds`; ``join_throughput.py`` uses the parts below it.
+The apps report their progress through marks files (:mod:`benchmarks.progress_marks`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import asyncio
 import contextlib
 import functools
 import os
+import platform
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,8 +222,8 @@ async def wait_leaders(
         await consumer.stop()
 
 
-#: (topic, key, value, timestamp ms)
-Record = tuple[str, bytes, bytes, int]
+#: (topic, key, value (None: a tombstone), timestamp ms)
+Record = tuple[str, bytes, bytes | None, int]
 
 
 async def produce(bootstrap: str, records: Iterable[Record]) -> float:
@@ -248,6 +252,28 @@ async def last_offsets(
     finally:
         await consumer.stop()
     return {(tp.topic, tp.partition): end - 1 for tp, end in ends.items() if end > 0}
+
+
+async def output_reached(
+    bootstrap: str, topic: str, partitions: int, expected: int, quiet: float = 3.0
+) -> None:
+    """Until ``topic`` holds ``expected`` records or has not grown for ``quiet`` seconds."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        last, quiet_since = -1, time.monotonic()
+        while True:
+            count = sum((await consumer.end_offsets(tps)).values())
+            if count >= expected:
+                return
+            if count != last:
+                last, quiet_since = count, time.monotonic()
+            elif time.monotonic() - quiet_since > quiet:
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await consumer.stop()
 
 
 async def read_records(
@@ -406,20 +432,20 @@ async def run_to_completion(
             stop_process(proc)
     firsts, ends, cpu = [], [], 0.0
     for path, end_cpu in zip(marks_paths, cpu_at_end, strict=True):
-        marks = read_marks(path)
-        measured.marks.append({"path": path.name, "marks": len(marks)})
-        first = next((m for m in marks if m[0] == "FIRST"), None)
+        got = read_marks(path)
+        measured.marks.append({"path": path.name, "marks": len(got)})
+        first = next((m for m in got if m[0] == "FIRST"), None)
         if first is None:
             continue  # this process got no input at all
-        last_mark = max(marks, key=lambda m: m[1])
+        last_mark = max(got, key=lambda m: m[1])
         firsts.append(first[1])
         if settled_at is not None and end_cpu is not None:
             ends.append(settled_at)
             cpu += end_cpu - first[2]
             continue
         ends.append(
-            max(m[1] for m in marks if m[0] == "PDONE")
-            if any(m[0] == "PDONE" for m in marks)
+            max(m[1] for m in got if m[0] == "PDONE")
+            if any(m[0] == "PDONE" for m in got)
             else last_mark[1]
         )
         cpu += last_mark[2] - first[2]
@@ -432,6 +458,398 @@ async def run_to_completion(
         f"{measured.peak_rss_mb or 0:.0f} MB, {len(procs)} process(es)"
     )
     return measured
+
+
+# --------------------------------------------------------------------------- systems
+
+
+def streamjoin_command(
+    app: str, state_dir: Path, name: str, python: Sequence[str] = ()
+) -> list[str]:
+    """A streamjoin worker running ``app`` (``module:attribute``), profiled on request
+    (:func:`py_spy_prefix`, :func:`cprofile_args`); ``python``: its interpreter prefix
+    (this one by default)."""
+    return [
+        *py_spy_prefix(name),
+        *(python or [sys.executable]),
+        *cprofile_args(name),
+        "-m",
+        "streamjoin.cli",
+        "worker",
+        "-A",
+        app,
+        "--state-dir",
+        str(state_dir),
+        "--loglevel",
+        "warning",
+    ]
+
+
+KSTREAMS_DIR = ROOT / "benchmarks" / "kstreams"
+
+
+def kstreams_build(rebuild: bool, app: str) -> tuple[str | None, str]:
+    """The classpath of the Kafka Streams apps (``benchmarks/kstreams``, built with Maven
+    when ``app``'s class is missing or older than a source), or None and why."""
+    classes = KSTREAMS_DIR / "target" / "classes"
+    lib = KSTREAMS_DIR / "target" / "lib"
+    built = classes / "streamjoin" / "bench" / f"{app}.class"
+    sources = [KSTREAMS_DIR / "pom.xml", *(KSTREAMS_DIR / "src").rglob("*.java")]
+    stale = not built.exists() or any(s.stat().st_mtime > built.stat().st_mtime for s in sources)
+    if rebuild or stale:
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            return None, "no mvn on PATH"
+        say("building benchmarks/kstreams with Maven")
+        done = subprocess.run(
+            [mvn, "-q", "-B", "clean", "package"],
+            cwd=KSTREAMS_DIR,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if done.returncode != 0:
+            return None, f"mvn package failed: {(done.stdout + done.stderr)[-2000:]}"
+    return f"{classes}:{lib}/*", ""
+
+
+def kstreams_version() -> str:
+    jars = sorted((KSTREAMS_DIR / "target" / "lib").glob("kafka-streams-*.jar"))
+    return jars[0].stem.removeprefix("kafka-streams-") if jars else "?"
+
+
+def kstreams_command(
+    app: str, classpath: str, java_options: Sequence[str], params: dict[str, Any]
+) -> tuple[list[str], dict[str, str]]:
+    """The Kafka Streams app ``streamjoin.bench.<app>`` with ``--name value`` per param."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)
+    flat = [x for k, v in params.items() for x in (f"--{k}", str(v))]
+    return ["java", *java_options, "-cp", classpath, f"streamjoin.bench.{app}", *flat], env
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+@dataclass
+class WorkloadResult:
+    system: str
+    status: str  # "ok", "wrong", "skipped", "failed", "timeout"
+    round: int = 0
+    version: str = ""
+    processes: int = 1
+    events: int = 0
+    detail: str = ""
+    startup_seconds: float | None = None
+    seconds: float | None = None
+    events_per_s: float | None = None
+    cpu_seconds: float | None = None
+    cpu_us_per_event: float | None = None
+    peak_rss_mb: float | None = None
+    correct: bool = False
+    check: dict[str, int] = field(default_factory=dict)
+
+
+#: the check counts that tell the size of the answer, not a fault (every other must be 0)
+SIZES = ("expected", "optional", "emitted")
+
+
+@dataclass
+class Launch:
+    """One round of one system: its processes, and how their answer is awaited and checked
+    (both given the processes' marks files)."""
+
+    commands: list[tuple[list[str], dict[str, str]]]
+    check: Callable[[list[Path]], Awaitable[dict[str, int]]]
+    #: awaited once every partition is done (``run_to_completion``'s ``settle``)
+    settle: Callable[[list[Path]], Awaitable[float | None]] | None = None
+
+
+async def run_rounds(
+    args: Any,
+    systems: Sequence[str],
+    ready: dict[str, tuple[str, str]],
+    launch: Callable[[str, int, str], Launch],
+    events: int,
+    last: dict[tuple[str, int], int],
+    workdir: Path,
+    progress: Callable[[str], None],
+) -> list[WorkloadResult]:
+    """Every system once a round (``args.repeat`` rounds, interleaved), each run to
+    completion (``args.timeout`` seconds at most) and checked.
+
+    ``ready``: system -> (its version, why it cannot run: empty when it can);
+    ``launch(system, round, name)``: the processes of that run, named ``name``;
+    ``events``: the input records the per-event figures divide by;
+    ``last``: the last offset of every partition the processes must get through."""
+    results: list[WorkloadResult] = []
+    for r, s in ((r, s) for r in range(args.repeat) for s in systems):
+        result = WorkloadResult(system=s, status="skipped", round=r, events=events)
+        results.append(result)
+        result.version, why_not = ready[s]
+        if why_not:
+            result.detail = why_not
+            progress(f"{s}: skipped: {why_not}")
+            continue
+        name = f"{s}-{r}"
+        run = launch(s, r, name)
+        marks = [workdir / f"{name}-{i}.marks" for i in range(len(run.commands))]
+        logs = [workdir / f"{name}-{i}.log" for i in range(len(run.commands))]
+        result.processes = len(run.commands)
+        progress(f"{s}: starting {len(run.commands)} process(es)")
+        settle = None if run.settle is None else functools.partial(run.settle, marks)
+        try:
+            measured = await run_to_completion(
+                run.commands, marks, logs, last, args.timeout, progress, settle
+            )
+        except Exception as exc:  # report and go on with the next system
+            result.status = "failed"
+            result.detail = f"{type(exc).__name__}: {exc}\n{log_tail(logs[0])}"
+            progress(f"{s}: failed: {result.detail}")
+            continue
+        result.status, result.detail = measured.status, measured.detail
+        if measured.status != "ok" or measured.seconds is None:
+            progress(f"{s}: {result.status}: {result.detail}")
+            continue
+        result.startup_seconds = measured.startup_seconds
+        result.seconds = measured.seconds
+        result.cpu_seconds = measured.cpu_seconds
+        result.peak_rss_mb = measured.peak_rss_mb
+        result.events_per_s = events / measured.seconds
+        result.cpu_us_per_event = 1e6 * (measured.cpu_seconds or 0) / events
+        result.check = await run.check(marks)
+        result.correct = all(v == 0 for k, v in result.check.items() if k not in SIZES)
+        result.status = "ok" if result.correct else "wrong"
+        progress(f"{s}: {result.status} {result.check}")
+    return results
+
+
+def median_results(results: list[WorkloadResult]) -> list[WorkloadResult]:
+    """Per system (in run order) its run with the median CPU time among the finished ones."""
+    out: list[WorkloadResult] = []
+    for system in dict.fromkeys(r.system for r in results):
+        runs = [r for r in results if r.system == system]
+        timed = sorted(
+            (r for r in runs if r.cpu_seconds is not None), key=lambda r: r.cpu_seconds or 0
+        )
+        out.append(timed[(len(timed) - 1) // 2] if timed else runs[0])
+    return out
+
+
+def machine() -> str:
+    """The report head's description of this machine and how busy it is."""
+    return (
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs; load average {load_average()}"
+    )
+
+
+def rounds_report(
+    command: str, head: str, repeat: int, results: list[WorkloadResult], **extra: Any
+) -> dict[str, Any]:
+    """The JSON report of :func:`run_rounds`' ``results``: every run under ``runs``, each
+    system's median one under ``results``."""
+    return {
+        "command": command,
+        "head": head,
+        **extra,
+        "repeat": repeat,
+        "results": [asdict(x) for x in median_results(results)],
+        "runs": [asdict(x) for x in results],
+    }
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value and reference else None
+
+
+def _verdict(r: WorkloadResult) -> str:
+    bad = [f"{v} {k}" for k, v in r.check.items() if v and k not in SIZES]
+    return "yes" if r.correct else "NO: " + ", ".join(bad)
+
+
+def _cpu_times(r: WorkloadResult, ref: WorkloadResult | None) -> str:
+    """``x by cpu``: in parentheses when the answer is wrong."""
+    x = _ratio(r.cpu_seconds, ref.cpu_seconds if ref and ref is not r else None)
+    if x is None:
+        return ""
+    return f"{x:.2f}x" if r.correct else f"({x:.2f}x)"
+
+
+def _cpu_x(r: WorkloadResult, ref: WorkloadResult | None) -> str:
+    x = _ratio(r.cpu_seconds, ref.cpu_seconds if ref and ref is not r else None)
+    return "" if x is None else f"{x:.2f}"
+
+
+def _rss_x(r: WorkloadResult, ref: WorkloadResult | None) -> str:
+    if ref is None or ref is r or not ref.cpu_seconds:
+        return ""
+    x = _ratio(r.peak_rss_mb, ref.peak_rss_mb)
+    return "" if x is None else f"{x:.2f}"
+
+
+#: a table column: (a run, the run it is compared with or None) -> the cell
+Cell = Callable[[WorkloadResult, WorkloadResult | None], str]
+
+COLUMNS: dict[str, Cell] = {
+    "system": lambda r, _: r.system,
+    "version": lambda r, _: r.version,
+    "procs": lambda r, _: str(r.processes),
+    "startup s": lambda r, _: f"{r.startup_seconds or 0:.2f}",
+    "seconds": lambda r, _: f"{r.seconds or 0:.2f}",
+    "events/s": lambda r, _: f"{r.events_per_s or 0:,.0f}",
+    "cpu s": lambda r, _: f"{r.cpu_seconds or 0:.2f}",
+    "cpu µs/event": lambda r, _: f"{r.cpu_us_per_event or 0:.1f}",
+    "x by cpu": _cpu_times,
+    "cpu x KS": _cpu_x,
+    "peak RSS MB": lambda r, _: "" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}",
+    "RSS x KS": _rss_x,
+    "correct?": lambda r, _: _verdict(r),
+}
+#: the columns a run without figures shows (the others blank, its status last)
+LABELS = ("system", "version", "procs")
+#: the columns of a comparison with Kafka Streams
+KSTREAMS_COLUMNS = (
+    "system",
+    "version",
+    "seconds",
+    "events/s",
+    "cpu s",
+    "cpu µs/event",
+    "cpu x KS",
+    "peak RSS MB",
+    "RSS x KS",
+    "correct?",
+)
+
+
+def ratio_rows(
+    results: Sequence[WorkloadResult], columns: Sequence[str], compared_with: Callable[[str], str]
+) -> list[tuple[str, ...]]:
+    """The table's rows, the header first; ratios are against ``compared_with(system)``'s
+    result when that one is correct."""
+    by_system = {r.system: r for r in results}
+    rows: list[tuple[str, ...]] = [tuple(columns)]
+    for r in results:
+        if r.seconds is None or r.cpu_seconds is None:
+            labels = [COLUMNS[c](r, None) if c in LABELS else "" for c in columns[:-1]]
+            rows.append((*labels, r.status))
+            continue
+        ref = by_system.get(compared_with(r.system))
+        ref = ref if ref is not None and ref.correct else None
+        rows.append(tuple(COLUMNS[c](r, ref) for c in columns))
+    return rows
+
+
+def results_table(
+    report: dict[str, Any],
+    columns: Sequence[str],
+    compared_with: Callable[[str], str],
+    notes: Sequence[str] = (),
+    rounds_by: str = "cpu µs/event",
+) -> str:
+    """The report as a text table of its median runs, then ``notes``, each system's rounds
+    (``rounds_by``: "cpu µs/event" or "seconds") and why a run has no figures."""
+    results = [WorkloadResult(**r) for r in report["results"]]
+    rows = ratio_rows(results, columns, compared_with)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    out = list(notes)
+    runs = [WorkloadResult(**r) for r in report["runs"]]
+    if report["repeat"] > 1:
+        for system in dict.fromkeys(r.system for r in runs):
+            listed = ", ".join(_round_figures(r, rounds_by) for r in runs if r.system == system)
+            unit = "" if rounds_by == "seconds" else f" ({rounds_by})"
+            out.append(f"{system} rounds{unit}: {listed}")
+    for r in runs:
+        if r.status in ("skipped", "failed", "timeout") and r.detail:
+            out.append(f"{r.system} round {r.round}: {r.status}: {r.detail.splitlines()[0]}")
+    return "\n".join([report["head"], "", *lines, "", *out])
+
+
+def _round_figures(r: WorkloadResult, rounds_by: str) -> str:
+    if rounds_by == "seconds":
+        if r.seconds is None or r.cpu_seconds is None:
+            return r.status
+        return f"{r.seconds:.2f}s/{r.cpu_seconds:.2f} cpu s"
+    return r.status if r.cpu_us_per_event is None else f"{r.cpu_us_per_event:.1f}"
+
+
+def bench_arguments(
+    parser: Any,
+    *,
+    events: int,
+    keys: int,
+    systems: Sequence[str],
+    default: str,
+    timeout: float,
+    keys_help: str = "distinct keys",
+) -> None:
+    """The options every benchmark that runs systems in rounds has."""
+    parser.add_argument("--events", type=int, default=events, help="input events")
+    parser.add_argument("--keys", type=int, default=keys, help=keys_help)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds")
+    parser.add_argument(
+        "--systems",
+        default=default,
+        help=f"comma-separated, in run order, from {','.join(systems)}",
+    )
+    parser.add_argument("--bootstrap", help="reuse a running loopback broker (HOST:PORT)")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds per system")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, state)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+
+def kstreams_arguments(parser: Any) -> None:
+    parser.add_argument("--rebuild", action="store_true", help="build the Kafka Streams app again")
+    parser.add_argument(
+        "--kstreams-java-options",
+        default="",
+        help="JVM options of the Kafka Streams app (default: none, the JVM's own heap sizing)",
+    )
+
+
+def venv_arguments(parser: Any) -> None:
+    parser.add_argument("--venv-root", default=str(VENV_ROOT))
+    parser.add_argument("--no-install", action="store_true", help="never create venvs")
+
+
+def chosen_systems(args: Any, known: Sequence[str]) -> list[str]:
+    """``--systems`` as a list, each one checked against ``known``."""
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for s in systems:
+        if s not in known:
+            raise SystemExit(f"unknown system {s!r}; choose from {', '.join(known)}")
+    return systems
+
+
+def bench_main(
+    args: Any,
+    bench: str,
+    run: Callable[[str, Path], Coroutine[Any, Any, dict[str, Any]]],
+    table: Callable[[dict[str, Any]], str],
+) -> int:
+    """``run(bootstrap, workdir)`` on a broker (``args.bootstrap`` or a fresh one), print
+    its report (JSON or ``table``); exit 1 when a streamjoin run's answer is wrong."""
+    import json
+    import tempfile
+
+    from benchmarks.broker import broker
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"streamjoin-{bench}-"))
+    try:
+        with broker(args.bootstrap, sayer(bench)) as bootstrap:
+            report = asyncio.run(run(bootstrap, workdir))
+    finally:
+        if args.keep:
+            say(f"work dir kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(report, indent=2) if args.json else table(report))
+    ours = [r for r in report["runs"] if r["system"].startswith("streamjoin")]
+    return 0 if all(r["correct"] for r in ours) else 1
 
 
 # --------------------------------------------------------------------------- workloads
@@ -473,25 +891,6 @@ VENV_OF = {"faust": "faust", "quix": "quix"}
 
 
 @dataclass
-class WorkloadResult:
-    system: str
-    status: str  # "ok", "wrong", "skipped", "failed", "timeout"
-    round: int = 0
-    version: str = ""
-    processes: int = 1
-    events: int = 0
-    detail: str = ""
-    startup_seconds: float | None = None
-    seconds: float | None = None
-    events_per_s: float | None = None
-    cpu_seconds: float | None = None
-    cpu_us_per_event: float | None = None
-    peak_rss_mb: float | None = None
-    correct: bool = False
-    check: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
 class Topics:
     input: str
     table: str | None = None
@@ -523,25 +922,10 @@ def workload_commands(
         if system == "streamjoin-take":
             env["BENCH_TAKE"] = str(TAKE_BATCH)
         workers = 2 if system == "streamjoin-2w" else 1
-        python_cmd = baseline_worker(env) if system == "streamjoin-base" else [sys.executable]
+        python_cmd = baseline_worker(env) if system == "streamjoin-base" else []
+        app = "benchmarks.workload_streamjoin_app:app"
         return [
-            (
-                [
-                    *py_spy_prefix(f"{name}-{i}"),
-                    *python_cmd,
-                    *cprofile_args(f"{name}-{i}"),
-                    "-m",
-                    "streamjoin.cli",
-                    "worker",
-                    "-A",
-                    "benchmarks.workload_streamjoin_app:app",
-                    "--state-dir",
-                    str(workdir / f"state-{name}-{i}"),
-                    "--loglevel",
-                    "warning",
-                ],
-                env,
-            )
+            (streamjoin_command(app, workdir / f"state-{name}-{i}", f"{name}-{i}", python_cmd), env)
             for i in range(workers)
         ]
     assert python is not None
@@ -561,106 +945,48 @@ def workload_commands(
     return [([str(python), str(script), *common, *extra], env)]
 
 
-def median_results(results: list[WorkloadResult]) -> list[WorkloadResult]:
-    """Per system (in run order) its run with the median CPU time among the finished ones."""
-    out: list[WorkloadResult] = []
-    for system in dict.fromkeys(r.system for r in results):
-        runs = [r for r in results if r.system == system]
-        timed = sorted(
-            (r for r in runs if r.cpu_seconds is not None), key=lambda r: r.cpu_seconds or 0
-        )
-        out.append(timed[(len(timed) - 1) // 2] if timed else runs[0])
-    return out
+WORKLOAD_COLUMNS = (
+    "system",
+    "version",
+    "procs",
+    "seconds",
+    "events/s",
+    "cpu s",
+    "cpu µs/event",
+    "x by cpu",
+    "peak RSS MB",
+    "correct?",
+)
 
 
 def workload_table(report: dict[str, Any]) -> str:
     """The report as a text table, with the ratios against one streamjoin worker."""
-    results = [WorkloadResult(**r) for r in report["results"]]
-    ours = next((r for r in results if r.system == "streamjoin" and r.correct), None)
-    rows = [
-        (
-            "system",
-            "version",
-            "procs",
-            "seconds",
-            "events/s",
-            "cpu s",
-            "cpu µs/event",
-            "x by cpu",
-            "peak RSS MB",
-            "correct?",
-        )
-    ]
-    for r in results:
-        if r.seconds is None or r.cpu_seconds is None:
-            rows.append((r.system, r.version, str(r.processes), *[""] * 6, r.status))
-            continue
-        by_cpu = ""
-        if ours is not None and r is not ours and ours.cpu_seconds:
-            by_cpu = f"{r.cpu_seconds / ours.cpu_seconds:.2f}x"
-            if not r.correct:
-                by_cpu = f"({by_cpu})"
-        verdict = (
-            "yes"
-            if r.correct
-            else "NO: " + ", ".join(f"{v} {k}" for k, v in r.check.items() if v and k != "expected")
-        )
-        rows.append(
-            (
-                r.system,
-                r.version,
-                str(r.processes),
-                f"{r.seconds:.2f}",
-                f"{r.events_per_s:,.0f}",
-                f"{r.cpu_seconds:.2f}",
-                f"{r.cpu_us_per_event:.1f}",
-                by_cpu,
-                "" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}",
-                verdict,
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    results = {r["system"]: WorkloadResult(**r) for r in report["results"]}
     notes = [
         "cpu s: user + sys time of the system's process(es), all threads, from the first input",
         "event to the last partition's last offset; x by cpu: that system's cpu s / streamjoin's",
         "(in parentheses when its answer is wrong). peak RSS: the largest VmHWM of its processes.",
     ]
-    two = next((r for r in results if r.system == "streamjoin-2w" and r.correct), None)
-    if ours is not None and two is not None and ours.seconds and two.seconds:
+    ours, two = results.get("streamjoin"), results.get("streamjoin-2w")
+    if ours and two and ours.correct and two.correct and ours.seconds and two.seconds:
         notes.append(
             f"2 workers vs 1: {ours.seconds / two.seconds:.2f}x events/s, cpu per event "
             f"{two.cpu_us_per_event or 0:.1f} vs {ours.cpu_us_per_event or 0:.1f} µs"
         )
-    runs = [WorkloadResult(**r) for r in report["runs"]]
-    if report.get("repeat", 1) > 1:
-        for system in dict.fromkeys(r.system for r in runs):
-            listed = ", ".join(
-                f"{r.seconds:.2f}s/{r.cpu_seconds:.2f} cpu s"
-                if r.seconds is not None and r.cpu_seconds is not None
-                else r.status
-                for r in runs
-                if r.system == system
-            )
-            notes.append(f"{system} rounds: {listed}")
-    for r in runs:
-        if r.status in ("skipped", "failed", "timeout") and r.detail:
-            notes.append(f"{r.system} round {r.round}: {r.status}: {r.detail.splitlines()[0]}")
-    return "\n".join([report["head"], "", *lines, "", *notes])
+    return results_table(
+        report, WORKLOAD_COLUMNS, lambda _: "streamjoin", notes, rounds_by="seconds"
+    )
 
 
 def workload_arguments(parser: Any, *, events: int, keys: int) -> None:
     """The options window_count.py and enrichment.py share."""
-    parser.add_argument("--events", type=int, default=events, help="input events")
-    parser.add_argument("--keys", type=int, default=keys, help="distinct keys")
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds")
-    parser.add_argument(
-        "--systems",
+    bench_arguments(
+        parser,
+        events=events,
+        keys=keys,
+        systems=WORKLOAD_SYSTEMS,
         default="streamjoin,quix,faust",
-        help=f"comma-separated, in run order, from {','.join(WORKLOAD_SYSTEMS)}",
+        timeout=900,
     )
     parser.add_argument(
         "--workers",
@@ -669,26 +995,19 @@ def workload_arguments(parser: Any, *, events: int, keys: int) -> None:
         default=1,
         help="2: also run two streamjoin worker processes (streamjoin-2w) and report scaling",
     )
-    parser.add_argument("--bootstrap", help="reuse a running loopback broker (HOST:PORT)")
     parser.add_argument(
         "--baseline-tree",
         help="source tree of an older commit that the streamjoin-base system runs "
         "(the before side of an A/B in one run; copy benchmarks/ into it)",
     )
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per system")
-    parser.add_argument("--venv-root", default=str(VENV_ROOT))
-    parser.add_argument("--no-install", action="store_true", help="never create venvs")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, state)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    venv_arguments(parser)
 
 
-def chosen_systems(args: Any) -> list[str]:
+def workload_systems(args: Any) -> list[str]:
+    """``--systems``, with ``streamjoin-2w`` after ``streamjoin`` for ``--workers 2``."""
     if getattr(args, "baseline_tree", None):
         os.environ[BASELINE_TREE] = str(Path(args.baseline_tree).resolve())
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    for s in systems:
-        if s not in WORKLOAD_SYSTEMS:
-            raise SystemExit(f"unknown system {s!r}; choose from {', '.join(WORKLOAD_SYSTEMS)}")
+    systems = chosen_systems(args, WORKLOAD_SYSTEMS)
     if args.workers == 2 and "streamjoin-2w" not in systems:
         at = systems.index("streamjoin") + 1 if "streamjoin" in systems else 0
         systems.insert(at, "streamjoin-2w")
@@ -722,12 +1041,20 @@ async def run_workload(
     from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
     progress = sayer(spec.bench)
-    systems = chosen_systems(args)
+    systems = workload_systems(args)
     pythons: dict[str, tuple[Path | None, str]] = {}
+    ready: dict[str, tuple[str, str]] = {}
     for s in systems:
         venv = VENV_OF.get(s)
-        if venv and venv not in pythons:
+        if venv is None:
+            base = s == "streamjoin-base"
+            version = tree_commit(os.environ.get(BASELINE_TREE, "")) if base else None
+            ready[s] = (version or streamjoin_version(), "")
+            continue
+        if venv not in pythons:
             pythons[venv] = venv_python(venv, Path(args.venv_root), not args.no_install)
+        python, why = pythons[venv]
+        ready[s] = ("", why) if python is None else (dist_version(python, DIST_OF[venv]), "")
     run_id = uuid.uuid4().hex[:8]
     prefix = f"{spec.bench.replace('_', '')}-{run_id}"
     names = {"input": f"{prefix}-input"}
@@ -746,31 +1073,16 @@ async def run_workload(
     # done = every partition of the input processed (a table topic is read, not awaited)
     last_inputs = {tp: o for tp, o in last.items() if tp[0] == names["input"]}
 
-    results: list[WorkloadResult] = []
-    for r, s in ((r, s) for r in rounds for s in systems):
-        result = WorkloadResult(system=s, status="skipped", round=r, events=len(spec.records))
-        results.append(result)
-        venv = VENV_OF.get(s)
-        python = None
-        if venv:
-            python, why = pythons[venv]
-            if python is None:
-                result.detail = why
-                progress(f"{s}: skipped: {why}")
-                continue
-            result.version = dist_version(python, DIST_OF[venv])
-        elif s == "streamjoin-base":
-            result.version = tree_commit(os.environ.get(BASELINE_TREE, ""))
-        else:
-            result.version = streamjoin_version()
-        name = f"{s}-{r}"
+    def launch(system: str, r: int, name: str) -> Launch:
         topics = Topics(
             input=names["input"],
             table=names.get("table"),
-            output=outputs[(s, r)] if spec.uses_output else None,
+            output=outputs[(system, r)] if spec.uses_output else None,
         )
+        venv = VENV_OF.get(system)
+        python = pythons[venv][0] if venv else None
         commands = workload_commands(
-            s,
+            system,
             spec.workload,
             bootstrap,
             f"{prefix}-{name}",
@@ -780,73 +1092,34 @@ async def run_workload(
             name,
             args.partitions,
         )
-        marks = [workdir / f"{name}-{i}.marks" for i in range(len(commands))]
-        logs = [workdir / f"{name}-{i}.log" for i in range(len(commands))]
-        result.processes = len(commands)
-        progress(f"{s}: starting {len(commands)} process(es)")
-        settle = None
-        if spec.settle is not None:
-            settle = functools.partial(spec.settle, marks, topics, bootstrap)
-        try:
-            measured = await run_to_completion(
-                commands, marks, logs, last_inputs, args.timeout, progress, settle
-            )
-        except Exception as exc:  # report and go on with the next system
-            result.status = "failed"
-            result.detail = f"{type(exc).__name__}: {exc}\n{log_tail(logs[0])}"
-            progress(f"{s}: failed: {result.detail}")
-            continue
-        result.status = measured.status
-        result.detail = measured.detail
-        if measured.status != "ok" or measured.seconds is None:
-            progress(f"{s}: {result.status}: {result.detail}")
-            continue
-        result.startup_seconds = measured.startup_seconds
-        result.seconds = measured.seconds
-        result.cpu_seconds = measured.cpu_seconds
-        result.peak_rss_mb = measured.peak_rss_mb
-        result.events_per_s = len(spec.records) / measured.seconds
-        result.cpu_us_per_event = 1e6 * (measured.cpu_seconds or 0) / len(spec.records)
-        result.check = await spec.check(marks, topics, bootstrap)
-        result.correct = all(v == 0 for k, v in result.check.items() if k != "expected")
-        result.status = "ok" if result.correct else "wrong"
-        progress(f"{s}: {result.status} {result.check}")
-    import platform
 
-    head = (
-        f"{spec.head}; {args.partitions} partitions; Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs; load average {load_average()}"
+        async def check(marks: list[Path]) -> dict[str, int]:
+            return await spec.check(marks, topics, bootstrap)
+
+        async def settle(marks: list[Path]) -> None:
+            if spec.settle is not None:
+                await spec.settle(marks, topics, bootstrap)
+
+        return Launch(commands, check, settle if spec.settle is not None else None)
+
+    results = await run_rounds(
+        args, systems, ready, launch, len(spec.records), last_inputs, workdir, progress
     )
-    return {
-        "command": " ".join(
-            [Path(sys.executable).name, "-m", f"benchmarks.{spec.bench}", *sys.argv[1:]]
-        ),
-        "head": head,
-        "records": len(spec.records),
-        "produce_seconds": round(produce_s, 2),
-        "repeat": args.repeat,
-        "results": [asdict(x) for x in median_results(results)],
-        "runs": [asdict(x) for x in results],
-    }
+    return rounds_report(
+        " ".join([Path(sys.executable).name, "-m", f"benchmarks.{spec.bench}", *sys.argv[1:]]),
+        f"{spec.head}; {args.partitions} partitions; {machine()}",
+        args.repeat,
+        results,
+        records=len(spec.records),
+        produce_seconds=round(produce_s, 2),
+    )
 
 
 def workload_main(args: Any, spec: WorkloadSpec) -> int:
     """Run ``spec`` on a broker (``args.bootstrap`` or a fresh one), print the report."""
-    import json
-    import shutil
-    import tempfile
-
-    from benchmarks.broker import broker
-
-    workdir = Path(tempfile.mkdtemp(prefix=f"streamjoin-{spec.bench}-"))
-    try:
-        with broker(args.bootstrap, sayer(spec.bench)) as bootstrap:
-            report = asyncio.run(run_workload(args, spec, bootstrap, workdir))
-    finally:
-        if args.keep:
-            say(f"work dir kept: {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(report, indent=2) if args.json else workload_table(report))
-    ours = [r for r in report["runs"] if r["system"].startswith("streamjoin")]
-    return 0 if all(r["correct"] for r in ours) else 1
+    return bench_main(
+        args,
+        spec.bench,
+        functools.partial(run_workload, args, spec),
+        workload_table,
+    )

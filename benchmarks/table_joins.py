@@ -41,46 +41,45 @@ Streams' median round.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import json
 import os
-import platform
 import random
-import shutil
 import sys
-import tempfile
 import time
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from benchmarks.enrichment import COUNTRIES, TIERS, Outputs, check_enriched
 from benchmarks.harness import (
-    WorkloadResult,
-    cprofile_args,
+    KSTREAMS_COLUMNS,
+    Launch,
+    bench_arguments,
+    bench_main,
+    chosen_systems,
+    kstreams_arguments,
+    kstreams_build,
+    kstreams_command,
+    kstreams_version,
     last_offsets,
-    load_average,
-    log_tail,
-    median_results,
+    machine,
+    output_reached,
     produce,
-    py_spy_prefix,
     read_records,
-    run_to_completion,
-    say,
+    results_table,
+    rounds_report,
+    run_rounds,
     sayer,
+    streamjoin_command,
     streamjoin_version,
     wait_leaders,
 )
-from benchmarks.window_kinds import kstreams_build, kstreams_version
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-TIERS = ("free", "basic", "pro", "enterprise")
-COUNTRIES = ("DE", "FR", "US", "JP", "BR", "IN", "NG", "AU")
 SYSTEMS = ("streamjoin", "kstreams")
 #: seconds without output growth after which a foreign-key join that has not reached the
 #: right answer is given up on (its check then says what is wrong)
@@ -110,8 +109,8 @@ def global_workload(events: int, keys: int, seed: int) -> Workload:
     truth: dict[Any, Any] = {}
     for i in range(events):
         user = f"user-{rng.randrange(keys):07d}"
-        value = {"event_id": i, "user": user, "amount": rng.randrange(1, 10_000)}
-        records.append(("input", f"e-{i}".encode(), json.dumps(value).encode(), BASE_MS + i))
+        event: dict[str, Any] = {"event_id": i, "user": user, "amount": rng.randrange(1, 10_000)}
+        records.append(("input", f"e-{i}".encode(), json.dumps(event).encode(), BASE_MS + i))
         truth[i] = rows[user]
     return Workload(
         records,
@@ -190,34 +189,6 @@ def joined(order: dict[str, Any], customer: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- checks
 
 
-#: (key, value) of every output record, in offset order per partition
-Outputs = list[tuple[bytes | None, bytes | None]]
-
-
-def check_global(truth: dict[Any, Any], outputs: Outputs) -> dict[str, int]:
-    seen: Counter[int] = Counter()
-    unenriched = wrong = 0
-    for _key, raw in outputs:
-        value = json.loads(raw or b"null")
-        event_id = value["event_id"]
-        seen[event_id] += 1
-        if seen[event_id] > 1:
-            continue
-        got = (value.get("tier"), value.get("country"))
-        if got[0] is None:
-            unenriched += 1
-        elif event_id in truth and got != tuple(truth[event_id]):
-            wrong += 1
-    return {
-        "expected": len(truth),
-        "missing": sum(1 for i in truth if i not in seen),
-        "unenriched": unenriched,
-        "wrong": wrong,
-        "unexpected": sum(1 for i in seen if i not in truth),
-        "duplicates": sum(n - 1 for n in seen.values()),
-    }
-
-
 def check_fk(truth: dict[Any, Any], outputs: Outputs) -> dict[str, int]:
     """The last output record per order (in offset order: one partition per key) against
     the join of the final tables."""
@@ -278,14 +249,14 @@ def command(
     bootstrap: str,
     group: str,
     topics: dict[str, str],
-    workdir: Path,
+    state_dir: Path,
     name: str,
-    classpath: list[str] | None,
+    classpath: str | None,
     java_options: list[str],
     commit_ms: int,
 ) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if system == "streamjoin":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.update(
             BENCH_WORKLOAD=workload,
             BENCH_APP_ID=group,
@@ -294,14 +265,9 @@ def command(
             BENCH_OUTPUT=topics["output"],
             STREAMJOIN_BROKER=f"kafka://{bootstrap}",
         )
-        # (profiles on request, as for the other workloads: benchmarks/harness.py)
-        cmd = [*py_spy_prefix(name), sys.executable, *cprofile_args(name)]
-        cmd += ["-m", "streamjoin.cli", "worker"]
-        cmd += ["-A", "benchmarks.table_joins_streamjoin_app:app"]
-        cmd += ["--state-dir", str(workdir / f"state-{name}"), "--loglevel", "warning"]
-        return cmd, env
+        app = "benchmarks.table_joins_streamjoin_app:app"
+        return streamjoin_command(app, state_dir, name), env
     assert classpath is not None
-    env.pop("PYTHONPATH", None)
     params = {
         "workload": workload,
         "bootstrap": bootstrap,
@@ -309,31 +275,27 @@ def command(
         "input": topics["input"],
         "table": topics["table"],
         "output": topics["output"],
-        "state-dir": str(workdir / f"state-{name}"),
-        "commit-ms": str(commit_ms),
+        "state-dir": state_dir,
+        "commit-ms": commit_ms,
     }
-    flat = [x for k, v in params.items() for x in (f"--{k}", v)]
-    main = ["-cp", classpath[0], "streamjoin.bench.TableJoins"]
-    return ["java", *java_options, *main, *flat], env
+    return kstreams_command("TableJoins", classpath, java_options, params)
 
 
 async def run(args: Any, bootstrap: str, workdir: Path) -> dict[str, Any]:
     from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
     progress = sayer("table_joins")
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    for s in systems:
-        if s not in SYSTEMS:
-            raise SystemExit(f"unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+    systems = chosen_systems(args, SYSTEMS)
     make = global_workload if args.workload == "global" else fk_workload
     work = make(args.events, args.keys, args.seed)
-    classpath, why_no_java = (None, "")
+    ready = {"streamjoin": (streamjoin_version(), "")}
+    classpath: str | None = None
     if "kstreams" in systems:
         classpath, why_no_java = kstreams_build(args.rebuild, "TableJoins")
+        ready["kstreams"] = (kstreams_version() if classpath else "", why_no_java)
     prefix = f"tablejoins-{uuid.uuid4().hex[:8]}"
     names = {"input": f"{prefix}-input", "table": f"{prefix}-table"}
-    rounds = range(args.repeat)
-    outputs = {(s, r): f"{prefix}-out-{s}-{r}" for s in systems for r in rounds}
+    outputs = {(s, r): f"{prefix}-out-{s}-{r}" for s in systems for r in range(args.repeat)}
     compacted = {"cleanup.policy": "compact"} if args.workload == "fk" else {}
     specs = [TopicSpec(names["table"], args.partitions, config={"cleanup.policy": "compact"})]
     specs += [TopicSpec(names["input"], args.partitions, config=compacted)]
@@ -347,192 +309,73 @@ async def run(args: Any, bootstrap: str, workdir: Path) -> dict[str, Any]:
     # then until the output is quiet (see above)
     read = [names["input"]] if args.workload == "global" else [names["input"], names["table"]]
     last = await last_offsets(bootstrap, read, args.partitions)
-    check: Callable[[dict[Any, Any], Outputs], dict[str, int]] = (
-        check_global if args.workload == "global" else check_fk
-    )
-    results: list[WorkloadResult] = []
-    for r, s in ((r, s) for r in rounds for s in systems):
-        result = WorkloadResult(system=s, status="skipped", round=r, events=len(work.records))
-        results.append(result)
-        if s == "kstreams" and classpath is None:
-            result.detail = why_no_java
-            continue
-        result.version = kstreams_version() if s == "kstreams" else streamjoin_version()
-        name = f"{s}-{r}"
-        topics = {**names, "output": outputs[(s, r)]}
+    check = check_enriched if args.workload == "global" else check_fk
+
+    def launch(system: str, r: int, name: str) -> Launch:
+        output = outputs[(system, r)]
         cmd = command(
-            s,
+            system,
             args.workload,
             bootstrap,
             f"{prefix}-{name}",
-            topics,
-            workdir,
+            {**names, "output": output},
+            workdir / f"state-{name}",
             name,
             classpath,
             args.kstreams_java_options.split(),
             args.kstreams_commit_ms,
         )
-        marks, logs = [workdir / f"{name}-0.marks"], [workdir / f"{name}-0.log"]
-        settle: Callable[[], Awaitable[float | None]]
-        if args.workload == "fk":
-            settle = functools.partial(
-                output_converged, bootstrap, outputs[(s, r)], args.partitions, work.truth, QUIET_S
-            )
-        else:
-            settle = functools.partial(
-                output_count, bootstrap, outputs[(s, r)], args.partitions, len(work.truth)
-            )
-        progress(f"{s}: starting")
-        try:
-            measured = await run_to_completion(
-                [cmd], marks, logs, last, args.timeout, progress, settle
-            )
-        except Exception as exc:  # report and go on with the next system
-            result.status, result.detail = (
-                "failed",
-                f"{type(exc).__name__}: {exc}\n{log_tail(logs[0])}",
-            )
-            progress(f"{s}: failed: {result.detail}")
-            continue
-        result.status, result.detail = measured.status, measured.detail
-        if measured.status != "ok" or measured.seconds is None:
-            progress(f"{s}: {result.status}: {result.detail}")
-            continue
-        result.startup_seconds = measured.startup_seconds
-        result.seconds = measured.seconds
-        result.cpu_seconds = measured.cpu_seconds
-        result.peak_rss_mb = measured.peak_rss_mb
-        result.events_per_s = len(work.records) / measured.seconds
-        result.cpu_us_per_event = 1e6 * (measured.cpu_seconds or 0) / len(work.records)
-        out = await read_records(bootstrap, outputs[(s, r)], args.partitions, timeout=600)
-        result.check = check(work.truth, [(rec.key, rec.value) for rec in out])
-        result.correct = all(v == 0 for k, v in result.check.items() if k != "expected")
-        result.status = "ok" if result.correct else "wrong"
-        progress(f"{s}: {result.status} {result.check}")
+
+        async def settle(_marks: list[Path]) -> float | None:
+            if args.workload == "fk":
+                return await output_converged(
+                    bootstrap, output, args.partitions, work.truth, QUIET_S
+                )
+            await output_reached(bootstrap, output, args.partitions, len(work.truth))
+            return None
+
+        async def checked(_marks: list[Path]) -> dict[str, int]:
+            out = await read_records(bootstrap, output, args.partitions, timeout=600)
+            return check(work.truth, [(rec.key, rec.value) for rec in out])
+
+        return Launch([cmd], checked, settle)
+
+    results = await run_rounds(
+        args, systems, ready, launch, len(work.records), last, workdir, progress
+    )
     head = (
         f"{work.head}; {len(work.records):,} input records; {args.partitions} partitions; "
-        f"Python {platform.python_version()}, {os.cpu_count()} CPUs; load average "
-        f"{load_average()}"
+        f"{machine()}"
     )
-    return {
-        "command": " ".join(["python", "-m", "benchmarks.table_joins", *sys.argv[1:]]),
-        "head": head,
-        "repeat": args.repeat,
-        "results": [asdict(x) for x in median_results(results)],
-        "runs": [asdict(x) for x in results],
-    }
+    command_line = " ".join(["python", "-m", "benchmarks.table_joins", *sys.argv[1:]])
+    return rounds_report(command_line, head, args.repeat, results)
 
 
-async def output_count(bootstrap: str, topic: str, partitions: int, expected: int) -> None:
-    """Until the output holds ``expected`` records or has not grown for 3 s."""
-    previous, grew_at = -1, time.monotonic()
-    while True:
-        count = sum(o + 1 for o in (await last_offsets(bootstrap, [topic], partitions)).values())
-        if count >= expected:
-            return
-        if count != previous:
-            previous, grew_at = count, time.monotonic()
-        elif time.monotonic() - grew_at > 3.0:
-            return
-        await asyncio.sleep(0.1)
+COLUMNS = (*KSTREAMS_COLUMNS[:2], "startup s", *KSTREAMS_COLUMNS[2:])
 
 
 def table(report: dict[str, Any]) -> str:
-    results = [WorkloadResult(**r) for r in report["results"]]
-    ks = next((r for r in results if r.system == "kstreams" and r.correct), None)
-    rows = [
-        (
-            "system",
-            "version",
-            "startup s",
-            "seconds",
-            "events/s",
-            "cpu s",
-            "cpu µs/event",
-            "cpu x KS",
-            "peak RSS MB",
-            "RSS x KS",
-            "correct?",
-        )
-    ]
-    for r in results:
-        if r.seconds is None or r.cpu_seconds is None:
-            rows.append((r.system, r.version, *[""] * 8, r.status))
-            continue
-        cpu_x = rss_x = ""
-        if ks is not None and ks is not r and ks.cpu_seconds:
-            cpu_x = f"{r.cpu_seconds / ks.cpu_seconds:.2f}"
-            if r.peak_rss_mb and ks.peak_rss_mb:
-                rss_x = f"{r.peak_rss_mb / ks.peak_rss_mb:.2f}"
-        bad = [f"{v} {k}" for k, v in r.check.items() if v and k != "expected"]
-        rows.append(
-            (
-                r.system,
-                r.version,
-                f"{r.startup_seconds or 0:.2f}",
-                f"{r.seconds:.2f}",
-                f"{r.events_per_s or 0:,.0f}",
-                f"{r.cpu_seconds:.2f}",
-                f"{r.cpu_us_per_event or 0:.1f}",
-                cpu_x,
-                "" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}",
-                rss_x,
-                "yes" if r.correct else "NO: " + ", ".join(bad),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    notes = []
-    runs = [WorkloadResult(**r) for r in report["runs"]]
-    if report["repeat"] > 1:
-        for system in dict.fromkeys(r.system for r in runs):
-            listed = ", ".join(
-                f"{r.cpu_us_per_event:.1f}" if r.cpu_us_per_event is not None else r.status
-                for r in runs
-                if r.system == system
-            )
-            notes.append(f"{system} rounds (cpu µs/event): {listed}")
-    for r in runs:
-        if r.status in ("skipped", "failed", "timeout") and r.detail:
-            notes.append(f"{r.system} round {r.round}: {r.status}: {r.detail.splitlines()[0]}")
-    return "\n".join([report["head"], "", *lines, "", *notes])
+    return results_table(report, COLUMNS, lambda _: "kstreams")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workload", choices=("global", "fk"), default="global")
-    parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--keys", type=int, default=10_000, help="table rows (users, customers)")
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds")
-    parser.add_argument("--systems", default="streamjoin,kstreams", help="comma-separated")
-    parser.add_argument("--bootstrap", help="reuse a running loopback broker (HOST:PORT)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per system")
-    parser.add_argument("--rebuild", action="store_true", help="build the Kafka Streams app again")
-    parser.add_argument("--kstreams-java-options", default="", help="JVM options (default: none)")
+    bench_arguments(
+        parser,
+        events=500_000,
+        keys=10_000,
+        systems=SYSTEMS,
+        default="streamjoin,kstreams",
+        timeout=1800,
+        keys_help="table rows (users, customers)",
+    )
+    kstreams_arguments(parser)
     parser.add_argument(
         "--kstreams-commit-ms", type=int, default=1000, help="Kafka Streams' commit.interval.ms"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, state)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
-
-    from benchmarks.broker import broker
-
-    workdir = Path(tempfile.mkdtemp(prefix="streamjoin-table-joins-"))
-    try:
-        with broker(args.bootstrap, sayer("table_joins")) as bootstrap:
-            report = asyncio.run(run(args, bootstrap, workdir))
-    finally:
-        if args.keep:
-            say(f"work dir kept: {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(report, indent=2) if args.json else table(report))
-    ours = [r for r in report["runs"] if r["system"] == "streamjoin"]
-    return 0 if all(r["correct"] for r in ours) else 1
+    return bench_main(args, "table_joins", functools.partial(run, args), table)
 
 
 if __name__ == "__main__":

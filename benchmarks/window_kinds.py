@@ -53,35 +53,39 @@ import asyncio
 import functools
 import json
 import os
-import platform
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
+    KSTREAMS_COLUMNS,
     ROOT,
-    VENV_ROOT,
+    Launch,
     WorkloadResult,
-    cprofile_args,
+    bench_arguments,
+    bench_main,
+    chosen_systems,
     dist_version,
+    kstreams_arguments,
+    kstreams_build,
+    kstreams_command,
+    kstreams_version,
     last_offsets,
-    load_average,
-    log_tail,
-    median_results,
+    machine,
     produce,
-    py_spy_prefix,
-    run_to_completion,
-    say,
+    read_records,
+    results_table,
+    rounds_report,
+    run_rounds,
     sayer,
+    streamjoin_command,
     streamjoin_version,
+    venv_arguments,
     venv_python,
     wait_leaders,
 )
@@ -104,7 +108,6 @@ DUE_FRACTION = 0.8
 TICK_PREFIX = "tick-"
 
 SYSTEMS = ("streamjoin", "streamjoin-close", "kstreams", "kstreams-close", "quix", "quix-close")
-KSTREAMS_DIR = ROOT / "benchmarks" / "kstreams"
 
 #: (key, window start) for hopping windows, (key, start, end) for sessions -> count
 Windows = dict[tuple[Any, ...], int]
@@ -322,33 +325,6 @@ def dumps_complete(marks: list[Path], partitions: int) -> bool:
 # --------------------------------------------------------------------------- systems
 
 
-def kstreams_build(rebuild: bool, app: str = "WindowKinds") -> tuple[list[str] | None, str]:
-    """The classpath of the Kafka Streams apps (built with Maven when ``app``'s class is
-    missing), or None and why."""
-    classes = KSTREAMS_DIR / "target" / "classes"
-    lib = KSTREAMS_DIR / "target" / "lib"
-    if rebuild or not (classes / "streamjoin" / "bench" / f"{app}.class").exists():
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            return None, "no mvn on PATH"
-        say("building benchmarks/kstreams with Maven")
-        done = subprocess.run(
-            [mvn, "-q", "-B", "clean", "package"],
-            cwd=KSTREAMS_DIR,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if done.returncode != 0:
-            return None, f"mvn package failed: {(done.stdout + done.stderr)[-2000:]}"
-    return [f"{classes}:{lib}/*"], ""
-
-
-def kstreams_version() -> str:
-    jars = sorted((KSTREAMS_DIR / "target" / "lib").glob("kafka-streams-*.jar"))
-    return jars[0].stem.removeprefix("kafka-streams-") if jars else "?"
-
-
 def system_command(
     system: str,
     shape: Shape,
@@ -360,7 +336,7 @@ def system_command(
     name: str,
     keys: int,
     time_range: tuple[int, int],
-    classpath: list[str] | None,
+    classpath: str | None,
     quix_python: Path | None,
     java_options: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
@@ -375,6 +351,19 @@ def system_command(
         "grace-ms": shape.grace_ms,
         "retention-ms": shape.retention_ms(close),
     }
+    common = {
+        "bootstrap": bootstrap,
+        "app-id": group,
+        "input": input_topic,
+        "output": output_topic,
+        "state-dir": str(workdir / f"state-{name}"),
+    }
+    if system.startswith("kstreams"):
+        assert classpath is not None
+        extra = {"keys": keys, "from-ms": time_range[0], "to-ms": time_range[1]}
+        return kstreams_command(
+            "WindowKinds", classpath, java_options, {**common, **params, **extra}
+        )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if system.startswith("streamjoin"):
         env.update(
@@ -384,30 +373,13 @@ def system_command(
             STREAMJOIN_BROKER=f"kafka://{bootstrap}",
             **{f"BENCH_{k.upper().replace('-', '_')}": str(v) for k, v in params.items()},
         )
-        # (profiles on request, as for the other workloads: benchmarks/harness.py)
-        cmd = [*py_spy_prefix(name), sys.executable, *cprofile_args(name)]
-        cmd += ["-m", "streamjoin.cli", "worker"]
-        cmd += ["-A", "benchmarks.window_kinds_streamjoin_app:app"]
-        cmd += ["--state-dir", str(workdir / f"state-{name}"), "--loglevel", "warning"]
-        return cmd, env
-    args = [f"--{k}={v}" for k, v in params.items()]
-    common = {
-        "bootstrap": bootstrap,
-        "app-id": group,
-        "input": input_topic,
-        "output": output_topic,
-        "state-dir": str(workdir / f"state-{name}"),
-    }
+        app = "benchmarks.window_kinds_streamjoin_app:app"
+        return streamjoin_command(app, workdir / f"state-{name}", name), env
     env.pop("PYTHONPATH", None)
-    if system.startswith("kstreams"):
-        assert classpath is not None
-        extra = {"keys": keys, "from-ms": time_range[0], "to-ms": time_range[1]}
-        flat = [x for k, v in {**common, **params, **extra}.items() for x in (f"--{k}", str(v))]
-        main = ["-cp", classpath[0], "streamjoin.bench.WindowKinds"]
-        return ["java", *java_options, *main, *flat], env
     assert quix_python is not None
     script = ROOT / "benchmarks" / "window_kinds_quix_app.py"
-    return [str(quix_python), str(script), *args, *(f"--{k}={v}" for k, v in common.items())], env
+    args = [f"--{k}={v}" for k, v in {**params, **common}.items()]
+    return [str(quix_python), str(script), *args], env
 
 
 # --------------------------------------------------------------------------- running
@@ -462,16 +434,12 @@ async def dumps_settled(marks: list[Path], partitions: int) -> None:
 
 
 async def run(args: Any, bootstrap: str, workdir: Path) -> dict[str, Any]:
-    from benchmarks.harness import read_records
     from streamjoin.partitioner import partition_for_key
     from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
     progress = sayer("window_kinds")
     shape = Shape(args.window)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    for s in systems:
-        if s not in SYSTEMS:
-            raise SystemExit(f"unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+    systems = chosen_systems(args, SYSTEMS)
     records = generate(args.events, args.keys, args.seed)
     events = [(k.decode(), ts) for _, k, _, ts in records]
     truth = model(events, shape) if any(not s.endswith("-close") for s in systems) else {}
@@ -488,20 +456,22 @@ async def run(args: Any, bootstrap: str, workdir: Path) -> dict[str, Any]:
             )
         return expectations[delay]
 
-    classpath: list[str] | None = None
-    why_no_java = ""
+    ready = {s: (streamjoin_version(), "") for s in systems if s.startswith("streamjoin")}
+    classpath: str | None = None
     if any(s.startswith("kstreams") for s in systems):
-        classpath, why_no_java = kstreams_build(args.rebuild)
+        classpath, why_no_java = kstreams_build(args.rebuild, "WindowKinds")
+        version = kstreams_version() if classpath else ""
+        ready.update({s: (version, why_no_java) for s in systems if s.startswith("kstreams")})
     quix_python: Path | None = None
-    why_no_quix = ""
     if any(s.startswith("quix") for s in systems):
         quix_python, why_no_quix = venv_python("quix", Path(args.venv_root), not args.no_install)
+        version = dist_version(quix_python, "quixstreams") if quix_python else ""
+        ready.update({s: (version, why_no_quix) for s in systems if s.startswith("quix")})
 
     run_id = uuid.uuid4().hex[:8]
     prefix = f"windowkinds-{run_id}"
     input_topic = f"{prefix}-input"
-    rounds = range(args.repeat)
-    outputs = {(s, r): f"{prefix}-out-{s}-{r}" for s in systems for r in rounds}
+    outputs = {(s, r): f"{prefix}-out-{s}-{r}" for s in systems for r in range(args.repeat)}
     specs = [TopicSpec(input_topic, args.partitions)]
     specs += [
         TopicSpec(t, args.partitions) for (s, _), t in outputs.items() if s.endswith("-close")
@@ -522,31 +492,16 @@ async def run(args: Any, bootstrap: str, workdir: Path) -> dict[str, Any]:
     ]
     # (the windows the Kafka Streams app reads back: its caching store walks a time range)
     time_range = (min(ts for _, ts in events) - KEEP_ALL_MS, max(ts for _, ts in events) + 1)
-    results: list[WorkloadResult] = []
-    for r, s in ((r, s) for r in rounds for s in systems):
-        result = WorkloadResult(system=s, status="skipped", round=r, events=len(records))
-        results.append(result)
-        if s.startswith("kstreams") and classpath is None:
-            result.detail = why_no_java
-            continue
-        if s.startswith("quix") and quix_python is None:
-            result.detail = why_no_quix
-            continue
-        result.version = (
-            kstreams_version()
-            if s.startswith("kstreams")
-            else dist_version(quix_python, "quixstreams")
-            if s.startswith("quix") and quix_python is not None
-            else streamjoin_version()
-        )
-        name = f"{s}-{r}"
+
+    def launch(system: str, r: int, name: str) -> Launch:
+        output = outputs[(system, r)]
         cmd = system_command(
-            s,
+            system,
             shape,
             bootstrap,
             f"{prefix}-{name}",
             input_topic,
-            outputs[(s, r)],
+            output,
             workdir,
             name,
             args.keys,
@@ -555,50 +510,28 @@ async def run(args: Any, bootstrap: str, workdir: Path) -> dict[str, Any]:
             quix_python,
             args.kstreams_java_options.split(),
         )
-        marks = [workdir / f"{name}-0.marks"]
-        logs = [workdir / f"{name}-0.log"]
-        close = s.endswith("-close")
-        settle = (
-            functools.partial(
-                ticked_output_settled, bootstrap, ticks, outputs[(s, r)], args.partitions
-            )
-            if close
-            else functools.partial(dumps_settled, marks, args.partitions)
-        )
-        progress(f"{s}: starting")
-        try:
-            measured = await run_to_completion(
-                [cmd], marks, logs, last, args.timeout, progress, settle
-            )
-        except Exception as exc:  # report and go on with the next system
-            result.status = "failed"
-            result.detail = f"{type(exc).__name__}: {exc}\n{log_tail(logs[0])}"
-            progress(f"{s}: failed: {result.detail}")
-            continue
-        result.status, result.detail = measured.status, measured.detail
-        if measured.status != "ok" or measured.seconds is None:
-            progress(f"{s}: {result.status}: {result.detail}")
-            continue
-        result.startup_seconds = measured.startup_seconds
-        result.seconds = measured.seconds
-        result.cpu_seconds = measured.cpu_seconds
-        result.peak_rss_mb = measured.peak_rss_mb
-        result.events_per_s = len(records) / measured.seconds
-        result.cpu_us_per_event = 1e6 * (measured.cpu_seconds or 0) / len(records)
-        if close:
-            out = await read_records(bootstrap, outputs[(s, r)], args.partitions)
+        if not system.endswith("-close"):
+
+            async def check_dump(marks: list[Path]) -> dict[str, int]:
+                return check_windows(truth, not_ticks(read_dump_rows(marks)))
+
+            settle_dump = functools.partial(dumps_settled, partitions=args.partitions)
+            return Launch([cmd], check_dump, settle_dump)
+
+        async def check_output(_marks: list[Path]) -> dict[str, int]:
+            out = await read_records(bootstrap, output, args.partitions)
             finals = [
-                final_of(s, rec.key, rec.value, rec.headers or (), shape.window) for rec in out
+                final_of(system, rec.key, rec.value, rec.headers or (), shape.window) for rec in out
             ]
             finals = [(w, n) for w, n in finals if not str(w[0]).startswith(TICK_PREFIX)]
-            result.check = check_final(expectation_of(s), finals)
-            bad: tuple[str, ...] = ("missing", "wrong", "duplicate", "early")
-        else:
-            result.check = check_windows(truth, not_ticks(read_dump_rows(marks)))
-            bad = ("missing", "wrong", "unexpected")
-        result.correct = all(result.check[k] == 0 for k in bad)
-        result.status = "ok" if result.correct else "wrong"
-        progress(f"{s}: {result.status} {result.check}")
+            return check_final(expectation_of(system), finals)
+
+        async def settle_output(_marks: list[Path]) -> None:
+            await ticked_output_settled(bootstrap, ticks, output, args.partitions)
+
+        return Launch([cmd], check_output, settle_output)
+
+    results = await run_rounds(args, systems, ready, launch, len(records), last, workdir, progress)
     head = (
         f"{len(records):,} events, {args.keys:,} keys, {shape.window} windows ("
         + (
@@ -607,16 +540,10 @@ async def run(args: Any, bootstrap: str, workdir: Path) -> dict[str, Any]:
             else f"gap {shape.gap_ms} ms"
         )
         + f", grace {shape.grace_ms} ms), {len(truth):,} windows in the model; "
-        f"{args.partitions} partitions; Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs; load average {load_average()}"
+        f"{args.partitions} partitions; {machine()}"
     )
-    return {
-        "command": " ".join(["python", "-m", "benchmarks.window_kinds", *sys.argv[1:]]),
-        "head": head,
-        "repeat": args.repeat,
-        "results": [asdict(x) for x in median_results(results)],
-        "runs": [asdict(x) for x in results],
-    }
+    command_line = " ".join(["python", "-m", "benchmarks.window_kinds", *sys.argv[1:]])
+    return rounds_report(command_line, head, args.repeat, results)
 
 
 def close_delay_ms(system: str, shape: Shape) -> int:
@@ -641,66 +568,13 @@ def final_of(
     return found, n
 
 
-def ratio_rows(results: Sequence[WorkloadResult]) -> list[tuple[str, ...]]:
-    """The table rows; ``x KS`` compares with Kafka Streams of the same emission."""
-    by_system = {r.system: r for r in results}
-    rows: list[tuple[str, ...]] = [
-        (
-            "system",
-            "version",
-            "seconds",
-            "events/s",
-            "cpu s",
-            "cpu µs/event",
-            "cpu x KS",
-            "peak RSS MB",
-            "RSS x KS",
-            "correct?",
-        )
-    ]
-    for r in results:
-        if r.seconds is None or r.cpu_seconds is None:
-            rows.append((r.system, r.version, *[""] * 7, r.status))
-            continue
-        ks = by_system.get("kstreams-close" if r.system.endswith("-close") else "kstreams")
-        cpu_x = rss_x = ""
-        if ks is not None and ks is not r and ks.cpu_seconds and ks.correct:
-            cpu_x = f"{r.cpu_seconds / ks.cpu_seconds:.2f}"
-            if r.peak_rss_mb and ks.peak_rss_mb:
-                rss_x = f"{r.peak_rss_mb / ks.peak_rss_mb:.2f}"
-        verdict = (
-            "yes"
-            if r.correct
-            else "NO: "
-            + ", ".join(
-                f"{v} {k}"
-                for k, v in r.check.items()
-                if v and k not in ("expected", "optional", "emitted")
-            )
-        )
-        rows.append(
-            (
-                r.system,
-                r.version,
-                f"{r.seconds:.2f}",
-                f"{r.events_per_s or 0:,.0f}",
-                f"{r.cpu_seconds:.2f}",
-                f"{r.cpu_us_per_event or 0:.1f}",
-                cpu_x,
-                "" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}",
-                rss_x,
-                verdict,
-            )
-        )
-    return rows
+def kstreams_of(system: str) -> str:
+    """The Kafka Streams system ``system`` is compared with: the one of the same emission."""
+    return "kstreams-close" if system.endswith("-close") else "kstreams"
 
 
 def table(report: dict[str, Any]) -> str:
     results = [WorkloadResult(**r) for r in report["results"]]
-    rows = ratio_rows(results)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
     notes = []
     by_system = {r.system: r for r in results}
     for base in ("streamjoin", "kstreams", "quix"):
@@ -716,62 +590,24 @@ def table(report: dict[str, Any]) -> str:
                 f"{r.system}: {r.check['emitted']:,} final results for {r.check['expected']:,} "
                 f"due and {r.check['optional']:,} optional windows"
             )
-    runs = [WorkloadResult(**r) for r in report["runs"]]
-    if report["repeat"] > 1:
-        for system in dict.fromkeys(r.system for r in runs):
-            listed = ", ".join(
-                f"{r.cpu_us_per_event:.1f}" if r.cpu_us_per_event is not None else r.status
-                for r in runs
-                if r.system == system
-            )
-            notes.append(f"{system} rounds (cpu µs/event): {listed}")
-    for r in runs:
-        if r.status in ("skipped", "failed", "timeout") and r.detail:
-            notes.append(f"{r.system} round {r.round}: {r.status}: {r.detail.splitlines()[0]}")
-    return "\n".join([report["head"], "", *lines, "", *notes])
+    return results_table(report, KSTREAMS_COLUMNS, kstreams_of, notes)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--window", choices=("hopping", "session"), default="hopping")
-    parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--keys", type=int, default=10_000)
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds")
-    parser.add_argument(
-        "--systems",
+    bench_arguments(
+        parser,
+        events=500_000,
+        keys=10_000,
+        systems=SYSTEMS,
         default="streamjoin,kstreams,quix",
-        help=f"comma-separated, in run order, from {','.join(SYSTEMS)}",
+        timeout=1800,
     )
-    parser.add_argument("--bootstrap", help="reuse a running loopback broker (HOST:PORT)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per system")
-    parser.add_argument("--rebuild", action="store_true", help="build the Kafka Streams app again")
-    parser.add_argument(
-        "--kstreams-java-options",
-        default="",
-        help="JVM options of the Kafka Streams app (default: none, the JVM's own heap sizing)",
-    )
-    parser.add_argument("--venv-root", default=str(VENV_ROOT))
-    parser.add_argument("--no-install", action="store_true", help="never create venvs")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, state)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    kstreams_arguments(parser)
+    venv_arguments(parser)
     args = parser.parse_args(argv)
-
-    from benchmarks.broker import broker
-
-    workdir = Path(tempfile.mkdtemp(prefix="streamjoin-window-kinds-"))
-    try:
-        with broker(args.bootstrap, sayer("window_kinds")) as bootstrap:
-            report = asyncio.run(run(args, bootstrap, workdir))
-    finally:
-        if args.keep:
-            say(f"work dir kept: {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(report, indent=2) if args.json else table(report))
-    ours = [r for r in report["runs"] if r["system"].startswith("streamjoin")]
-    return 0 if all(r["correct"] for r in ours) else 1
+    return bench_main(args, "window_kinds", functools.partial(run, args), table)
 
 
 if __name__ == "__main__":

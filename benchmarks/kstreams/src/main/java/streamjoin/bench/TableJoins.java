@@ -1,16 +1,12 @@
 package streamjoin.bench;
 
-import java.time.Duration;
-import java.util.HashMap;
 import java.util.Map;
 import java.util.Properties;
-import java.util.concurrent.CountDownLatch;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
-import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
@@ -22,10 +18,6 @@ import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
-import org.apache.kafka.streams.processor.api.FixedKeyProcessor;
-import org.apache.kafka.streams.processor.api.FixedKeyProcessorContext;
-import org.apache.kafka.streams.processor.api.FixedKeyRecord;
-import org.apache.kafka.streams.processor.api.RecordMetadata;
 import org.apache.kafka.streams.state.KeyValueStore;
 
 /**
@@ -43,25 +35,19 @@ import org.apache.kafka.streams.state.KeyValueStore;
  *   "name", "country"} (a tombstone when a row leaves it).
  * </ul>
  *
- * <p>Progress marks (BENCH_MARKS, BENCH_LAST_OFFSETS) are written as in WindowKinds: every
+ * <p>Progress marks (BENCH_MARKS, BENCH_LAST_OFFSETS) are written by Harness.Marks: every
  * record of --input is marked (and, fk, every record of --table).
  */
 public final class TableJoins {
     private static final ObjectMapper JSON = new ObjectMapper();
 
     public static void main(String[] argv) throws Exception {
-        Map<String, String> args = parse(argv);
+        Map<String, String> args = Harness.parse(argv);
         String workload = args.get("workload");
-        WindowKinds.Marks marks = new WindowKinds.Marks(
+        Harness.Marks marks = new Harness.Marks(
                 System.getenv("BENCH_MARKS"), System.getenv("BENCH_LAST_OFFSETS"));
 
-        Properties props = new Properties();
-        props.put(StreamsConfig.APPLICATION_ID_CONFIG, args.get("app-id"));
-        props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args.get("bootstrap"));
-        props.put(StreamsConfig.STATE_DIR_CONFIG, args.get("state-dir"));
-        props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
-        props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
-        props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+        Properties props = Harness.properties(args);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, args.getOrDefault("commit-ms", "1000"));
 
         StreamsBuilder builder = new StreamsBuilder();
@@ -71,15 +57,15 @@ public final class TableJoins {
             GlobalKTable<String, String> users = builder.globalTable(args.get("table"), strings,
                     Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("users"));
             KStream<String, String> events = builder.stream(args.get("input"), strings)
-                    .processValues(() -> new Mark<>(marks));
+                    .processValues(() -> new Harness.Mark<>(marks));
             events.leftJoin(users, (key, event) -> field(event, "user"), TableJoins::enrich)
                     .to(args.get("output"), out);
         } else if ("fk".equals(workload)) {
             KTable<String, String> orders = builder.stream(args.get("input"), strings)
-                    .processValues(() -> new Mark<>(marks))
+                    .processValues(() -> new Harness.Mark<>(marks))
                     .toTable(Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("orders"));
             KTable<String, String> customers = builder.stream(args.get("table"), strings)
-                    .processValues(() -> new Mark<>(marks))
+                    .processValues(() -> new Harness.Mark<>(marks))
                     .toTable(Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("customers"));
             orders.join(customers, order -> field(order, "customer"), TableJoins::orderWithCustomer)
                     .toStream()
@@ -89,13 +75,7 @@ public final class TableJoins {
         }
 
         KafkaStreams streams = new KafkaStreams(builder.build(), props);
-        CountDownLatch stopped = new CountDownLatch(1);
-        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
-            streams.close(Duration.ofSeconds(10));
-            stopped.countDown();
-        }));
-        streams.start();
-        stopped.await();
+        Harness.runUntilStopped(streams);
     }
 
     private static JsonNode tree(String json) {
@@ -145,40 +125,5 @@ public final class TableJoins {
         outValue.set("name", c.get("name"));
         outValue.set("country", c.get("country"));
         return write(outValue);
-    }
-
-    private static Map<String, String> parse(String[] argv) {
-        Map<String, String> out = new HashMap<>();
-        for (int i = 0; i + 1 < argv.length; i += 2) {
-            if (!argv[i].startsWith("--")) {
-                throw new IllegalArgumentException("expected --name value, got " + argv[i]);
-            }
-            out.put(argv[i].substring(2), argv[i + 1]);
-        }
-        return out;
-    }
-
-    /** Marks each record as seen (its topic, partition and offset), then passes it on. */
-    private static final class Mark<V> implements FixedKeyProcessor<String, V, V> {
-        private final WindowKinds.Marks marks;
-        private FixedKeyProcessorContext<String, V> context;
-
-        Mark(WindowKinds.Marks marks) {
-            this.marks = marks;
-        }
-
-        @Override
-        public void init(FixedKeyProcessorContext<String, V> context) {
-            this.context = context;
-        }
-
-        @Override
-        public void process(FixedKeyRecord<String, V> record) {
-            RecordMetadata meta = context.recordMetadata().orElseThrow();
-            synchronized (marks) {
-                marks.seen(meta.topic(), meta.partition(), meta.offset());
-            }
-            context.forward(record);
-        }
     }
 }
