@@ -152,7 +152,16 @@ class TablePartitions(Protocol):
 class RuntimeLink:
     """What an App's declarations reach while a worker runs them; empty otherwise."""
 
-    __slots__ = ("join_stats", "partitions", "sender", "tables", "ttl_expired", "window_stats")
+    __slots__ = (
+        "join_stats",
+        "late_writes",
+        "partitions",
+        "sender",
+        "tables",
+        "too_late",
+        "ttl_expired",
+        "window_stats",
+    )
 
     def __init__(self) -> None:
         self.sender: Sender | None = None
@@ -164,6 +173,11 @@ class RuntimeLink:
         self.join_stats: dict[str, JoinStats] = {}
         #: TTL table name -> keys purged as expired on this worker (running or last run)
         self.ttl_expired: dict[str, int] = {}
+        #: versioned table name -> writes dropped on this worker for being older than the
+        #: history, and stream-table join events dropped for the same reason (running or
+        #: last run)
+        self.late_writes: dict[str, int] = {}
+        self.too_late: dict[str, int] = {}
         #: every topic's partition count as the worker settled it at start (declared, or
         #: the existing topic's, or the default); empty while nothing runs
         self.partitions: Mapping[str, int] = {}
@@ -178,6 +192,8 @@ class RuntimeLink:
         self.window_stats = {}
         self.join_stats = {}
         self.ttl_expired = {}
+        self.late_writes = {}
+        self.too_late = {}
 
     def disconnect(self) -> None:
         self.sender = None

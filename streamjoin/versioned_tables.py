@@ -56,10 +56,6 @@ class VersionedTable(Table):
 
     kind: ClassVar[str] = "versioned table"
     history_ms: int = 0
-    #: stream-table join events dropped on this worker for being older than the history
-    too_late: int = field(default=0, init=False, repr=False)
-    #: writes dropped on this worker for being older than the history (see ``put``)
-    late_writes: int = field(default=0, init=False, repr=False)
     #: partition -> (its runtime partition, the history index made for it): rebuilt from
     #: the store when the partition object changes (a restore, a promotion, a restart)
     _histories: dict[int, tuple[TablePartition, History]] = field(
@@ -69,6 +65,23 @@ class VersionedTable(Table):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.before_flush = self.purge_history
+
+    @property
+    def too_late(self) -> int:
+        """Stream-table join events dropped on this worker (running, or its last run) for
+        being older than the history (metric ``streamjoin_table_too_late_lookups_total``)."""
+        return self.link.too_late.get(self.name, 0)
+
+    @property
+    def late_writes(self) -> int:
+        """Writes dropped on this worker (running, or its last run) for being older than
+        the history, see :meth:`put` (metric ``streamjoin_table_late_writes_total``)."""
+        return self.link.late_writes.get(self.name, 0)
+
+    def count_too_late(self) -> None:
+        """A stream-table join dropped an event older than the history (see ``too_late``)."""
+        counts = self.link.too_late
+        counts[self.name] = counts.get(self.name, 0) + 1
 
     def history_of(self, state: TablePartition) -> History:
         """The partition's history index (rebuilt from its store and buffered writes on
@@ -199,7 +212,8 @@ class VersionedTable(Table):
         self, state: TablePartition, key_bytes: bytes, value: bytes | None, timestamp: int
     ) -> None:
         if not write_version(state, self.history_of(state), key_bytes, value, timestamp):
-            self.late_writes += 1
+            counts = self.link.late_writes
+            counts[self.name] = counts.get(self.name, 0) + 1
 
     # ------------------------------------------------------------ retention (at flush)
 

@@ -44,6 +44,8 @@ from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamS
 from streamjoin.joins.foreign_key_api import ForeignKeyDeclarations, declare_foreign_key_join
 from streamjoin.joins.global_join import GlobalJoinDeclarations, declare_global_join
 from streamjoin.joins.idle import IdleClock
+from streamjoin.joins.results import PLAIN_RESULTS as _PLAIN_RESULTS
+from streamjoin.joins.results import Emit, EmitAwaited, result_senders
 from streamjoin.joins.run_state import JoinPartition, JoinStats
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
@@ -82,11 +84,6 @@ def _idle_ms(join: str, value: timedelta | float) -> int:
             f"join {join!r}: close_idle_after= must be a positive duration, got {value!r}"
         )
     return max(1, round(seconds * 1000))
-
-
-#: results that are certainly not awaitable (checked by type first: ``inspect.isawaitable``
-#: goes through an ABC check, which costs more than many join functions)
-_PLAIN_RESULTS = frozenset((dict, list, tuple, str, bytes, int, float, bool, type(None)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,6 +624,7 @@ def _stream_table(
     app.attach_reader(table, stream)
     source = app.table_sources.get(table.name)
     app.joins[name] = StreamTableJoinDecl(name, stream, table, source, how, output, fun)
+    emit, emit_awaited = result_senders(output)
 
     def enrich(event: Event) -> Awaitable[object] | None:
         """One event's join: done at once (None) unless the function is async or the output
@@ -637,25 +635,12 @@ def _stream_table(
             return None
         result = fun(key, event.value, current)  # (_call inlined: once per event)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            return _emit_awaited(event, result)
-        return _emit(event, result)
-
-    def _emit(event: Event, result: Any) -> Awaitable[object] | None:
-        """Send ``result`` for ``event``: at once, or (None from try_send) what to await."""
-        if result is not None and output is not None:
-            key, timestamp = event.key, event.timestamp
-            if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
-                return output.send(key=key, value=result, timestamp_ms=timestamp)
-        return None
-
-    async def _emit_awaited(event: Event, pending: Awaitable[Any]) -> None:
-        sending = _emit(event, await pending)
-        if sending is not None:
-            await sending
+            return emit_awaited(event, result)
+        return emit(event, result)
 
     handler: Callable[[Event], Awaitable[object] | None] = enrich
     if isinstance(table, VersionedTable):
-        handler = _enrich_as_of(table, how == "inner", fun, _emit, _emit_awaited)
+        handler = _enrich_as_of(table, how == "inner", fun, emit, emit_awaited)
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
     if app.read_in_order(table, stream, handler, join=name, on_error=on_error):
         return
@@ -675,8 +660,8 @@ def _enrich_as_of(
     table: VersionedTable,
     inner: bool,
     fun: JoinFunction,
-    emit: Callable[[Event, Any], Awaitable[object] | None],
-    emit_awaited: Callable[[Event, Awaitable[Any]], Awaitable[None]],
+    emit: Emit,
+    emit_awaited: EmitAwaited,
 ) -> Callable[[Event], Awaitable[object] | None]:
     """A stream-table join's per-event work on a versioned table: the row as of the
     event's timestamp. An event older than the table's history is dropped and counted
@@ -686,7 +671,7 @@ def _enrich_as_of(
         key = event.key
         current = table.lookup_for_join(key, event.timestamp)
         if current is TOO_LATE:
-            table.too_late += 1
+            table.count_too_late()
             return None
         if current is None and inner:
             return None

@@ -20,6 +20,7 @@ from streamjoin.agents import OnError
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
 from streamjoin.global_tables import GlobalTable
+from streamjoin.joins.results import PLAIN_RESULTS, result_senders
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.topics import Topic
 
@@ -27,7 +28,6 @@ __all__ = ["StreamGlobalJoinDecl", "declare_global_join"]
 
 JoinFunction = Callable[[Any, Any, Any], Any]
 KeyOf = Callable[[Event], Any]
-_PLAIN_RESULTS = (type(None), dict, str, int, float, bytes, list, tuple, bool)
 
 
 class GlobalJoinDeclarations(Protocol):
@@ -77,18 +77,7 @@ def declare_global_join(
     decl = StreamGlobalJoinDecl(name, stream, table, key, how, output, fun)  # type: ignore[arg-type]
     app.joins[name] = decl
     lookup = table.get
-
-    def emit(event: Event, result: Any) -> Awaitable[object] | None:
-        if result is not None and output is not None:
-            ev_key, timestamp = event.key, event.timestamp
-            if output.try_send(key=ev_key, value=result, timestamp_ms=timestamp) is None:
-                return output.send(key=ev_key, value=result, timestamp_ms=timestamp)
-        return None
-
-    async def emit_awaited(event: Event, pending: Awaitable[Any]) -> None:
-        sending = emit(event, await pending)
-        if sending is not None:
-            await sending
+    emit, emit_awaited = result_senders(output)
 
     async def run(events: Stream) -> None:
         async for batch in events.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
@@ -97,7 +86,7 @@ def declare_global_join(
                 if row is None and inner:
                     continue
                 result = fun(event.key, event.value, row)
-                if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+                if type(result) not in PLAIN_RESULTS and inspect.isawaitable(result):
                     pending: Awaitable[object] | None = emit_awaited(event, result)
                 else:
                     pending = emit(event, result)

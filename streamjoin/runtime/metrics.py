@@ -274,6 +274,20 @@ METRICS: tuple[MetricSpec, ...] = (
         "Keys of TTL tables purged as expired (a changelog tombstone each).",
     ),
     _spec(
+        "streamjoin_table_late_writes",
+        "counter",
+        "table",
+        "Writes to a versioned table dropped: their timestamp was older than the history "
+        "kept (stream time - history_ms).",
+    ),
+    _spec(
+        "streamjoin_table_too_late_lookups",
+        "counter",
+        "table",
+        "Stream-table join events dropped: their timestamp was older than the versioned "
+        "table's history, so the row of their time may be purged.",
+    ),
+    _spec(
         "streamjoin_global_table_lag",
         "gauge",
         "table",
@@ -386,6 +400,10 @@ def samples(snapshot: Mapping[str, Any]) -> dict[str, list[Sample]]:
         put("streamjoin_window_result_errors", (table,), stats.get("callback_errors"))
     for table, n in sorted((snapshot.get("ttl_expired") or {}).items()):
         put("streamjoin_table_expired_keys", (table,), n)
+    for table, n in sorted((snapshot.get("late_writes") or {}).items()):
+        put("streamjoin_table_late_writes", (table,), n)
+    for table, n in sorted((snapshot.get("too_late") or {}).items()):
+        put("streamjoin_table_too_late_lookups", (table,), n)
     for table, row in sorted((snapshot.get("global_tables") or {}).items()):
         put("streamjoin_global_table_lag", (table,), row.get("lag"))
         put("streamjoin_global_table_restored", (table,), int(bool(row.get("restored"))))

@@ -1,6 +1,7 @@
 """One worker per guarantee of the ledger-and-join app, its traffic, and the counting
 after a fault: shared by the broker faults on a cluster (test_cluster_faults.py) and the
-network faults through a proxy (test_network_faults.py).
+network faults through a proxy (test_network_faults.py); and one worker killed -9 and
+restarted (:func:`kill_9_and_restart`: test_set_tables.py, test_table_ttl_and_memory.py).
 
 A run injects its fault between :meth:`LedgerRun.fault_begins` and
 :meth:`LedgerRun.recovers`; :meth:`LedgerRun.check` then stops the traffic, waits until
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from tests.integration.support import (
     AckedTraffic,
     Outcome,
@@ -30,6 +33,7 @@ from tests.integration.support import (
     read_to_end,
     sleep_alive,
     wait_all_committed,
+    wait_for_group,
 )
 from tests.integration.test_exactly_once import JoinCheck
 
@@ -107,6 +111,84 @@ def new_ledger(
         bootstrap, env["SJT_SOURCE"], join_topics=(env["SJT_IMPRESSIONS"], env["SJT_CLICKS"])
     )
     return Ledger(guarantee, workers, traffic)
+
+
+# --------------------------------------------------------------------------- kill -9, restart
+
+
+@dataclass(frozen=True)
+class KilledRun:
+    """What one ledger worker killed -9 mid-stream and restarted left behind."""
+
+    traffic: AckedTraffic
+    outcome: Outcome
+    #: inputs acknowledged when the worker was killed
+    acked_at_kill: int
+    #: the worker's log, both runs
+    log: str
+
+
+async def kill_9_and_restart(
+    bootstrap: str,
+    workers: Workers,
+    partitions: int,
+    seconds: tuple[float, float],
+    *,
+    names: Sequence[str] = ("w",),
+    while_down: Callable[[], None] = lambda: None,
+    committed_topics: Sequence[str] | None = None,
+) -> KilledRun:
+    """Run the ledger workers ``names`` of ``workers`` (ledger_workers) under acknowledged
+    traffic, SIGKILL the last one after ``seconds[0]``, call ``while_down`` (to wipe or
+    inspect its state), restart it under the same instance id, stop the traffic
+    ``seconds[1]`` later, wait until every input (and ``committed_topics``) is committed
+    and count. Asserts traffic acknowledged on both sides of the kill, no acknowledged
+    input without its output and, under exactly-once, no duplicate, no unknown output, per
+    key the counts 1..n and the table exact. The caller stops the workers (left running
+    for more checks) and closes ``workers``."""
+    env, killed = workers.env, names[-1]
+    traffic = await ledger_traffic(bootstrap, env, partitions)
+    producing: asyncio.Task[None] | None = None
+    try:
+        for name in names:
+            workers.start(name)
+        joined = len(names)
+        await wait_for_group(
+            bootstrap, env["SJT_APP_ID"], lambda i: len(i.members) == joined, workers
+        )
+        producing = asyncio.create_task(traffic.run())
+        await sleep_alive(workers, killed, seconds[0])
+        acked_at_kill = len(traffic.acked)
+        assert workers.stop(killed, signal.SIGKILL) == -signal.SIGKILL
+        while_down()
+        workers.start(killed)
+        await sleep_alive(workers, killed, seconds[1])
+    finally:
+        traffic.stop()
+        if producing is not None:
+            await producing
+    assert len(traffic.acked) > acked_at_kill > 0, "traffic on both sides of the kill"
+    topics = [env["SJT_SOURCE"], *(committed_topics or ())]
+    await wait_all_committed(bootstrap, workers, None, 90, partitions=partitions, topics=topics)
+    outcome = await outcome_of(bootstrap, env, traffic, partitions)
+    log = "".join(workers.log_of(name) for name in names)
+    report = f"{outcome}\n{log[-6000:]}"
+    print(outcome)
+    assert not outcome.missing and outcome.acked_not_in_topic == 0, report
+    if env["SJT_GUARANTEE"] == EXACTLY_ONCE:
+        assert outcome.duplicates == 0 and outcome.unknown == 0, report
+        assert not outcome.broken_sequences and not outcome.table_wrong, report
+    return KilledRun(traffic, outcome, acked_at_kill, log)
+
+
+async def ledger_traffic(bootstrap: str, env: dict[str, str], partitions: int) -> AckedTraffic:
+    """The ledger's input and output topics, created, and acknowledged traffic to its
+    input (not started: see :meth:`AckedTraffic.run`)."""
+    await ensure_topics(
+        bootstrap,
+        [TopicSpec(env["SJT_SOURCE"], partitions), TopicSpec(env["SJT_OUTPUT"], partitions)],
+    )
+    return AckedTraffic(bootstrap, env["SJT_SOURCE"])
 
 
 # --------------------------------------------------------------------------- one run

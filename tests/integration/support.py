@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber, UnknownProducerId
 from aiokafka.structs import RecordMetadata
 
 from streamjoin.runtime.group.group_info import GroupInfo, MemberInfo, describe_group
+from streamjoin.runtime.transport.producer import SEQUENCE_BROKEN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -411,9 +411,6 @@ class Traffic:
 
 #: keys the ledger traffic spreads its events over
 LEDGER_KEYS = 24
-
-#: what an idempotent producer's sends fail with once a failed batch broke its sequence
-SEQUENCE_BROKEN = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
 
 
 @dataclass

@@ -14,10 +14,8 @@ same sets: the sets are exact under at-least-once too (the ledger's counts are n
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,19 +23,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamjoin.codecs import resolve_codec
-from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.state.sets import SetCodec
 from tests.integration.apps.member_operations import operation
-from tests.integration.support import (
-    LEDGER_KEYS,
-    AckedTraffic,
-    ledger_workers,
-    outcome_of,
-    read_to_end,
-    sleep_alive,
-    wait_all_committed,
-    wait_for_group,
-)
+from tests.integration.ledger_runs import kill_9_and_restart
+from tests.integration.support import LEDGER_KEYS, ledger_workers, read_to_end
 
 PARTITIONS = 2
 #: seconds of traffic before the kill and after the restart
@@ -109,34 +98,16 @@ async def test_set_table_is_exact_after_kill_9_and_a_restore_from_its_changelog(
         SJT_KEYS=str(LEDGER_KEYS),
     )
     env = workers.env
-    await ensure_topics(
-        kafka_bootstrap,
-        [TopicSpec(env["SJT_SOURCE"], PARTITIONS), TopicSpec(env["SJT_OUTPUT"], PARTITIONS)],
-    )
-    traffic = AckedTraffic(kafka_bootstrap, env["SJT_SOURCE"])
-    producing: asyncio.Task[None] | None = None
     try:
-        workers.start("w")
-        await wait_for_group(
-            kafka_bootstrap, env["SJT_APP_ID"], lambda i: len(i.members) == 1, workers
+        run = await kill_9_and_restart(
+            kafka_bootstrap,
+            workers,
+            PARTITIONS,
+            (BEFORE, AFTER),
+            # restored from the changelogs alone
+            while_down=lambda: shutil.rmtree(workers.state_dir("w")),
         )
-        producing = asyncio.create_task(traffic.run())
-        await sleep_alive(workers, "w", BEFORE)
-        acked_at_kill = len(traffic.acked)
-        assert workers.stop("w", signal.SIGKILL) == -signal.SIGKILL
-        shutil.rmtree(workers.state_dir("w"))  # restored from the changelogs alone
-        workers.start("w")
-        await sleep_alive(workers, "w", AFTER)
-        traffic.stop()
-        await producing
-        producing = None
-        assert len(traffic.acked) > acked_at_kill > 0, "traffic on both sides of the kill"
-        await wait_all_committed(kafka_bootstrap, workers, "w", 90, partitions=PARTITIONS)
-        log = workers.log_of("w")
-        outcome = await outcome_of(kafka_bootstrap, env, traffic, PARTITIONS)
-        assert not outcome.missing and outcome.acked_not_in_topic == 0, f"{outcome}\n{log[-6000:]}"
-        if guarantee == "exactly_once":
-            assert outcome.duplicates == 0 and not outcome.table_wrong, str(outcome)
+        outcome, log = run.outcome, run.log
         inputs = await read_to_end(kafka_bootstrap, env["SJT_SOURCE"], PARTITIONS)
         expected = expected_sets(inputs)
         changelog = f"{env['SJT_APP_ID']}-members-changelog"
@@ -146,7 +117,7 @@ async def test_set_table_is_exact_after_kill_9_and_a_restore_from_its_changelog(
             for k in found.keys() | expected.keys()
             if found.get(k) != expected.get(k)
         }
-        kept = members_only_a_restore_keeps(inputs, before=acked_at_kill - 100)
+        kept = members_only_a_restore_keeps(inputs, before=run.acked_at_kill - 100)
         print(
             f"{guarantee}: {len(inputs)} inputs, {len(expected)} non-empty sets, {kept} "
             f"members last changed well before the kill; {outcome}"
@@ -158,7 +129,4 @@ async def test_set_table_is_exact_after_kill_9_and_a_restore_from_its_changelog(
         assert re.search(r"restoring members\[\d\]: \d+ changelog records to replay", log), log
         assert workers.stop("w") == 0, workers.log_of("w")[-6000:]
     finally:
-        traffic.stop()
-        if producing is not None:
-            await producing
         workers.close()

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import signal
@@ -26,16 +25,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 from streamjoin.state.ttl import STREAM_TIME_KEY, stamp
+from tests.integration.ledger_runs import kill_9_and_restart
 from tests.integration.support import (
-    AckedTraffic,
     Workers,
     active_by_instance,
     ledger_workers,
-    outcome_of,
     read_to_end,
     replayed_records,
     sizes,
-    sleep_alive,
     wait_all_committed,
     wait_for_group,
 )
@@ -60,46 +57,22 @@ async def test_a_memory_store_table_is_exact_after_kill_9_under_exactly_once(
         SJT_TABLE_STORE="memory",
         SJT_SESSION_TIMEOUT_MS=SESSION_TIMEOUT_MS,
     )
-    env = workers.env
-    await ensure_topics(
-        kafka_bootstrap,
-        [
-            TopicSpec(env["SJT_SOURCE"], MEMORY_PARTITIONS),
-            TopicSpec(env["SJT_OUTPUT"], MEMORY_PARTITIONS),
-        ],
-    )
-    traffic = AckedTraffic(kafka_bootstrap, env["SJT_SOURCE"])
-    producing: asyncio.Task[None] | None = None
     try:
-        workers.start("w")
-        await wait_for_group(
-            kafka_bootstrap, env["SJT_APP_ID"], lambda i: len(i.members) == 1, workers
+        run = await kill_9_and_restart(
+            kafka_bootstrap,
+            workers,
+            MEMORY_PARTITIONS,
+            (BEFORE, AFTER),
+            while_down=lambda: no_memory_table_on_disk(workers),
         )
-        producing = asyncio.create_task(traffic.run())
-        await sleep_alive(workers, "w", BEFORE)
-        acked_at_kill = len(traffic.acked)
-        assert workers.stop("w", signal.SIGKILL) == -signal.SIGKILL
-        assert not list(workers.state_dir("w").glob("stores/counts")), "a memory table on disk"
-        workers.start("w")
-        await sleep_alive(workers, "w", AFTER)
-        traffic.stop()
-        await producing
-        producing = None
-        assert len(traffic.acked) > acked_at_kill > 0, "traffic on both sides of the kill"
-        await wait_all_committed(kafka_bootstrap, workers, "w", 90, partitions=MEMORY_PARTITIONS)
-        outcome = await outcome_of(kafka_bootstrap, env, traffic, MEMORY_PARTITIONS)
-        log = workers.log_of("w")
-        print(outcome)
-        assert not outcome.missing and outcome.acked_not_in_topic == 0, f"{outcome}\n{log[-6000:]}"
-        assert outcome.duplicates == 0 and outcome.unknown == 0, str(outcome)
-        assert not outcome.broken_sequences and not outcome.table_wrong, str(outcome)
-        assert "an in-memory store: it starts empty and is restored in full" in log
+        assert "an in-memory store: it starts empty and is restored in full" in run.log
         assert workers.stop("w") == 0, workers.log_of("w")[-6000:]
     finally:
-        traffic.stop()
-        if producing is not None:
-            await producing
         workers.close()
+
+
+def no_memory_table_on_disk(workers: Workers) -> None:
+    assert not list(workers.state_dir("w").glob("stores/counts")), "a memory table on disk"
 
 
 # --------------------------------------------------------------------------- TTL

@@ -10,12 +10,14 @@ it. Outputs are counted per event: none missing, every answer the as-of one (dup
 allowed under at-least-once after a kill, must carry the same answer; under exactly-once,
 read committed, there must be none). The same input through a plain topic table (the
 same app with ``history_ms`` unset) gives the newer row to the out-of-order events: the
-difference this test exists to catch.
+difference this test exists to catch. Before the kill, a row and an event older than the
+history are sent: the worker drops both, and its /metrics count them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 from collections import Counter
@@ -26,6 +28,7 @@ import pytest
 
 from tests.integration.support import Workers, read_all, replayed_records, sleep_alive
 from tests.integration.test_joins import produce_at, topic_table_app, topic_table_env
+from tests.integration.test_metrics_endpoint import eventually, scrape
 
 #: the reused stream-table join app (test_joins.py), its table made versioned by the env
 VERSIONED_APP = topic_table_app(
@@ -88,8 +91,10 @@ async def run_join(
     await produce_at(kafka_bootstrap, env["SJT_EVENTS"], events[:third])
     workers = Workers("versioned_app:app", env, tmp_path)
     try:
-        workers.start("w1")
+        workers.start("w1", extra=["--metrics-port", "0"])
         await read_all(kafka_bootstrap, env["SJT_OUTPUT"], third, 60, isolation)
+        if history_ms:
+            await drops_counted(kafka_bootstrap, env, workers)
         await produce_at(kafka_bootstrap, env["SJT_EVENTS"], events[third : 2 * third])
         if kill:  # mid-stream: the second third is being read
             assert workers.stop("w1", signal.SIGKILL) == -signal.SIGKILL
@@ -106,6 +111,31 @@ async def run_join(
         assert replayed_records(log) >= 2 * len(KEYS), log[-4000:]
     answers = [json.loads(value) for _, value, _ in out]
     return Counter((a["id"], a["user"]) for a in answers), expected
+
+
+async def drops_counted(bootstrap: str, env: dict[str, str], workers: Workers) -> None:
+    """Send a row and an event older than the history (the rows moved the table's stream
+    time to ``BASE`` + 10 s): the worker drops both, and its /metrics count one late write
+    and one too-late lookup. The event's id (``EVENTS``) has no expected answer: were it
+    ever joined, the caller's count of wrong answers would show it."""
+    too_old = BASE - 2 * HISTORY_MS
+    await produce_at(bootstrap, env["SJT_USERS"], [(KEYS[0], json.dumps("late"), too_old)])
+    await produce_at(bootstrap, env["SJT_EVENTS"], [(KEYS[0], json.dumps(EVENTS), too_old)])
+    announced = re.search(r"status page and metrics on (http://\S+/)", workers.log_of("w1"))
+    assert announced, workers.log_of("w1")[-4000:]
+    metrics = ("streamjoin_table_late_writes_total", "streamjoin_table_too_late_lookups_total")
+
+    seen: list[tuple[float, ...]] = []
+
+    async def dropped() -> bool:
+        values = await scrape(announced.group(1))
+        seen.append(tuple(sum(v for (n, _), v in values.items() if n == m) for m in metrics))
+        return seen[-1] == (1.0, 1.0)
+
+    try:
+        await eventually(dropped, "counted one late write and one too-late lookup", timeout=30)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {metrics} = {seen[-1:]}") from None
 
 
 def fresh_dir(path: Path) -> Path:

@@ -163,6 +163,8 @@ def collect(worker: MonitoredWorker) -> dict[str, Any]:
             for name, w in sorted(worker.link.window_stats.items())
         },
         "ttl_expired": dict(sorted(worker.link.ttl_expired.items())),
+        "late_writes": dict(sorted(worker.link.late_writes.items())),
+        "too_late": dict(sorted(worker.link.too_late.items())),
         "global_tables": _global_table_rows(worker.global_tables),
     }
 

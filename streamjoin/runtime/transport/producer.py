@@ -507,7 +507,7 @@ class KafkaSender(Service):
             _settle(outcome, refusals[0])
             self._refused(batch.producer)
             return
-        if isinstance(exc, _AFTER_A_REFUSAL) and batch.producer in self._retired:
+        if isinstance(exc, SEQUENCE_BROKEN) and batch.producer in self._retired:
             # sent behind the refused batch by the producer it broke: send it again
             resend = asyncio.ensure_future(self._resend(topic, batch))
             self._resends.add(resend)
@@ -653,8 +653,9 @@ async def _send_batch_waiting(
             log.debug("%s[%d]: waiting on for room in the producer", topic, partition)
 
 
-#: what a producer's later sends fail with once a refused batch broke its sequence numbers
-_AFTER_A_REFUSAL = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
+#: what an idempotent producer's later sends fail with once a refused or failed batch broke
+#: its sequence numbers (the test traffic's producer, tests/integration/support.py, too)
+SEQUENCE_BROKEN = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
 
 
 def dropped_delivery() -> asyncio.Future[Any]:

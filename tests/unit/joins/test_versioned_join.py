@@ -19,6 +19,7 @@ import streamjoin
 from streamjoin.codecs import JSON, STR
 from streamjoin.errors import ConfigurationError, HistoryExpired, SparkJobError
 from streamjoin.partitioner import partition_for_key
+from streamjoin.runtime.metrics import samples
 from streamjoin.spark.runners import StreamTableRunner
 from streamjoin.state.versions import decode_version, timestamp_of, version_range
 from streamjoin.state.windows import TumblingWindows
@@ -131,6 +132,24 @@ async def test_an_out_of_order_click_meets_the_row_of_its_time() -> None:
     ]
     plain = await worker_outputs(records, "inner", None)
     assert plain[1] == ("a", {"click": 3, "user": {"n": 1, "v": 2}}, 150)  # the newer row
+
+
+async def test_late_writes_and_too_late_clicks_are_counted_and_exported() -> None:
+    app = join_app("left", HISTORY_MS)
+    (table,) = [t for t in app.tables.values() if isinstance(t, VersionedTable)]
+    late = 1_000  # older than the history once a row of 1_000 + HISTORY_MS + 1 was written
+    async with TestDriver(app) as driver:
+        for topic, ts in [("users", 1_000), ("users", late + HISTORY_MS + 1), ("users", late)]:
+            await driver.put(topic, key="a", value={"v": ts}, timestamp_ms=ts)
+        for ts in (late, late + HISTORY_MS + 1, late):
+            await driver.put("clicks", key="a", value={"n": ts}, timestamp_ms=ts)
+        await driver.drain()
+        assert [e.timestamp for e in driver.records("enriched")] == [late + HISTORY_MS + 1]
+        assert (table.late_writes, table.too_late) == (1, 2)
+        link = app.runtime_link
+        exported = samples({"late_writes": link.late_writes, "too_late": link.too_late})
+        assert exported["streamjoin_table_late_writes"] == [((table.name,), 1.0)]
+        assert exported["streamjoin_table_too_late_lookups"] == [((table.name,), 2.0)]
 
 
 def versioned_app(history_ms: int) -> tuple[streamjoin.App, VersionedTable, list[Any]]:
