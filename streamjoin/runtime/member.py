@@ -22,6 +22,7 @@ it, and how far it was handed out.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -161,7 +162,10 @@ class GroupMember(Service):
     async def _commit_loop(self) -> None:
         while not self.should_stop:
             await self.sleep(self._commit_interval)
-            await self.commit()
+            # A stop cancels this loop: the commit under way finishes anyway (cut short, an
+            # exactly-once commit would keep the sends it held for the next transaction out
+            # of the stop's final commit, which still takes their events' offsets).
+            await asyncio.shield(self.commit())
 
     async def commit(self, tasks: list[Task] | None = None) -> None:
         """Flush the tables of ``tasks`` (default: every live task), then commit the offsets
