@@ -26,7 +26,7 @@ from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
 from streamjoin.context import RuntimeLink
 from streamjoin.errors import ConfigurationError, CopartitioningError, LifecycleError
 from streamjoin.events import Event
-from streamjoin.global_tables import GlobalTable
+from streamjoin.global_tables import GlobalTable, SetGlobalTable
 from streamjoin.joins.api import declare_join
 from streamjoin.joins.run_state import JoinStats
 from streamjoin.punctuation import (
@@ -497,23 +497,43 @@ class App:
         copartitioned_with: Topic | str | Sequence[Topic | str] = (),
         changelog_config: Mapping[str, str] | None = None,
         store: StoreKind = "rocksdb",
+        manager: bool = False,
     ) -> SetTable:
         """Declare a set table (Faust's ``SetTable``): ``table[key]`` is a mutable set of
         members (encoded with ``value_serializer``), empty for a missing key; an emptied
         set deletes its key. Otherwise a plain table: same changelog, standbys, restore and
-        guarantees (docs/tables.md, "Set tables")."""
+        guarantees (docs/tables.md, "Set tables"). ``manager=True`` adds ``table.manager``
+        (Faust's ``start_manager=True``): the topic ``<app id>-<name>-setmanager`` and the
+        agent ``<name>.setmanager`` that applies the operations sent there."""
+        writers = (
+            [copartitioned_with]
+            if isinstance(copartitioned_with, Topic | str)
+            else list(copartitioned_with)
+        )
+        manager_topic = None
+        if manager:
+            manager_topic = self.topic(
+                f"{self.id}-{name}-setmanager",
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=partitions,
+            )
+            writers.append(manager_topic)
         table = SetTable.of(
             self.table(
                 name,
                 key_serializer=key_serializer,
                 value_serializer=value_serializer,
                 partitions=partitions,
-                copartitioned_with=copartitioned_with,
+                copartitioned_with=writers,
                 changelog_config=changelog_config,
                 store=store,
-            )
+            ),
+            manager_topic,
         )
         self.tables[name] = table
+        if manager_topic is not None:
+            self.agent(manager_topic, name=table.manager_agent)(table.apply_operations)
         return table
 
     def topic_table(
@@ -523,13 +543,16 @@ class App:
         name: str | None = None,
         default: Callable[[], Any] | None = None,
         history_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> Table:
         """A table holding the latest value per key of ``topic`` (a null value deletes the key),
         kept up to date by an internal agent (``<table>.materialize``); usable in stream-table
         and table-table joins. Streams joined with it are read by that same agent, in
         timestamp order with the topic (see :mod:`streamjoin.topic_tables`). ``history_ms``
         makes it a versioned table (see :meth:`table`): joined streams' events then meet
-        the row as of their timestamp even when they arrive after a newer row."""
+        the row as of their timestamp even when they arrive after a newer row. ``ttl_ms``
+        makes it a TTL table (see :meth:`table`): a key whose row was not written for that
+        long of the partition's stream time is absent."""
         source = self.topic(topic) if isinstance(topic, str) else topic
         table_name = name or f"{source.name}-table"
         table = self.table(
@@ -539,6 +562,7 @@ class App:
             value_serializer=source.value_codec,
             copartitioned_with=source,
             history_ms=history_ms,
+            ttl_ms=ttl_ms,
         )
         self.table_sources[table_name] = source
         feed = self._feeds[table_name] = TopicTableFeed(table, source)
@@ -577,6 +601,29 @@ class App:
         self.global_tables[table_name] = table
         return table
 
+    def set_global_table(
+        self, table: SetTable, *, name: str | None = None, store: StoreKind = "rocksdb"
+    ) -> SetGlobalTable:
+        """Every worker's read-only copy of the set table ``table``, all partitions (Faust's
+        ``SetGlobalTable``), kept from its changelog like a global table (name:
+        ``<table>-global`` unless ``name=``); ``copy[key]`` is a read-only set of members."""
+        if not isinstance(table, SetTable):
+            raise ConfigurationError(
+                f"set_global_table takes a set table (app.set_table), got {table!r}"
+            )
+        declared = self.global_table(
+            table.changelog,
+            name=name or f"{table.name}-global",
+            key_serializer=table.key_codec,
+            value_serializer=table.value_codec,
+            store=store,
+        )
+        copy = SetGlobalTable(
+            declared.name, declared.source, declared.key_codec, declared.value_codec, store=store
+        )
+        self.global_tables[copy.name] = copy
+        return copy
+
     def attach_reader(self, table: Table, topic: Topic) -> None:
         """Let agents of ``topic`` read ``table`` (co-partitions them).
 
@@ -592,6 +639,12 @@ class App:
         feed = self._feeds.get(table.name)
         if feed is None:
             raise ConfigurationError(f"table {table.name!r} is not read from a topic")
+        if isinstance(table, TtlTable):
+            raise ConfigurationError(
+                f"table {table.name!r} has ttl_ms: table-table and foreign-key joins follow "
+                "every change of their tables, and an expiry is not one they see (their "
+                "results would keep expired rows); join it with streams only"
+            )
         feed.listeners.append(listener)
 
     def read_in_order(

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from streamjoin.codecs import Codec
 from streamjoin.errors import TableAccessError
+from streamjoin.set_tables import MemberSet, check_set_values
+from streamjoin.state.sets import SetCodec
 from streamjoin.tables import StoreKind
 from streamjoin.topics import Topic
 
-__all__ = ["GlobalRows", "GlobalTable"]
+__all__ = ["GlobalRows", "GlobalTable", "SetGlobalTable"]
 
 
 class GlobalRows(Protocol):
@@ -118,3 +120,41 @@ class GlobalTable:
 
     def __delitem__(self, key: Any) -> None:
         raise self._read_only()
+
+
+@dataclass(eq=False)
+class SetGlobalTable(GlobalTable):
+    """Faust's ``SetGlobalTable``: a set table (``app.set_table``) read whole by every
+    worker, from its changelog. A read gives a :class:`~streamjoin.set_tables.MemberSet`
+    (read-only; empty for a missing key); changes go through the set table, on the key's
+    owner or from anywhere with its manager."""
+
+    def __post_init__(self) -> None:
+        check_set_values(f"set global table {self.name!r}", self.value_codec, self.default)
+
+    @property
+    def _set_codec(self) -> SetCodec:
+        return cast(SetCodec, self.value_codec)  # (checked in __post_init__)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The key's members, or ``default`` when it has none."""
+        rows = self._rows or self._require()
+        key_bytes = self.key_codec.dumps(key)
+        raw = None if key_bytes is None else rows.get(key_bytes)
+        return default if raw is None else MemberSet(self._set_codec, raw)
+
+    def __getitem__(self, key: Any) -> MemberSet:
+        return MemberSet(self._set_codec, self._require().get(self._encode_key(key)))
+
+    def _read_only(self) -> TableAccessError:
+        return TableAccessError(
+            f"set global table {self.name!r} is read-only: change the sets through the set "
+            f"table whose changelog it reads ({self.source.name!r}), on the key's owner or "
+            "with the set table's manager"
+        )
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """(key, members) of every key with members in the local copy (all partitions)."""
+        codec = self._set_codec
+        for key, value in self._require().rows():
+            yield self.key_codec.loads(key), MemberSet(codec, value)

@@ -13,6 +13,12 @@ changelog record at the flush, since buffered writes to a key replace each other
 Members are encoded with the table's value codec and compared by their encodings: two
 members are the same when they encode to the same bytes (so a member need not be
 hashable, and ``1`` and ``1.0`` are two members under JSON, unlike in a Python set).
+
+A set table declared with ``manager=True`` also has a :class:`SetManager`
+(``table.manager``, Faust's ``SetTable.manager``): any agent, timer or task can change
+the set of a key owned by another partition, or another worker, by sending the operation
+to the table's manager topic, partitioned like the table; the internal agent
+``<table>.setmanager`` of the partition's owner applies it.
 """
 
 from __future__ import annotations
@@ -24,12 +30,22 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
 
 from streamjoin.codecs import Codec
-from streamjoin.errors import CodecError, ConfigurationError
-from streamjoin.state.sets import SetCodec, decode_members, encode_sorted
+from streamjoin.context import Delivery
+from streamjoin.errors import CodecError, ConfigurationError, DecodeError, EncodeError
+from streamjoin.state.sets import (
+    SetCodec,
+    apply_operation,
+    decode_members,
+    decode_operation,
+    encode_operation,
+    encode_sorted,
+)
 from streamjoin.state.table_partition import TablePartition
+from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
+from streamjoin.topics import Topic
 
-__all__ = ["SetTable", "SetView"]
+__all__ = ["MemberSet", "SetManager", "SetTable", "SetView", "check_set_values"]
 
 #: a set's encoded members, ascending and without repeats (as stored)
 Members = tuple[bytes, ...]
@@ -49,21 +65,15 @@ class SetTable(Table):
     _decoded: dict[bytes, tuple[bytes | None, Members]] = field(
         init=False, repr=False, default_factory=dict
     )
+    #: the topic a :class:`SetManager` sends operations to (``manager=True``), else None
+    manager_topic: Topic | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value_codec, SetCodec):
-            raise ConfigurationError(
-                f"set table {self.name!r}: its value codec must be a SetCodec over the "
-                f"members' codec, got {self.value_codec.name!r}"
-            )
-        if self.default is not None:
-            raise ConfigurationError(
-                f"set table {self.name!r} takes no default: a missing key is an empty set"
-            )
+        check_set_values(f"set table {self.name!r}", self.value_codec, self.default)
         super().__post_init__()
 
     @classmethod
-    def of(cls, table: Table) -> SetTable:
+    def of(cls, table: Table, manager_topic: Topic | None = None) -> SetTable:
         """The set table declared like ``table`` (name, codecs, changelog, co-partitioning,
         store), whose values are sets of members encoded by ``table``'s value codec."""
         return cls(
@@ -75,7 +85,37 @@ class SetTable(Table):
             table.writers,
             link=table.link,
             store=table.store,
+            manager_topic=manager_topic,
         )
+
+    @property
+    def manager(self) -> SetManager:
+        """Changes to any key's set, from anywhere, applied by the key's owner (Faust's
+        ``SetTable.manager``); needs ``app.set_table(..., manager=True)``."""
+        if self.manager_topic is None:
+            raise ConfigurationError(
+                f"set table {self.name!r} has no manager: declare it with "
+                "app.set_table(..., manager=True)"
+            )
+        return SetManager(self, self.manager_topic)
+
+    @property
+    def manager_agent(self) -> str:
+        """The name of the internal agent applying the manager's operations."""
+        return f"{self.name}.setmanager"
+
+    async def apply_operations(self, stream: Stream) -> None:
+        """The manager agent: apply each operation of the manager topic to its key's set
+        (of this partition: the topic is partitioned like the table)."""
+        async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+            for event in batch:
+                if event.key is None or event.value is None:
+                    raise DecodeError(
+                        f"set manager record {event.position} has no "
+                        f"{'key' if event.key is None else 'value'}: not a set operation"
+                    )
+                operation, members = decode_operation(event.value)
+                SetView(self, None, event.key).apply_encoded(operation, members)
 
     @property
     def member_codec(self) -> Codec:
@@ -227,6 +267,14 @@ class SetView(MutableSet[Any]):
     def symmetric_difference_update(self, other: Iterable[Any]) -> None:
         self._change(lambda members, other: members ^ other, (other,))
 
+    def apply_encoded(self, operation: str, members: Iterable[bytes]) -> None:
+        """Apply a set manager's ``operation`` (a name in
+        :data:`~streamjoin.state.sets.OPERATIONS`) with encoded ``members``."""
+        state, before = self._read(writing=True)
+        after = apply_operation(before, operation, members)
+        if after != before:
+            self._write(state, after)
+
     def _change(self, operation: _SetOperation, others: tuple[Iterable[Any], ...]) -> None:
         """Apply ``operation(members, other)`` for each of ``others``, writing once."""
         encoded_others = [self._encoded(other) for other in others]
@@ -255,6 +303,97 @@ class SetView(MutableSet[Any]):
     def __ixor__(self, other: AbstractSet[Any]) -> Self:  # type: ignore[misc]
         self.symmetric_difference_update(other)
         return self
+
+
+class MemberSet(AbstractSet[Any]):
+    """A read-only set of members from one stored set value (a set global table's row):
+    members are compared by their encodings, as in a :class:`SetView`."""
+
+    __slots__ = ("_codec", "_members")
+
+    def __init__(self, codec: SetCodec, raw: bytes | None) -> None:
+        self._codec = codec
+        self._members: Members = () if raw is None else tuple(decode_members(raw))
+
+    def __contains__(self, member: object) -> bool:
+        try:
+            encoded = self._codec.member(member)
+        except CodecError:  # (what the codec cannot encode is in no set)
+            return False
+        return _place(self._members, encoded)[1]
+
+    def __iter__(self) -> Iterator[Any]:
+        loads = self._codec.member_codec.loads
+        return iter([loads(m) for m in self._members])
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __repr__(self) -> str:
+        return f"MemberSet({list(self)!r})"
+
+
+class SetManager:
+    """Faust's ``SetTable.manager``: changes to the set of any key, sent as operations to
+    the table's manager topic (``<app id>-<table>-setmanager``, partitioned like the table)
+    and applied by the worker owning the key's partition, in the order the topic holds
+    them. Each method returns once the operation is sent; it is applied later, by the
+    owner, and seen by reads there after that (never by the sender's own reads).
+
+    ``add``, ``discard``, ``update``, ``difference_update``, ``intersection_update`` and
+    ``clear`` set members' presence, so applying one twice (a retry, or a replay after a
+    crash under at-least-once) leaves the same set; ``symmetric_difference_update``
+    toggles members, so it is exact only under exactly-once."""
+
+    __slots__ = ("_table", "_topic")
+
+    def __init__(self, table: SetTable, topic: Topic) -> None:
+        self._table = table
+        self._topic = topic
+
+    async def add(self, key: Any, member: Any) -> Delivery:
+        return await self._send(key, "update", (member,))
+
+    async def discard(self, key: Any, member: Any) -> Delivery:
+        return await self._send(key, "difference_update", (member,))
+
+    async def clear(self, key: Any) -> Delivery:
+        return await self._send(key, "intersection_update", ())
+
+    async def update(self, key: Any, members: Iterable[Any]) -> Delivery:
+        return await self._send(key, "update", members)
+
+    async def difference_update(self, key: Any, members: Iterable[Any]) -> Delivery:
+        return await self._send(key, "difference_update", members)
+
+    async def intersection_update(self, key: Any, members: Iterable[Any]) -> Delivery:
+        return await self._send(key, "intersection_update", members)
+
+    async def symmetric_difference_update(self, key: Any, members: Iterable[Any]) -> Delivery:
+        return await self._send(key, "symmetric_difference_update", members)
+
+    async def _send(self, key: Any, operation: str, members: Iterable[Any]) -> Delivery:
+        table = self._table
+        if isinstance(members, str | bytes):
+            raise EncodeError(
+                f"set table {table.name!r}: {operation} takes a collection of members, "
+                f"not a {type(members).__qualname__}"
+            )
+        member = table._set_codec.member
+        value = encode_operation(operation, [member(m) for m in members])
+        return await self._topic.send(key=table._encode_key(key), value=value)
+
+
+def check_set_values(what: str, value_codec: Codec, default: object) -> None:
+    """Refuse what a table of sets cannot take: values not encoded as sets, a default (a
+    missing key is an empty set)."""
+    if not isinstance(value_codec, SetCodec):
+        raise ConfigurationError(
+            f"{what}: its value codec must be a SetCodec over the members' codec, got "
+            f"{value_codec.name!r}"
+        )
+    if default is not None:
+        raise ConfigurationError(f"{what} takes no default: a missing key is an empty set")
 
 
 def _place(members: Members, encoded: bytes) -> tuple[int, bool]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from streamjoin.context import current_event
-from streamjoin.errors import TableAccessError
+from streamjoin.errors import SparkJobError, TableAccessError
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.ttl import (
@@ -33,7 +33,7 @@ from streamjoin.state.ttl import (
 )
 from streamjoin.tables import Table
 
-__all__ = ["TtlTable"]
+__all__ = ["TtlTable", "refuse_in_spark"]
 
 
 @dataclass(eq=False)
@@ -165,3 +165,16 @@ class TtlTable(Table):
         clock = expiry.take_stream_time()
         if clock is not None:
             state.put(STREAM_TIME_KEY, clock)
+
+
+def refuse_in_spark(what: str, *tables: object) -> None:
+    """Refuse a Spark job over a TTL table (``app.topic_table(..., ttl_ms=)``): which rows
+    a worker had expired depends on each partition's stream time as the worker read it,
+    which a job over the whole topic does not reproduce."""
+    for table in tables:
+        if isinstance(table, TtlTable):
+            raise SparkJobError(
+                f"{what}: table {table.name!r} is a TTL table (ttl_ms=): the rows a worker "
+                "has expired depend on each partition's stream time as it read them, which "
+                "a Spark job does not reproduce; the Spark jobs do not build TTL tables"
+            )

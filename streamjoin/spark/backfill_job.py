@@ -139,6 +139,9 @@ def _find_join(topology: Topology, name: str) -> JoinInputs:
         raise SparkJobError(f"join {name!r} is a {type(decl).__name__}; it cannot be backfilled")
     if found.left.name == found.right.name:
         raise SparkJobError(f"join {name!r} joins {found.left.name!r} with itself; not supported")
+    from streamjoin.ttl_tables import refuse_in_spark
+
+    refuse_in_spark(f"join {name!r}", *(getattr(decl, s, None) for s in ("table", "left", "right")))
     return found
 
 

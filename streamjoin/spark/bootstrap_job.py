@@ -156,6 +156,9 @@ def bootstrap(
             "latest value per key, not its versions, so it does not build one; let the "
             "workers read its topic (they keep the history from the start)"
         )
+    from streamjoin.ttl_tables import refuse_in_spark
+
+    refuse_in_spark("bootstrap", table)
     kafka_source = source if isinstance(source, KafkaSource) else None
     broker = changelog_bootstrap or (
         kafka_source.bootstrap_servers if kafka_source is not None else config.broker

@@ -33,6 +33,7 @@ from streamjoin.spark.sources import (
     load_records,
     pin_ending_offsets,
 )
+from streamjoin.ttl_tables import refuse_in_spark
 
 if TYPE_CHECKING:
     from streamjoin.app import App
@@ -67,6 +68,7 @@ def backfill_foreign_key(
     parallelism: int | None,
 ) -> BackfillResult:
     """Write the rows ``decl``'s result table holds once a worker has read ``source``."""
+    refuse_in_spark(f"join {decl.name!r}", decl.left, decl.right)
     if source.start_timestamp_ms is not None:
         raise ConfigurationError(
             f"join {decl.name!r} is a foreign-key join: its final rows need the tables from "

@@ -18,14 +18,24 @@ empty set has no encoding: it is a delete (a changelog tombstone).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from typing import Any
 
 from streamjoin.codecs import Codec
 from streamjoin.errors import DecodeError, EncodeError
 
-__all__ = ["FORMAT", "SetCodec", "decode_members", "encode_members", "encode_sorted"]
+__all__ = [
+    "FORMAT",
+    "OPERATIONS",
+    "SetCodec",
+    "apply_operation",
+    "decode_members",
+    "decode_operation",
+    "encode_members",
+    "encode_operation",
+    "encode_sorted",
+]
 
 #: the first byte of every encoded set (another byte means the value is not a set table's)
 FORMAT = b"\x01"
@@ -73,6 +83,62 @@ def decode_members(data: bytes) -> list[bytes]:
             f"set value of {len(data)} bytes, but its {count} members' lengths add up to {ends[-1]}"
         )
     return [data[ends[i] : ends[i + 1]] for i in range(count)]
+
+
+#: a set manager's operations (``table.manager``), by the byte that tags them in its topic;
+#: each takes a collection of members (``clear`` an empty one)
+OPERATIONS: dict[bytes, str] = {
+    b"a": "update",  # add the members (``manager.add`` is an update with one)
+    b"d": "difference_update",  # discard them (``manager.discard``: one)
+    b"i": "intersection_update",  # keep only them (``manager.clear``: none)
+    b"x": "symmetric_difference_update",  # toggle them
+}
+_TAGS = {name: tag for tag, name in OPERATIONS.items()}
+_COMBINE: dict[str, Callable[[frozenset[bytes], frozenset[bytes]], frozenset[bytes]]] = {
+    "update": frozenset.__or__,
+    "difference_update": frozenset.__sub__,
+    "intersection_update": frozenset.__and__,
+    "symmetric_difference_update": frozenset.__xor__,
+}
+
+
+def encode_operation(operation: str, members: Iterable[bytes]) -> bytes:
+    """A set manager's record value: the operation's tag byte, then its encoded members
+    as a stored set (none: the tag alone)."""
+    tag = _TAGS.get(operation)
+    if tag is None:
+        raise EncodeError(
+            f"unknown set operation {operation!r}: one of {', '.join(map(repr, _TAGS))}"
+        )
+    return tag + (encode_members(members) or b"")
+
+
+def decode_operation(data: bytes) -> tuple[str, list[bytes]]:
+    """The operation and members of a set manager's record value."""
+    operation = OPERATIONS.get(data[:1])
+    if operation is None:
+        raise DecodeError(
+            f"not a set manager operation: it starts with {data[:1]!r}, not one of "
+            f"{', '.join(map(repr, OPERATIONS))}"
+        )
+    return operation, decode_members(data[1:]) if len(data) > 1 else []
+
+
+def apply_operation(
+    members: Sequence[bytes], operation: str, operands: Iterable[bytes]
+) -> tuple[bytes, ...]:
+    """The members (ascending, no repeats, as :func:`decode_members` gives them) after
+    ``operation`` with ``operands`` (equal to ``members`` when nothing changed)."""
+    combine = _COMBINE.get(operation)
+    if combine is None:
+        raise EncodeError(
+            f"unknown set operation {operation!r}: one of {', '.join(map(repr, _COMBINE))}"
+        )
+    before = frozenset(members)
+    after = combine(before, frozenset(operands))
+    if after == before:
+        return tuple(members)
+    return tuple(sorted(after))
 
 
 class SetCodec:

@@ -115,7 +115,14 @@ class TestDriver:
         raw = RawRecord(topic, partition, len(log), timestamp, key, value, tuple(headers))
         log.append(raw)
         global_rows = self._global_rows.get(topic, ())
-        if global_rows and self.runtime is not None and current_event.get() is None:
+        # (a changelog feeding a set global table is written by flushes: no drain, which
+        # would flush again)
+        if (
+            global_rows
+            and self.runtime is not None
+            and current_event.get() is None
+            and (topic not in self.app.changelog_topics)
+        ):
             await self.drain()  # what the test sent before this row is processed without it
         for rows in global_rows:
             applied = batch_writes([(raw.offset, key, value)], partition, raw.offset + 1)
