@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamjoin.codecs import RawCodec
 from streamjoin.errors import ConfigurationError, DecodeError
 from streamjoin.events import Event, RawRecord
 from streamjoin.stream import Stream
@@ -42,6 +43,10 @@ class Agent:
     #: topics whose records go before the others' of the same timestamp (a table's source
     #: before the streams it enriches: each stream record sees the row of its timestamp)
     ties_first: frozenset[str] = frozenset()
+    #: hand the function each record as read (a :class:`RawRecord` has an Event's fields,
+    #: key and value as bytes), without a decode and an Event per record: for the
+    #: framework's internal agents over raw-bytes topics (see :meth:`take_raw_records`)
+    raw_records: bool = field(default=False, init=False)
     #: key and value decoders of each topic it reads, by name (made once, at declaration:
     #: decoding looks them up once per event)
     _loads: dict[str, tuple[Callable[[bytes], Any], Callable[[bytes], Any]]] = field(
@@ -66,6 +71,18 @@ class Agent:
             raise ConfigurationError(
                 f"agent {self.name!r}: on_error='dead_letter' needs a dead-letter topic"
             )
+
+    def take_raw_records(self) -> None:
+        """Hand the function undecoded records (see ``raw_records``); only for topics whose
+        key and value codecs are both raw, whose decode would return the same bytes."""
+        for topic in self.topics:
+            codecs = (topic.key_codec, topic.value_codec)
+            if not all(isinstance(codec, RawCodec) for codec in codecs):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: records of {topic.name!r} are decoded by "
+                    f"{codecs[0]!r}/{codecs[1]!r}; only raw-bytes topics can be read undecoded"
+                )
+        self.raw_records = True
 
     def decode(self, raw: RawRecord) -> Event:
         """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamjoin.agents import OnError
+from streamjoin.codecs import RawCodec, StrCodec
+from streamjoin.context import current_event
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
@@ -75,9 +77,31 @@ class TopicTableFeed:
         self.streams[stream.name] = stream
         self.readers.setdefault(stream.name, []).append((join, handler))
 
+    def __post_init__(self) -> None:
+        #: the record's own bytes are written (no encode of the value just decoded): a
+        #: plain table, whose key bytes are the record's whenever they decode (raw and str
+        #: keys; JSON keys are encoded again, canonically, as lookups encode them)
+        self._raw_writes = type(self.table) is Table and isinstance(
+            self.table.key_codec, RawCodec | StrCodec
+        )
+
     async def apply(self, event: Event) -> None:
         """Write one source record to the table (a null value deletes the key)."""
         table = self.table
+        if self._raw_writes:
+            context = current_event.get()
+            state = None if context is None else context.table_partition(table.name)
+            if state is not None:
+                record = context.record  # type: ignore[union-attr]
+                key, value = record.key, record.value
+                if key is not None:
+                    if value is not None:
+                        state.put(key, value)
+                    elif state.lookup(key) is not None:
+                        state.delete(key)
+                    for listener in self.listeners:
+                        await listener(event.key)
+                    return
         if event.value is None:
             if isinstance(table, VersionedTable):
                 table.delete(event.key)  # a version even if absent now: a late delete

@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from streamjoin.agents import Agent
 from streamjoin.codecs import Codec
 from streamjoin.context import current_event
 from streamjoin.errors import ConfigurationError, JoinError, TableAccessError
-from streamjoin.events import Event
 from streamjoin.joins.foreign_key import (
     ForeignKeyHow,
     Outcome,
@@ -40,6 +40,7 @@ from streamjoin.joins.foreign_key import (
     unsubscribe_message,
     value_hash,
 )
+from streamjoin.joins.results import PLAIN_RESULTS
 from streamjoin.partitioner import partition_for_key
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
@@ -59,6 +60,7 @@ class ForeignKeyDeclarations(Protocol):
     config: Any
     table_sources: dict[str, Topic]
     joins: dict[str, Any]
+    agents: dict[str, Agent]
 
     def topic(
         self,
@@ -195,6 +197,8 @@ def declare_foreign_key_join(
         sides.run_subscriptions
     )
     app.agent(responses, name=f"{name}.responses", on_error=on_error)(sides.run_responses)
+    for agent in (f"{name}.subscriptions", f"{name}.responses"):
+        app.agents[agent].take_raw_records()  # (raw bytes both sides: nothing to decode)
     return decl
 
 
@@ -241,7 +245,10 @@ class _Sides:
                 await sending
         if new_fk != old_fk:
             foreign_keys.put(left_key, new_fk)
-        await self._settle(key, plan.outcome, value, None)
+        if plan.outcome is not Outcome.KEEP:
+            settling = self._settle(key, left_key, plan.outcome, value, None)
+            if settling is not None:
+                await settling
 
     def _subscribe(
         self, foreign_key: bytes, left_key: bytes, message: bytes
@@ -257,25 +264,26 @@ class _Sides:
 
     async def run_subscriptions(self, stream: Stream) -> None:
         """Store each subscription (drop each unsubscription) and answer it with the right
-        row as it is now."""
+        row as it is now. (Its records come undecoded: raw bytes both sides.)"""
+        decl = self.decl
         async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+            # (a batch is one task's: the same partitions for all its events)
+            store = _partition_of(decl.subscription_store)
+            right = _partition_of(decl.right)
             for event in batch:
-                sending = self._on_subscription(event)
+                key: bytes = event.key
+                stored = parse_subscription(event.value)
+                if stored is None:
+                    # (the row subscribed to this foreign key before, so the store holds
+                    # the key: a delete with no lookup at the flush; a repeated
+                    # unsubscription, replayed, costs one needless tombstone at worst)
+                    store.remove(key, None)
+                    continue
+                store.put(key, stored)
+                foreign_key, _ = split_subscription_key(key)
+                sending = self._respond(key, stored, right.lookup(foreign_key))
                 if sending is not None:
                     await sending
-
-    def _on_subscription(self, event: Event) -> Awaitable[object] | None:
-        decl = self.decl
-        key: bytes = event.key
-        stored = parse_subscription(event.value)
-        store = _partition_of(decl.subscription_store)
-        if stored is None:
-            store.delete(key)
-            return None
-        store.put(key, stored)
-        foreign_key, _ = split_subscription_key(key)
-        right_value = _partition_of(decl.right).lookup(foreign_key)
-        return self._respond(key, stored, right_value)
 
     def _respond(
         self, key: bytes, stored: bytes, right_value: bytes | None
@@ -302,53 +310,81 @@ class _Sides:
                 await sending
 
     async def run_responses(self, stream: Stream) -> None:
-        """Apply each response computed for the left row's current value."""
+        """Apply each response computed for the left row's current value. (Its records
+        come undecoded: raw bytes both sides.)"""
         decl = self.decl
-        left = decl.left
+        left, how = decl.left, decl.how
+        load_key = left.key_codec.loads
         async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+            left_rows = _partition_of(left)  # (one task's batch: one partition)
             for event in batch:
                 left_key: bytes = event.key
                 left_hash, right_value = parse_response(event.value)
-                current = _partition_of(left).lookup(left_key)
-                outcome = response_outcome(current, left_hash, right_value, decl.how)
+                current = left_rows.lookup(left_key)
+                outcome = response_outcome(current, left_hash, right_value, how)
                 if outcome is not Outcome.KEEP:
-                    key = left.key_codec.loads(left_key)
-                    await self._settle(key, outcome, current, right_value)
+                    settling = self._settle(
+                        load_key(left_key), left_key, outcome, current, right_value
+                    )
+                    if settling is not None:
+                        await settling
 
-    async def _settle(
-        self, key: Any, outcome: Outcome, left_value: bytes | None, right_value: bytes | None
-    ) -> None:
-        """Write the left row's result and send it (None: deleted).
+    def _settle(
+        self,
+        key: Any,
+        key_bytes: bytes,
+        outcome: Outcome,
+        left_value: bytes | None,
+        right_value: bytes | None,
+    ) -> Awaitable[None] | None:
+        """Write the left row's result (DELETE or JOIN) and send it; what is left to await
+        (None: nothing, the usual case: no coroutine per result)."""
+        joined: Any = None
+        if outcome is Outcome.JOIN and left_value is not None:
+            decl = self.decl
+            lv = decl.left.value_codec.loads(left_value)
+            rv = None if right_value is None else decl.right.value_codec.loads(right_value)
+            joined = decl.fun(key, lv, rv)
+            if type(joined) not in PLAIN_RESULTS and inspect.isawaitable(joined):
+                return self._settle_awaited(key, key_bytes, joined)
+        return self._write_and_send(key, key_bytes, joined)
+
+    async def _settle_awaited(self, key: Any, key_bytes: bytes, joining: Awaitable[Any]) -> None:
+        """:meth:`_settle` of a join function that returned an awaitable."""
+        sending = self._write_and_send(key, key_bytes, await joining)
+        if sending is not None:
+            await sending
+
+    def _write_and_send(self, key: Any, key_bytes: bytes, joined: Any) -> Awaitable[None] | None:
+        """Write the result ``joined`` (None: deleted) and send it.
 
         Under exactly-once an unchanged result is not sent again: the table and the output
         commit together, so the table says what was sent. Under at-least-once a crash can
         leave a sent result out of the restored table; every result is sent then, so the
-        output's last record for a key is always the table's value."""
-        if outcome is Outcome.KEEP:
-            return
+        output's last record for a key is always the table's value. "Unchanged" compares the
+        encoded bytes (one encode, no decode of the stored value; codecs that could encode
+        equal values differently at worst send an equal value again)."""
         decl = self.decl
-        joined: Any = None
-        if outcome is Outcome.JOIN and left_value is not None:
-            lv = decl.left.value_codec.loads(left_value)
-            rv = None if right_value is None else decl.right.value_codec.loads(right_value)
-            joined = decl.fun(key, lv, rv)
-            if inspect.isawaitable(joined):
-                joined = await joined
         result = decl.result
-        previous = result.get(key)
-        if joined != previous:
-            if joined is None:
-                del result[key]
-            else:
-                result[key] = joined
+        encoded = None if joined is None else result.value_codec.dumps(joined)
+        rows = _partition_of(result)
+        if encoded != rows.lookup(key_bytes):
+            rows.put(key_bytes, encoded)  # (None: a delete)
         elif self._exactly_once():
-            return
+            return None
         output = decl.output
         if output is None or output.try_send(key=key, value=joined) is not None:
-            return
-        # Sent later: the other agent that settles this row (the left table's, or the
-        # responses') may have written and sent a newer result meanwhile. Send the row's
-        # value until it is what was sent last, so the output ends as the table does.
+            return None
+        return self._send_later(key, joined)
+
+    async def _send_later(self, key: Any, joined: Any) -> None:
+        """Send a result that could not join a batch at once. Meanwhile the other agent
+        that settles this row (the left table's, or the responses') may write and send a
+        newer result: send the row's value until it is what was sent last, so the output
+        ends as the table does."""
+        decl = self.decl
+        output, result = decl.output, decl.result
+        assert output is not None
         sent: Any = joined
         await output.send(key=key, value=sent)
         while (current := result.get(key)) != sent:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from streamjoin.agents import Agent
 from streamjoin.context import current_event
@@ -43,6 +43,12 @@ _Chunk = tuple[Task, list[RawRecord]] | None
 #: producer's sender, acknowledgements and the commit loop for seconds (nothing would be
 #: committed until the backlog ends)
 YIELD_EVERY = 64
+
+
+def _undecoded(raw: RawRecord) -> Event:
+    """A raw-bytes agent's "decode": the record itself (it has an Event's fields, and the
+    raw codec would return its key and value bytes unchanged)."""
+    return raw  # type: ignore[return-value]
 
 
 class Hold(Protocol):
@@ -115,7 +121,11 @@ class AgentRunner:
         self._pos = 0
         #: chunks to walk before the queue's (the rest of a batch whose event failed)
         self._redo: list[tuple[Task, list[RawRecord]]] = []
-        self._decode = agent.decode
+        #: (an internal agent over raw-bytes topics is handed the records as read)
+        self._raw_records = agent.raw_records
+        self._decode: Callable[[RawRecord], Event] = (
+            _undecoded if agent.raw_records else agent.decode
+        )
         #: this agent's processing-time histogram, and when the current event was handed out
         self._latency = counters.latency_of(agent.name)
         self._started = 0.0
@@ -304,6 +314,7 @@ class AgentRunner:
             await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
         hold = self._hold
         decode = self._decode
+        raw_records = self._raw_records
         punctual = self.punctuations
         loop = asyncio.get_running_loop()
         deadline: float | None = None
@@ -353,15 +364,18 @@ class AgentRunner:
                     cut_at = punctual.batch_end(chunk, pos, end, not raws)
                     cut, end = cut_at < end, cut_at
                 self._pos = end
-                for raw in chunk[pos:end]:
-                    try:
-                        event = decode(raw)
-                    except DecodeError as exc:
-                        failed = InFlight(raw, task, self._join_stats, self)
-                        await self._handle_failure(failed, exc, "decode")
-                        continue
-                    raws.append(raw)
-                    events.append(event)
+                if raw_records:
+                    raws.extend(chunk[pos:end])  # (no decode can fail: see _undecoded)
+                else:
+                    for raw in chunk[pos:end]:
+                        try:
+                            event = decode(raw)
+                        except DecodeError as exc:
+                            failed = InFlight(raw, task, self._join_stats, self)
+                            await self._handle_failure(failed, exc, "decode")
+                            continue
+                        raws.append(raw)
+                        events.append(event)
                 if cut:
                     break
             if task is None or not raws:
@@ -380,7 +394,9 @@ class AgentRunner:
             if punctual is not None and raws[0].timestamp >= punctual.due_for(task):
                 await punctual.stream_time_passed(inflight, raws[0].timestamp)
             self._started = time.perf_counter()
-            return EventBatch(events, raws, inflight)
+            # (a raw-bytes agent's events are its records: see _undecoded)
+            handed = cast("list[Event]", raws) if raw_records else events
+            return EventBatch(handed, raws, inflight)
 
     def _split_batch(self, inflight: InFlight) -> InFlight:
         """A batch's event failed: the events before it count as processed (once the
