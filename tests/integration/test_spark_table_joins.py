@@ -258,3 +258,79 @@ async def test_table_table_backfill_emits_the_workers_changes(
     }
     assert {k: v for _, k, v, _ in await read(kafka_bootstrap, final_target)} == final
     assert len(await read(kafka_bootstrap, final_target)) == len(final)
+
+
+async def test_versioned_table_backfill_agrees_with_a_worker_on_late_events(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Clicks that arrive after newer rows of their user (older timestamps than rows the
+    worker applied before them) get the row of their own time from a versioned table, as
+    the Spark backfill joins them; a plain table would hand them the newer row."""
+    from streamjoin.spark import KafkaSink, KafkaSource, backfill
+    from streamjoin.spark.testing import shared_test_session
+
+    app = streamjoin.App(
+        unique_topic("vt"),
+        broker=f"kafka://{kafka_bootstrap}",
+        commit_interval=0.2,
+        state_dir=tmp_path / "state",
+    )
+    clicks = app.topic(unique_topic("clicks"), key_serializer="str", partitions=PARTITIONS)
+    profiles = app.topic(unique_topic("profiles"), key_serializer="str", partitions=PARTITIONS)
+    out = app.topic(unique_topic("enriched"), key_serializer="str", partitions=PARTITIONS)
+    table = app.topic_table(profiles, name="profiles", history_ms=60_000)
+    app.join(clicks, table, how="left", output=out, name="enrich")(enrich)
+    await ensure_topics(
+        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (clicks, profiles, out)]
+    )
+
+    # rows in time order; a third of the clicks carry a time up to 300 ms in the past
+    rng = random.Random(11)
+    rows: list[Row] = []
+    ts = BASE_MS
+    n = 0
+    for _ in range(600):
+        ts += rng.choice([1, 5, 20])
+        user = f"u{rng.randrange(10)}"
+        if rng.random() < 0.35:
+            rows.append((profiles.name, user, {"tier": rng.randrange(5)}, ts))
+        else:
+            n += 1
+            late = rng.random() < 0.35
+            rows.append((clicks.name, user, {"n": n}, ts - rng.randrange(1, 300) if late else ts))
+    await produce(kafka_bootstrap, rows)
+
+    # The model: each click joined with its user's row as of the click's time. Many clicks
+    # come after a newer row of their user (produced before them, with a later time): the
+    # row a plain table may have applied already when the click is read.
+    as_of: dict[int, Any] = {}
+    newest: dict[int, Any] = {}
+    seen: dict[str, list[tuple[int, Any]]] = {}
+    for topic, user, value, stamp in rows:
+        if topic == profiles.name:
+            seen.setdefault(user, []).append((stamp, value))
+            continue
+        versions = [v for s, v in seen.get(user, []) if s <= stamp]
+        as_of[value["n"]] = versions[-1]["tier"] if versions else None
+        newest[value["n"]] = seen[user][-1][1]["tier"] if user in seen else None
+    differ = sum(1 for k in as_of if as_of[k] != newest[k])
+    assert differ >= 20, f"only {differ} clicks come after a newer row of another tier"
+
+    async with app:
+        await wait_for_outputs(kafka_bootstrap, out.name, n)
+    worker_out = await read(kafka_bootstrap, out.name)
+    assert {v["click"]: v["tier"] for _, _, v, _ in worker_out} == as_of
+    assert len(worker_out) == n
+
+    spark = await asyncio.to_thread(shared_test_session)
+    target = unique_topic("enriched-backfill")
+    result = await asyncio.to_thread(
+        backfill,
+        app,
+        "enrich",
+        source=KafkaSource(kafka_bootstrap),
+        output=KafkaSink(target),
+        spark=spark,
+    )
+    assert result.outputs == n
+    assert canonical(await read(kafka_bootstrap, target)) == canonical(worker_out)
