@@ -5,17 +5,18 @@ closed by ``close_idle_after`` since no later reading moves stream time past it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.integration.support import Workers, read_all
+from tests.integration.support import Workers, produce, read_all, read_to_end
 
 READINGS = 25  # 0.1 s apart: about 2.5 s of readings, in 1-second windows
 WINDOW_MS = 1_000
@@ -60,3 +61,33 @@ async def test_windowed_aggregation_port_sends_every_windows_final_result(
         assert record["value"]["mean"] == pytest.approx(sum(values) / len(values))
     assert "processing window" in workers.logs()  # the on_window_close callback ran
     assert time.monotonic() - started < 30
+
+
+async def test_page_views_port_counts_views_per_page_through_its_repartition_topic(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Faust's page-views tutorial as ported: views keyed by user, regrouped by page id,
+    counted per page; the table's changelog ends with every page's count."""
+    prefix = unique_topic("faust") + "-"
+    env = {**os.environ, "FAUST_PORTS_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
+    views = [(f"u{i % 11}", f"p{(i * 7) % 5}") for i in range(300)]
+    workers = Workers("examples.faust_ports.page_views:app", env, tmp_path)
+    workers.start("w1", extra=["--broker", f"kafka://{kafka_bootstrap}"])
+    try:
+        await produce(
+            kafka_bootstrap,
+            f"{prefix}page_views",
+            [(user, json.dumps({"id": page, "user": user})) for user, page in views],
+        )
+        model = dict(Counter(page for _, page in views))
+        changelog = f"{prefix}page-views-page_views-changelog"
+        deadline = time.monotonic() + 30
+        while True:
+            counts = {k: json.loads(v) for k, v in await read_to_end(kafka_bootstrap, changelog, 4)}
+            if counts == model or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        workers.stop_all()
+        workers.close()
+    assert counts == model, workers.logs()

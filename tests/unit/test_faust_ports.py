@@ -331,3 +331,20 @@ async def test_crontab_port_is_due_at_20_16_pacific_and_publishes_on_the_leader(
         await driver.drain()
         assert len(driver.records(crontab.tz_aware_topic.name)) == 1
     assert sum(r.getMessage().startswith("record: Model(") for r in caplog.records) == 1
+
+
+# -- page views: group_by a record field, counted in a table
+
+
+async def test_page_views_counts_each_pages_views_after_the_regrouping() -> None:
+    from examples.faust_ports import page_views
+
+    views = [page_views.PageView(id=f"p{i % 3}", user=f"u{i % 7}") for i in range(40)]
+    async with TestDriver(page_views.app) as driver:
+        for view in views:
+            await driver.put(page_views.page_view_topic.name, key=view.user, value=view)
+        await driver.drain()
+        model = Counter(view.id for view in views)
+        assert {page: page_views.page_views[page] for page in model} == dict(model)
+        regrouped = driver.records(page_views.by_page.name)
+        assert sorted(r.key for r in regrouped) == sorted(view.id for view in views)
