@@ -36,6 +36,7 @@ _LAZY = {
     "App": "streamjoin.app",
     "Event": "streamjoin.events",
     "EventBatch": "streamjoin.stream",
+    "FaustRecord": "streamjoin.faust_records",
     "Stream": "streamjoin.runtime.tasks.agent_runtime",
     "PunctuationContext": "streamjoin.punctuation",
     **dict.fromkeys(
@@ -54,6 +55,7 @@ __all__ = [
     "Count",
     "Event",
     "EventBatch",
+    "FaustRecord",
     "HoppingWindows",
     "Latest",
     "Max",

@@ -11,20 +11,22 @@ processed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta, tzinfo
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from streamjoin.agents import Agent, AgentFunction, OnError
 from streamjoin.aggregations import Aggregator
+from streamjoin.app_commands import AppCommand, command_decorator
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
 from streamjoin.context import RuntimeLink
-from streamjoin.errors import ConfigurationError, CopartitioningError, LifecycleError
+from streamjoin.errors import ConfigurationError, CopartitioningError, EncodeError, LifecycleError
 from streamjoin.events import Event
 from streamjoin.global_tables import GlobalTable, SetGlobalTable
 from streamjoin.joins.api import declare_join
@@ -58,6 +60,13 @@ from streamjoin.topics import Topic
 from streamjoin.topology import Topology
 from streamjoin.ttl_tables import TtlTable
 from streamjoin.versioned_tables import VersionedTable
+from streamjoin.web_views import (
+    WebView,
+    attach_route,
+    declare_view,
+    make_table_route,
+    table_route_of,
+)
 from streamjoin.windowed import (
     WindowCloseCallback,
     WindowedTable,
@@ -79,6 +88,7 @@ log = logging.getLogger("streamjoin.app")
 F = TypeVar("F", bound=AgentFunction)
 S = TypeVar("S", bound=Callable[..., Awaitable[None]])
 P = TypeVar("P", bound=PunctuationFunction)
+V = TypeVar("V", bound=Callable[..., Awaitable[Any]])
 _Settings = ParamSpec("_Settings")
 
 
@@ -202,6 +212,12 @@ class App:
         self.app_tasks: dict[str, AppTask] = {}
         #: ``@app.punctuate`` declarations, by name, in declaration order
         self.punctuations: dict[str, Punctuation] = {}
+        #: ``@app.page`` declarations, in declaration order
+        self.views: list[WebView] = []
+        #: ``@app.command`` subcommands of ``streamjoin -A <this app>``, by name
+        self.commands: dict[str, AppCommand] = {}
+        #: inside ``async with app.producing():``
+        self._producing = False
         self._worker: Worker | None = None
         self._last_worker: Worker | None = None
         #: the task running an ``async with app:`` body, and whether a failure cancelled it
@@ -767,9 +783,16 @@ class App:
         async def repartition(stream: Stream) -> None:
             async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
                 for event in batch:
-                    await target.send(
-                        key=key(event), value=event.value, timestamp_ms=event.timestamp
-                    )
+                    new_key = key(event)
+                    try:
+                        await target.send(
+                            key=new_key, value=event.value, timestamp_ms=event.timestamp
+                        )
+                    except EncodeError as exc:
+                        misfit = _repartition_key_misfit(name, target, new_key, exc)
+                        if misfit is None:
+                            raise
+                        raise misfit from exc
 
         self.agent(source, name=f"{name}.repartition")(repartition)
         return target
@@ -944,6 +967,66 @@ class App:
 
         return register
 
+    def page(
+        self,
+        path: str,
+        *,
+        methods: Sequence[str] | str = ("GET",),
+        public: bool = False,
+        name: str | None = None,
+    ) -> Callable[[V], V]:
+        """Decorate ``async def view(request, **path_params)`` to answer ``path`` (an
+        aiohttp path template, ``/count/{word}``) on the worker's web server (Faust's
+        ``app.page``; docs/web.md). The view gets the aiohttp request and, as keywords,
+        the path parameters it names; it returns an aiohttp response, or anything JSON can
+        carry (sent as JSON). The bearer ``query_token`` is asked, as for table queries,
+        unless ``public=True``. A path of the worker's own routes, or a path and method
+        declared twice, is a ConfigurationError.
+        """
+
+        def register(fun: V) -> V:
+            view = declare_view(
+                path,
+                fun,
+                methods=methods,
+                public=public,
+                name=name,
+                declared=self.views,
+                route=table_route_of(fun),
+            )
+            self.views.append(view)
+            return fun
+
+        return register
+
+    def table_route(
+        self, table: Table, *, match_info: str | None = None, query_param: str | None = None
+    ) -> Callable[[V], V]:
+        """Decorate a view (with ``@app.page``) to answer it on the worker owning a key of
+        ``table`` (Faust's ``app.table_route``): the key is the path parameter
+        ``match_info`` or the query parameter ``query_param``, parsed by the table's key
+        codec. Elsewhere the request is forwarded to the owner (or redirected with
+        ``?redirect=1``), or answered 503 while the key's partition moves (docs/web.md).
+        """
+        route = make_table_route(table, match_info, query_param, self.tables)
+
+        def attach(fun: V) -> V:
+            attach_route(self.views, fun, route)
+            return fun
+
+        return attach
+
+    def command(self, *options: Any, name: str | None = None, help: str | None = None) -> Any:
+        """``@app.command(click.option("--n", type=int), ...)`` on ``def f(n)`` or
+        ``async def f(n)``: a subcommand ``streamjoin -A <module:app> f --n 3`` (its name:
+        ``name``, else the function's with ``-`` for ``_``; its help: ``help``, else the
+        docstring). Options and arguments are click's, given here as Faust does (click's
+        decorators stacked under this one work too); the function gets their values as
+        keywords, and a first parameter ``self`` gets a
+        :class:`~streamjoin.app_commands.CommandContext` (Faust's signature). To send,
+        use ``async with app.producing():`` (docs/cli.md)."""
+        return command_decorator(self.commands, options, name, help)
+
     @property
     def changelog_topics(self) -> frozenset[str]:
         return frozenset(t.changelog.name for t in self.tables.values())
@@ -1007,11 +1090,59 @@ class App:
         """Create topics, start the producer, the agents and the consumer."""
         if self._worker is not None:
             raise LifecycleError(f"{self!r} is already running")
+        if self._producing:
+            raise LifecycleError(f"{self!r} is producing (app.producing()): leave that first")
         from streamjoin.runtime.worker import Worker
 
-        worker = Worker(self.topology(), self.config, link=self._link, on_failure=self._failed)
+        worker = Worker(
+            self.topology(),
+            self.config,
+            link=self._link,
+            on_failure=self._failed,
+            views=self.views,
+        )
         await worker.start()
         self._worker = worker
+
+    @contextlib.asynccontextmanager
+    async def producing(self, *, create_topics: bool = True) -> AsyncIterator[App]:
+        """``async with app.producing():`` sends to the app's topics (``await
+        topic.send(...)``) without running the app: only its producer (idempotent,
+        ``acks=all``) starts; no agents, group, state or web server. For scripts and
+        ``@app.command`` functions. The declared topics are created and checked as a
+        worker's start does (``create_topics=False``: each must exist already, else
+        :class:`~streamjoin.errors.UnknownTopicError`). Leaving the block waits until every
+        record sent is acknowledged or failed: await a send's delivery to know which."""
+        if self._worker is not None or self._producing:
+            what = "running" if self._worker is not None else "producing"
+            raise LifecycleError(f"{self!r} is already {what}")
+        from streamjoin.runtime.worker import start_producer
+
+        self._producing = True
+        try:
+            sender = await start_producer(
+                self.topology(), self.config, self._link, create_topics=create_topics
+            )
+            try:
+                yield self
+                await sender.flush()
+            finally:
+                try:
+                    await sender.stop()
+                finally:
+                    self._link.disconnect()
+        finally:
+            self._producing = False
+
+    async def serve(self) -> int:
+        """Run the app in your own asyncio program (``asyncio.run(app.serve())``) until
+        SIGINT (Ctrl-C) or SIGTERM or a fatal error, and stop it cleanly, as ``streamjoin
+        worker`` does: no ``KeyboardInterrupt`` traceback, one log line for a failure.
+        Returns the worker's exit code (0: stopped by a signal, everything committed; 1: a
+        fatal error; 3: it could not start). The signal handlers need the main thread."""
+        from streamjoin.runtime.run import serve
+
+        return await serve(self, shutdown_timeout=self.config.shutdown_timeout)
 
     async def stop(self) -> None:
         """Finish in-flight events, commit, leave the group (unless static), stop clients."""
@@ -1136,6 +1267,26 @@ def _default_replication(config: AppConfig) -> int | None:
     for "auto" (decided when the topic is created: min(3, brokers in the cluster))."""
     setting = config.topic_replication_factor
     return None if setting == "auto" else setting
+
+
+def _repartition_key_misfit(
+    name: str, target: Topic, key: Any, exc: EncodeError
+) -> EncodeError | None:
+    """The error of a ``group_by`` key its repartition topic's key codec cannot encode,
+    naming the topic and the fix (None: the key encodes; ``exc`` was about the value)."""
+    try:
+        target.key_codec.dumps(key)
+    except EncodeError:
+        pass
+    else:
+        return None
+    codec = target.key_codec.name
+    return EncodeError(
+        f"group_by {name!r}: the key {key!r} ({type(key).__qualname__}) does not fit the key "
+        f"codec {codec!r} of the repartition topic {target.name!r} ({exc}); give group_by "
+        f"(or app.aggregate with key=) a key_serializer= that encodes it, e.g. "
+        f'key_serializer="json", or make the key function return what {codec!r} takes'
+    )
 
 
 def _redeclaration_conflicts(

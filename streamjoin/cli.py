@@ -14,17 +14,24 @@ from streamjoin import __version__
 from streamjoin.assignor.plan import plan_with_explanation
 from streamjoin.cli_acls import acls_command
 from streamjoin.cli_app import agents, assignment, table_group, tables, worker
+from streamjoin.cli_group import AppGroup, app_spec_option
 from streamjoin.cli_offsets import offsets_group
+from streamjoin.cli_send import send_command
 from streamjoin.errors import KafkaProvisioningError
 from streamjoin.local_cluster import LocalKafkaCluster
 from streamjoin.local_kafka import KAFKA_VERSION, LocalKafka
 from streamjoin.spark.cli import backfill_command, bootstrap_command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=AppGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="streamjoin")
+@app_spec_option
 def cli() -> None:
-    """streamjoin: stateful stream joins over Kafka."""
+    """streamjoin: stateful stream joins over Kafka.
+
+    With -A MODULE:APP before the command, the app's own commands (@app.command) are
+    listed and run too, and the commands that take -A get it from there.
+    """
 
 
 @cli.command("dev-broker")
@@ -111,6 +118,7 @@ cli.add_command(offsets_group)
 cli.add_command(backfill_command)
 cli.add_command(bootstrap_command)
 cli.add_command(acls_command)
+cli.add_command(send_command)
 
 
 @cli.command("plan")

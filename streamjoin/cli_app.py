@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -18,13 +18,44 @@ if TYPE_CHECKING:
     from streamjoin.runtime.group.group_info import GroupInfo
     from streamjoin.runtime.ops.offset_moves import PartitionOffsets
 
+#: where ``streamjoin -A module:app <command>`` keeps the ``-A`` given before the command
+APP_SPEC = "streamjoin.app_spec"
+
+
+def app_spec_given_before() -> str | None:
+    """The ``-A`` given before the subcommand (``streamjoin -A myproj.app worker``, as
+    Faust's ``faust -A app worker``), the default of the subcommands' own ``-A``."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(APP_SPEC)
+
+
+def _required_app_spec(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """``-A`` given after the subcommand or before it; else click's "Missing option"."""
+    if value is None:
+        raise click.MissingParameter(ctx=ctx, param=param)
+    return value
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def optional_app_option(help: str) -> Callable[[F], F]:
+    """``-A`` of a command that also works without an app (default: the one given before
+    the command)."""
+    return click.option(
+        "-A", "--app", "app_spec", default=app_spec_given_before, metavar="MODULE:APP", help=help
+    )
+
+
 app_option = click.option(
     "-A",
     "--app",
     "app_spec",
-    required=True,
+    default=app_spec_given_before,
+    callback=_required_app_spec,
     metavar="MODULE:APP",
-    help="The App to use, e.g. myproj.app:app (the current directory is importable).",
+    help="The App to use, e.g. myproj.app:app (the current directory is importable; "
+    "may also come before the command: streamjoin -A myproj.app:app worker).",
 )
 broker_option = click.option(
     "-b", "--broker", default=None, help="Override the app's broker, e.g. kafka://127.0.0.1:9092."
@@ -395,14 +426,7 @@ def table_group() -> None:
 
 
 @table_group.command("get")
-@click.option(
-    "-A",
-    "--app",
-    "app_spec",
-    default=None,
-    metavar="MODULE:APP",
-    help="The App whose local state to read (not needed with --remote).",
-)
+@optional_app_option("The App whose local state to read (not needed with --remote).")
 @state_dir_option
 @click.option(
     "--remote",

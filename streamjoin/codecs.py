@@ -2,8 +2,9 @@
 
 A codec turns a Python object into the bytes of a Kafka record and back. Topics
 pick one by name (``"raw"``, ``"str"``, ``"json"``, or anything registered with
-:func:`register_codec`), by instance, or by dataclass type, through
-:func:`resolve_codec`.
+:func:`register_codec`), by instance, or by record type (a dataclass here; a
+``msgspec.Struct`` or pydantic model in :mod:`streamjoin.record_codecs`), through
+:func:`resolve_codec`. Faust's record format is :mod:`streamjoin.faust_records`.
 
 ``None`` is never encoded as bytes: it is Kafka's null key or null value (a
 tombstone), so the built-in codecs pass it through unchanged both ways.
@@ -22,18 +23,18 @@ import json
 import types
 import typing
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from streamjoin.errors import (
-    ArgumentTypeError,
-    ConfigurationError,
-    DecodeError,
-    EncodeError,
-)
+from streamjoin.codec_errors import Bytes as _Bytes
+from streamjoin.codec_errors import check_bytes as _check_bytes
+from streamjoin.codec_errors import decode_error as _decode_error
+from streamjoin.codec_errors import encode_error as _encode_error
+from streamjoin.errors import ArgumentTypeError, ConfigurationError, EncodeError
+from streamjoin.record_codecs import PydanticJson, StructJson, record_codec
 
 __all__ = [
     "JSON",
@@ -42,17 +43,14 @@ __all__ = [
     "Codec",
     "DataclassJson",
     "JsonCodec",
+    "PydanticJson",
     "RawCodec",
     "StrCodec",
+    "StructJson",
     "register_codec",
     "registered_codec_names",
     "resolve_codec",
 ]
-
-_Bytes = bytes | bytearray | memoryview
-
-#: How much of an undecodable payload error messages show.
-_PREVIEW_BYTES = 32
 
 
 @runtime_checkable
@@ -75,36 +73,11 @@ class Codec(Protocol):
         ...
 
 
-def _preview(data: _Bytes) -> str:
-    head = bytes(data[:_PREVIEW_BYTES])
-    return f"payload starts {head!r}{'...' if len(data) > _PREVIEW_BYTES else ''}"
-
-
-def _decode_error(codec: str, data: _Bytes, cause: str, target: str | None = None) -> DecodeError:
-    into = f" into {target}" if target else ""
-    return DecodeError(
-        f"{codec} codec could not decode {len(data)} bytes{into}: {cause}; {_preview(data)}"
-    )
-
-
-def _encode_error(codec: str, obj: object, cause: str) -> EncodeError:
-    return EncodeError(f"{codec} codec could not encode {type(obj).__qualname__}: {cause}")
-
-
 def _utf8(codec: str, text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:  # lone surrogates
         raise _encode_error(codec, text, str(exc)) from exc
-
-
-def _check_bytes(codec: str, data: object) -> _Bytes:
-    # Programming errors (a str handed to loads) are TypeErrors, not bad records.
-    if not isinstance(data, _Bytes):
-        raise ArgumentTypeError(
-            f"{codec} codec loads() expects bytes, got {type(data).__qualname__}"
-        )
-    return data
 
 
 class RawCodec:
@@ -305,11 +278,19 @@ def _json_type(value: Any) -> str:
 
 
 class _SchemaCompiler:
-    """Turns type hints into decoders once, so decoding does no introspection."""
+    """Turns type hints into decoders once, so decoding does no introspection.
 
-    def __init__(self) -> None:
+    ``ignore_unknown``: objects may carry fields their dataclass does not declare
+    (dropped); ``ignore_keys``: fields dropped wherever they appear (Faust's metadata).
+    """
+
+    def __init__(
+        self, *, ignore_unknown: bool = False, ignore_keys: frozenset[str] = frozenset()
+    ) -> None:
         # One entry per dataclass; filled lazily so recursive dataclasses terminate.
         self._dataclasses: dict[type, _Decoder] = {}
+        self._ignore_unknown = ignore_unknown
+        self._ignore_keys = ignore_keys
 
     def compile(self, tp: Any) -> _Decoder:
         if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
@@ -373,7 +354,8 @@ class _SchemaCompiler:
         fields = dataclasses.fields(cls)
         init_fields = [f for f in fields if f.init]
         # asdict() also writes init=False fields; they are recomputed, so accept and drop them.
-        derived = {f.name for f in fields if not f.init}
+        derived = {f.name for f in fields if not f.init} | self._ignore_keys
+        check_unknown = not self._ignore_unknown
         required = {
             f.name
             for f in init_fields
@@ -387,9 +369,10 @@ class _SchemaCompiler:
             of = "" if path == name else f" of {name}"
             if not isinstance(value, dict):
                 raise _FieldError(path, f"expected an object{of}, got {_json_type(value)}")
-            unknown = [k for k in value if k not in plan and k not in derived]
-            if unknown:
-                raise _FieldError(path, f"unknown field(s){of}: {_names(unknown)}")
+            if check_unknown:
+                unknown = [k for k in value if k not in plan and k not in derived]
+                if unknown:
+                    raise _FieldError(path, f"unknown field(s){of}: {_names(unknown)}")
             missing = [k for k in sorted(required) if k not in value]
             if missing:
                 raise _FieldError(path, f"missing required field(s){of}: {_names(missing)}")
@@ -543,16 +526,26 @@ class DataclassJson:
     The schema comes from the dataclass's type hints and is compiled once, here:
     nested dataclasses, ``list[...]``/``tuple[...]``/``dict[str, ...]``,
     ``Optional``/unions, ``Literal``, enums and ISO-8601 ``datetime``/``date``
-    fields are rebuilt, scalars are type-checked. Unknown and missing fields
-    are decode errors, so a schema change shows up at the first bad record.
+    fields are rebuilt, scalars are type-checked. Missing fields are decode
+    errors, and so are unknown fields unless ``ignore_unknown=True`` (then they
+    are dropped, at every level): a schema change shows up at the first bad record.
+    ``ignore_keys`` are dropped wherever they appear, whatever ``ignore_unknown``
+    says (:class:`~streamjoin.faust_records.FaustRecord` drops Faust's ``__faust``).
     """
 
-    def __init__(self, cls: type) -> None:
+    def __init__(
+        self, cls: type, *, ignore_unknown: bool = False, ignore_keys: Iterable[str] = ()
+    ) -> None:
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise ArgumentTypeError(f"DataclassJson needs a dataclass type, got {cls!r}")
+        if isinstance(ignore_keys, str):  # a str is an iterable of one-letter keys
+            raise ArgumentTypeError(f"ignore_keys must be a list of names, got {ignore_keys!r}")
         self.cls = cls
         self.name = f"json[{cls.__qualname__}]"
-        self._decode = _SchemaCompiler().compile(cls)
+        self.ignore_unknown = ignore_unknown
+        self.ignore_keys = frozenset(ignore_keys)
+        compiler = _SchemaCompiler(ignore_unknown=ignore_unknown, ignore_keys=self.ignore_keys)
+        self._decode = compiler.compile(cls)
 
     def dumps(self, obj: Any) -> bytes | None:
         """Encode an instance of the dataclass (or a plain dict of its fields)."""
@@ -577,15 +570,22 @@ class DataclassJson:
         except RecursionError as exc:
             raise _decode_error(self.name, data, "nested too deeply", target) from exc
 
+    def _options(self) -> tuple[object, ...]:
+        return (self.cls, self.ignore_unknown, self.ignore_keys)
+
     def __eq__(self, other: object) -> bool:
-        """Codecs of the same dataclass are the same codec (each declaration makes one)."""
-        return isinstance(other, DataclassJson) and other.cls is self.cls
+        """Codecs of the same dataclass and options are the same codec (each declaration
+        makes one)."""
+        return isinstance(other, DataclassJson) and other._options() == self._options()
 
     def __hash__(self) -> int:
-        return hash((DataclassJson, self.cls))
+        return hash((DataclassJson, *self._options()))
 
     def __repr__(self) -> str:
-        return f"DataclassJson({self.cls.__qualname__})"
+        options = ", ignore_unknown=True" if self.ignore_unknown else ""
+        if self.ignore_keys:
+            options += f", ignore_keys={sorted(self.ignore_keys)!r}"
+        return f"DataclassJson({self.cls.__qualname__}{options})"
 
 
 # -- registry ------------------------------------------------------------------------------
@@ -621,8 +621,9 @@ def registered_codec_names() -> list[str]:
 def resolve_codec(spec: str | Codec | type | None, *, default: str = "raw") -> Codec:
     """The codec meant by a topic's ``key_serializer``/``value_serializer`` setting.
 
-    Accepts a registered name, a codec instance, a dataclass type (JSON into that
-    type), ``bytes``/``str`` (the raw/str codecs), or ``None`` for ``default``.
+    Accepts a registered name, a codec instance, a dataclass, ``msgspec.Struct`` or
+    pydantic model type (JSON into that type), ``bytes``/``str`` (the raw/str codecs),
+    or ``None`` for ``default``.
     """
     if spec is None:
         spec = default
@@ -640,13 +641,16 @@ def resolve_codec(spec: str | Codec | type | None, *, default: str = "raw") -> C
             return RAW
         if spec is str:
             return STR
+        typed = record_codec(spec)
+        if typed is not None:
+            return typed
         raise ArgumentTypeError(
             f"cannot make a codec from class {spec.__qualname__}: expected a dataclass, "
-            "bytes, str, a codec name or a codec instance"
+            "a msgspec.Struct, a pydantic model, bytes, str, a codec name or a codec instance"
         )
     if isinstance(spec, Codec):
         return spec
     raise ArgumentTypeError(
-        "expected a codec name, a codec instance or a dataclass type, "
-        f"got {type(spec).__qualname__}"
+        "expected a codec name, a codec instance or a record type (dataclass, msgspec.Struct, "
+        f"pydantic model), got {type(spec).__qualname__}"
     )

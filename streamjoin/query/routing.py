@@ -300,8 +300,9 @@ def decide(
 
 
 def jsonable(value: Any) -> Any:
-    """A decoded table value as JSON can carry it: dataclasses as objects, bytes as text
-    (UTF-8) or ``{"base64": ...}``, tuples and sets as lists."""
+    """A decoded table value as JSON can carry it: dataclasses, msgspec Structs and pydantic
+    models as objects, bytes as text (UTF-8) or ``{"base64": ...}``, tuples and sets as
+    lists."""
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, bytes | bytearray | memoryview):
@@ -312,6 +313,11 @@ def jsonable(value: Any) -> Any:
             return {"base64": base64.b64encode(data).decode("ascii")}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, msgspec.Struct):  # as its codec writes it (datetimes as RFC 3339)
+        return jsonable(msgspec.to_builtins(value))
+    model_dump = getattr(value, "model_dump", None)  # a pydantic model, without importing it
+    if callable(model_dump) and not isinstance(value, type):
+        return jsonable(model_dump(mode="json", by_alias=True))
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):

@@ -30,7 +30,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaClient
@@ -38,7 +38,7 @@ from mode import Service
 
 from streamjoin.config import AppConfig, reveal
 from streamjoin.context import RuntimeLink
-from streamjoin.errors import StoreCorrupted
+from streamjoin.errors import StoreCorrupted, UnknownTopicError
 from streamjoin.joins.run_state import JoinStats
 from streamjoin.runtime.group.assignor_adapter import StreamjoinAssignor
 from streamjoin.runtime.group.group_info import describe_group
@@ -51,8 +51,10 @@ from streamjoin.runtime.group.transaction import (
 )
 from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.metrics import WorkerCounters
+from streamjoin.runtime.ops.health import HealthProbes
 from streamjoin.runtime.ops.monitor import WorkerMonitor, collect
 from streamjoin.runtime.ops.query_endpoint import QueryService, advertised_host
+from streamjoin.runtime.ops.views import WebViews
 from streamjoin.runtime.ops.web import web_tls_contexts
 from streamjoin.runtime.scheduled import ScheduledWork
 from streamjoin.runtime.table_state.flush import TableFlusher
@@ -65,6 +67,7 @@ from streamjoin.runtime.tasks.processing import TaskProcessing
 from streamjoin.runtime.tasks.punctuation import PunctuationService
 from streamjoin.runtime.tasks.task import Task, TaskManager
 from streamjoin.runtime.transport.access import check_login
+from streamjoin.runtime.transport.client_logs import quiet_retried_offset_lookups
 from streamjoin.runtime.transport.consumer import Fetcher, fetch_options
 from streamjoin.runtime.transport.liveness import wait_for_broker
 from streamjoin.runtime.transport.producer import KafkaSender
@@ -80,6 +83,7 @@ from streamjoin.runtime.transport.topic_admin import (
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topology import Topology
+from streamjoin.web_views import WebView
 
 log = logging.getLogger("streamjoin.worker")
 
@@ -140,6 +144,42 @@ async def prepare_topics(topology: Topology, config: AppConfig) -> dict[str, int
     return {**settled, **counts}
 
 
+async def start_producer(
+    topology: Topology, config: AppConfig, link: RuntimeLink, *, create_topics: bool = True
+) -> KafkaSender:
+    """An app's producer alone, for an app used only to send (``App.producing``): the
+    broker reached and the login checked as at a worker's start, the declared topics
+    created and checked (``create_topics=False``: each must exist), then ``link`` connected
+    to an idempotent producer (under exactly-once too: nothing is consumed, so nothing can
+    be processed twice). No state directory, agents, group or web server; the caller stops
+    the sender and disconnects the link."""
+    client = config.client_kwargs()
+    await wait_for_broker(config.broker, config.startup_timeout)
+    await check_login(config.broker, **client)
+    if create_topics:
+        counts = await prepare_topics(topology, config)
+    else:
+        counts = await fetch_partition_counts(config.broker, list(topology.topics), **client)
+        missing = sorted(set(topology.topics) - set(counts))
+        if missing:
+            raise UnknownTopicError(
+                f"no topic {', '.join(map(repr, missing))} on broker {config.broker} "
+                "(create it, or let the app's worker create its declared topics)"
+            )
+    link.settle_partitions(counts)
+    limits = RecordLimits(await fetch_topic_limits(config.broker, topology.topics, **client))
+    sender = KafkaSender(
+        config.broker,
+        client_options=client,
+        producer_options=reveal(config.producer_options),
+        client_id=client_id_for(config),
+        limits=limits,
+    )
+    await sender.start()
+    link.connect(sender, WorkerTables(TaskManager(topology), None))
+    return sender
+
+
 class WorkerTables:
     """The worker's table partitions as declarations see them (reads outside agents)."""
 
@@ -177,9 +217,12 @@ class Worker(Service):
         link: RuntimeLink | None = None,
         queue_size: int = 1000,
         on_failure: Callable[[BaseException], None] | None = None,
+        views: Sequence[WebView] = (),
     ) -> None:
         super().__init__()
         self.topology = topology
+        #: the app's web views (``app.page``), served when the web server runs
+        self.views = tuple(views)
         self.config = config
         self.link = link or RuntimeLink()
         self.queue_size = queue_size
@@ -309,6 +352,7 @@ class Worker(Service):
 
     async def _start_services(self) -> None:
         topology, config = self.topology, self.config
+        quiet_retried_offset_lookups()  # aiokafka's "Failed fetch offsets" while leaders move
         # bad certificate files stop the start before the broker is asked anything
         web_tls = web_tls_contexts(config) if config.web_port is not None else None
         await wait_for_broker(config.broker, config.startup_timeout)
@@ -413,6 +457,17 @@ class Worker(Service):
             if web is not None:
                 for method, path, handler in self.queries.routes():
                     web.add_route(method, path, handler)
+        if web is not None:
+            views = WebViews(self.views, queries=self.queries, token=config.query_token_value())
+            for method, path, handler in [*HealthProbes(self).routes(), *views.routes()]:
+                web.add_route(method, path, handler)
+        elif self.views:
+            log.warning(
+                "app %s declares %d web page(s) but serves no web server (no web_port): "
+                "they are not served",
+                config.id,
+                len(self.views),
+            )
         await self.monitor.start()
         if config.host is None and web is not None:
             self.advertised_host = advertised_host(web.host, web.port)
@@ -653,7 +708,7 @@ class Worker(Service):
             raise self.failure
 
 
-__all__ = ["Worker", "WorkerTables", "client_id_for", "prepare_topics"]
+__all__ = ["Worker", "WorkerTables", "client_id_for", "prepare_topics", "start_producer"]
 
 
 def _commit_stalled(membership: GroupMembership, waited: float) -> None:

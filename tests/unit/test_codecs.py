@@ -131,6 +131,16 @@ orders = st.builds(
 )
 
 
+def _sample_order() -> Order:
+    return Order(
+        "o-1",
+        [Line("a", 2, 1.5)],
+        Status.NEW,
+        datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+        ship_to=Address("1 Main St", "Oslo"),
+    )
+
+
 # -- RAW -------------------------------------------------------------------------------------
 
 
@@ -406,6 +416,38 @@ def test_dataclass_json_unknown_fields_are_named() -> None:
     )
 
 
+def test_dataclass_json_ignore_unknown_drops_unknown_fields_at_every_level() -> None:
+    codec = DataclassJson(Order, ignore_unknown=True)
+    payload = json.loads(DataclassJson(Order).dumps(_sample_order()) or b"")
+    payload["extra"] = 1
+    payload["ship_to"]["floor"] = 3
+    assert codec.loads(json.dumps(payload).encode()) == _sample_order()
+    with pytest.raises(DecodeError, match=r"Order: unknown field\(s\): 'extra'"):
+        DataclassJson(Order).loads(json.dumps(payload).encode())
+    with pytest.raises(DecodeError, match="missing required field"):  # still checked
+        codec.loads(b'{"extra": 1}')
+
+
+def test_dataclass_json_ignore_keys_are_dropped_wherever_they_appear() -> None:
+    codec = DataclassJson(Address, ignore_keys=["meta"])
+    assert codec.loads(b'{"street":"s","city":"c","meta":{}}') == Address("s", "c")
+    with pytest.raises(DecodeError, match=r"Address: unknown field\(s\): 'other'"):
+        codec.loads(b'{"street":"s","city":"c","meta":{},"other":1}')
+    with pytest.raises(TypeError, match="ignore_keys must be a list of names"):
+        DataclassJson(Address, ignore_keys="meta")
+
+
+def test_dataclass_json_options_are_part_of_the_codec() -> None:
+    assert DataclassJson(Address) == DataclassJson(Address)
+    assert DataclassJson(Address) != DataclassJson(Address, ignore_unknown=True)
+    assert hash(DataclassJson(Address, ignore_keys=["a"])) == hash(
+        DataclassJson(Address, ignore_keys=("a",))
+    )
+    assert repr(DataclassJson(Address, ignore_unknown=True, ignore_keys=["m"])) == (
+        "DataclassJson(Address, ignore_unknown=True, ignore_keys=['m'])"
+    )
+
+
 def test_dataclass_json_missing_required_fields_are_named() -> None:
     with pytest.raises(DecodeError, match=r"Line: missing required field\(s\): 'price', 'qty';"):
         DataclassJson(Line).loads(b'{"sku":"a"}')
@@ -585,7 +627,7 @@ def test_resolve_codec_instances_types_and_shortcuts() -> None:
     [
         (int, "cannot make a codec from class int"),
         (Upper, "cannot make a codec from class Upper"),  # the class, not an instance
-        (3, "expected a codec name, a codec instance or a dataclass type, got int"),
+        (3, "expected a codec name, a codec instance or a record type .*, got int"),
     ],
 )
 def test_resolve_codec_rejects_other_specs(spec: Any, message: str) -> None:

@@ -53,7 +53,7 @@ CLASSES = {cls for classes in FOUND.values() for cls in classes}
 
 def test_the_walk_finds_the_errors_of_every_layer() -> None:
     for where in (
-        "streamjoin.codecs.DecodeError",
+        "streamjoin.codec_errors.DecodeError",
         "streamjoin.app.ConfigurationError",
         "streamjoin.state.rocksdb.StoreCorrupted",
         "streamjoin.assignor.protocol.UserdataError",

@@ -14,6 +14,7 @@ PACKAGE = Path(streamjoin.__file__).parent
 #: what users declare with, and what it is built on: none of it may import the runtime
 DECLARATIONS = (
     "streamjoin.agents",
+    "streamjoin.app_commands",
     "streamjoin.config",
     "streamjoin.context",
     "streamjoin.errors",
@@ -28,6 +29,7 @@ DECLARATIONS = (
     "streamjoin.timers",
     "streamjoin.topics",
     "streamjoin.topology",
+    "streamjoin.web_views",
     "streamjoin.windowed",
     "streamjoin.windowed_aggregation",
     "streamjoin.window_views",
@@ -36,7 +38,10 @@ DECLARATIONS = (
 PURE = (
     "streamjoin.aggregations",
     "streamjoin.assignor",
+    "streamjoin.codec_errors",
     "streamjoin.codecs",
+    "streamjoin.faust_records",
+    "streamjoin.record_codecs",
     "streamjoin.joins.core",
     "streamjoin.joins.foreign_key",
     "streamjoin.joins.idle",

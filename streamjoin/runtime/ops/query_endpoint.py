@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import math
 import socket
@@ -60,7 +59,7 @@ from streamjoin.query.routing import (
     value_body,
     windows_body,
 )
-from streamjoin.runtime.ops.web import Handler
+from streamjoin.runtime.ops.web import Handler, bearer_token_ok
 from streamjoin.state import window_layout as layout
 from streamjoin.state.base import StorePartition
 from streamjoin.windowed import WindowedTable
@@ -78,7 +77,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("streamjoin.queries")
 
-__all__ = ["QueryService", "advertised_host"]
+__all__ = ["QueryService", "advertised_host", "error_response"]
 
 _WILDCARDS = ("0.0.0.0", "::", "")
 #: how long to wait between descriptions of a group that is not settled yet
@@ -263,19 +262,13 @@ class QueryService:
             self._authorize(request)
             return await self._answer(request)
         except QueryError as exc:
-            return _error_response(exc)
+            return error_response(exc)
         except StreamjoinError as exc:  # a store error, a codec error on the value...
             log.warning("query %s failed: %s", request.rel_url, exc)
-            return _error_response(QueryUnavailable(f"{type(exc).__name__}: {exc}"))
+            return error_response(QueryUnavailable(f"{type(exc).__name__}: {exc}"))
 
     def _authorize(self, request: web.Request) -> None:
-        if self._token is None:
-            return
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), self._token.encode()
-        ):
+        if not bearer_token_ok(request, self._token):
             raise QueryUnauthorized("this endpoint wants 'Authorization: Bearer <query_token>'")
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
@@ -291,25 +284,12 @@ class QueryService:
         window_range = parse_window_range(query.get("from"), query.get("to"))
         key_bytes = parse_key(text, table.key_codec)
         partition = partition_of(key_bytes, table.partitions)
-        local = self._local_state(table, partition)
-        decision = decide(
-            table=name,
-            partition=partition,
-            local=local,
-            rebalancing=self._rebalancing(),
-            routing=self.current_routing(),
-            self_host=self.self_host,
-            forwarded=FORWARDED_HEADER in request.headers,
-            redirect=redirect,
-            allow_stale=allow_stale,
+        local, elsewhere = await self.route(
+            request, table, partition, redirect=redirect, allow_stale=allow_stale
         )
-        if decision.action is Action.UNAVAILABLE:
-            raise decision.unavailable()
-        if decision.action is Action.REDIRECT and decision.target is not None:
-            raise web.HTTPTemporaryRedirect(_url_on(self._scheme, decision.target, request))
-        if decision.action is Action.FORWARD and decision.target is not None:
-            return await self._forward(decision.target, request)
-        stale = decision.action is Action.STALE
+        if elsewhere is not None:
+            return elsewhere
+        stale = not local.active  # answered here: the active owner, or a standby
         store = self._store_for(table, partition, stale=stale)
         lag = local.lag if stale else None
         if isinstance(table, WindowedTable):
@@ -324,6 +304,39 @@ class QueryService:
             value = table.value_codec.loads(raw)
             body = value_body(name, text, partition, value, self.self_host, lag)
         return web.Response(body=body, content_type="application/json")
+
+    async def route(
+        self,
+        request: web.Request,
+        table: Table,
+        partition: int,
+        *,
+        redirect: bool,
+        allow_stale: bool = False,
+    ) -> tuple[LocalState, web.StreamResponse | None]:
+        """Where ``request``, a read of ``table``'s ``partition``, is answered (table reads
+        and web views routed by a table key): what this worker holds of it, and None to
+        answer here, else the owner's answer (forwarded); a redirect to the owner or a
+        :class:`QueryUnavailable` is raised."""
+        local = self._local_state(table, partition)
+        decision = decide(
+            table=table.name,
+            partition=partition,
+            local=local,
+            rebalancing=self._rebalancing(),
+            routing=self.current_routing(),
+            self_host=self.self_host,
+            forwarded=FORWARDED_HEADER in request.headers,
+            redirect=redirect,
+            allow_stale=allow_stale,
+        )
+        if decision.action is Action.UNAVAILABLE:
+            raise decision.unavailable()
+        if decision.action is Action.REDIRECT and decision.target is not None:
+            raise web.HTTPTemporaryRedirect(_url_on(self._scheme, decision.target, request))
+        if decision.action is Action.FORWARD and decision.target is not None:
+            return local, await self._forward(decision.target, request)
+        return local, None
 
     def _answer_global(self, table: GlobalTable, text: str) -> web.StreamResponse:
         service = self._global_service
@@ -382,11 +395,16 @@ class QueryService:
                 connector=aiohttp.TCPConnector(ssl=self._forward_tls or True),
             )
         headers = {FORWARDED_HEADER: self.self_host or "?"}
-        if "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]
+        for name in ("Authorization", "Content-Type", "Accept"):
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        # (a web view may take other methods than GET, and a body)
+        data = await request.read() if request.body_exists else None
         try:
             url = _url_on(self._scheme, owner, request)
-            async with self._session.get(url, headers=headers) as response:
+            async with self._session.request(
+                request.method, url, headers=headers, data=data
+            ) as response:
                 body = await response.read()
                 out_headers = {}
                 if "Retry-After" in response.headers:
@@ -408,7 +426,7 @@ def _url_on(scheme: str, host: str, request: web.Request) -> str:
     return f"{scheme}://{host}{request.rel_url}"
 
 
-def _error_response(exc: QueryError) -> web.Response:
+def error_response(exc: QueryError) -> web.Response:
     headers = {}
     if isinstance(exc, QueryUnavailable):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))

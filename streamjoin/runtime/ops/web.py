@@ -2,8 +2,10 @@
 
 Routes are a list of ``(method, path, handler)``; more can be added with
 :meth:`WebServer.add_route` before the server starts: the Worker adds the interactive
-table queries' ``GET /tables/<table>/<key>`` (``runtime/ops/query_endpoint.py``) this
-way. The access log is off: a scrape every few seconds must not become a log line every
+table queries' ``GET /tables/<table>/<key>`` (``runtime/ops/query_endpoint.py``), the
+health probes (``runtime/ops/health.py``) and the app's web views
+(``runtime/ops/views.py``) this way, in that order (the first route matching a request
+answers it). The access log is off: a scrape every few seconds must not become a log line every
 few seconds.
 
 With an SSL context (``App(web_tls_cert=..., web_tls_key=...)``, built by
@@ -13,6 +15,7 @@ only, and :attr:`WebServer.url` says ``https://``.
 
 from __future__ import annotations
 
+import hmac
 import json
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,7 +31,7 @@ from streamjoin.errors import LifecycleError
 from streamjoin.query.tls import WORKER_SETTINGS, client_context, server_context
 from streamjoin.runtime.ops.status_page import render_status_page
 
-__all__ = ["Handler", "WebServer", "WebTLS", "web_tls_contexts"]
+__all__ = ["Handler", "WebServer", "WebTLS", "bearer_token_ok", "web_tls_contexts"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -65,6 +68,17 @@ def web_tls_contexts(config: AppConfig) -> WebTLS | None:
             key_password=key_password,
             setting_names=WORKER_SETTINGS,
         ),
+    )
+
+
+def bearer_token_ok(request: web.Request, token: str | None) -> bool:
+    """Whether ``request`` carries ``Authorization: Bearer <token>`` (always true when no
+    token is set); compared in constant time. Table queries and web views ask the same."""
+    if token is None:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
     )
 
 
