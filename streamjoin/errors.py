@@ -470,7 +470,8 @@ class UnsupportedUserdataVersion(UserdataError):
 class ProvisioningError(StreamjoinError, RuntimeError):
     """A Kafka resource could not be set up or inspected: topics could not be created or
     verified, a consumer group could not be described, Spark's Kafka connector could not
-    be resolved (the broker's or Maven's answer is in the message)."""
+    be resolved, the local schema registry could not be fetched or started (the broker's,
+    Maven's or the registry's answer is in the message)."""
 
 
 class OffsetMoveRefused(ProvisioningError):

@@ -592,6 +592,17 @@ def _spawn(cmd: list[str], stdout: IO[bytes]) -> subprocess.Popen[bytes]:
     return _SPAWNER.submit(popen).result()
 
 
+def end_process(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """SIGTERM for a controlled shutdown; SIGKILL if it is still running after ``timeout``."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 # --------------------------------------------------------------------------- the broker
 
 
@@ -763,13 +774,7 @@ class LocalKafka(StartedByHand):
     def stop(self, *, cleanup: bool = True) -> None:
         """Controlled shutdown (SIGTERM); SIGKILL if it hangs past ``shutdown_timeout``."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(self.shutdown_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        end_process(proc, self.shutdown_timeout)
         self._keep_class_data_archive()
         if cleanup:
             self._cleanup()

@@ -20,6 +20,9 @@
   or need other settings.
 - ``unique_topic``: a factory of topic names unique to the test, so tests on a
   shared broker never see each other's records.
+- ``schema_registry_url``: the Confluent-compatible API of a session-scoped real schema
+  registry on loopback (:class:`~streamjoin.local_registry.LocalRegistry`, started on first
+  use), or of an already running loopback one named by ``STREAMJOIN_SCHEMA_REGISTRY_URL``.
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 
-from streamjoin.errors import KafkaProvisioningError
+from streamjoin.errors import KafkaProvisioningError, ProvisioningError
 from streamjoin.local_cluster import LocalKafkaCluster
 from streamjoin.local_kafka import LocalKafka
+from streamjoin.local_registry import LocalRegistry
 
 EXTERNAL_BOOTSTRAP_ENV = "STREAMJOIN_KAFKA_BOOTSTRAP"
 _LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
@@ -132,6 +137,32 @@ def kafka_cluster_factory() -> Iterator[Callable[..., LocalKafkaCluster]]:
     finally:
         for cluster in started:
             cluster.stop()
+
+
+EXTERNAL_REGISTRY_ENV = "STREAMJOIN_SCHEMA_REGISTRY_URL"
+
+
+def check_loopback_registry_url(url: str) -> str:
+    """Refuse a registry URL that is not ``http(s)://`` on loopback, without a trailing slash."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if not url.startswith(("http://", "https://")) or not host.startswith(_LOOPBACK_HOSTS):
+        raise ProvisioningError(
+            f"{EXTERNAL_REGISTRY_ENV}={url!r}: the test schema registry must be an http(s) URL "
+            f"on loopback (127.0.0.0/8, localhost or [::1]); {host or url!r} is not"
+        )
+    return url.rstrip("/")
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url() -> Iterator[str]:
+    """The Confluent-compatible API (``http://127.0.0.1:<port>/apis/ccompat/v7``) of a real
+    schema registry for the whole session; an empty registry when started here."""
+    external = os.environ.get(EXTERNAL_REGISTRY_ENV)
+    if external:
+        yield check_loopback_registry_url(external)
+        return
+    with LocalRegistry(progress=_say) as registry:
+        yield registry.ccompat_url
 
 
 @pytest.fixture

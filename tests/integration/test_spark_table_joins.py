@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 import streamjoin
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
+from streamjoin.topics import Topic
 
 pytestmark = pytest.mark.spark
 PARTITIONS = 3
@@ -90,25 +91,35 @@ def canonical(items: Any) -> Counter[str]:
     return Counter(json.dumps(i, sort_keys=True) for i in items)
 
 
+async def enrich_app(
+    bootstrap: str,
+    unique_topic: Callable[..., str],
+    tmp_path: Path,
+    app_id: str,
+    history_ms: int | None = None,
+) -> tuple[streamjoin.App, Topic, Topic, Topic]:
+    """(app, clicks, profiles, enriched): clicks left-joined with the topic table of
+    profiles (versioned with ``history_ms``) into ``enriched``; the topics created."""
+    app = streamjoin.App(
+        app_id, broker=f"kafka://{bootstrap}", commit_interval=0.2, state_dir=tmp_path / "state"
+    )
+    clicks = app.topic(unique_topic("clicks"), key_serializer="str", partitions=PARTITIONS)
+    profiles = app.topic(unique_topic("profiles"), key_serializer="str", partitions=PARTITIONS)
+    out = app.topic(unique_topic("enriched"), key_serializer="str", partitions=PARTITIONS)
+    table = app.topic_table(profiles, name="profiles", history_ms=history_ms)
+    app.join(clicks, table, how="left", output=out, name="enrich")(enrich)
+    await ensure_topics(bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (clicks, profiles, out)])
+    return app, clicks, profiles, out
+
+
 async def test_stream_table_backfill_agrees_with_a_worker_and_survives_a_late_start(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     from streamjoin.spark import KafkaSink, KafkaSource, backfill
     from streamjoin.spark.testing import shared_test_session
 
-    app = streamjoin.App(
-        unique_topic("st"),
-        broker=f"kafka://{kafka_bootstrap}",
-        commit_interval=0.2,
-        state_dir=tmp_path / "state",
-    )
-    clicks = app.topic(unique_topic("clicks"), key_serializer="str", partitions=PARTITIONS)
-    profiles = app.topic(unique_topic("profiles"), key_serializer="str", partitions=PARTITIONS)
-    out = app.topic(unique_topic("enriched"), key_serializer="str", partitions=PARTITIONS)
-    table = app.topic_table(profiles, name="profiles")
-    app.join(clicks, table, how="left", output=out, name="enrich")(enrich)
-    await ensure_topics(
-        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (clicks, profiles, out)]
+    app, clicks, profiles, out = await enrich_app(
+        kafka_bootstrap, unique_topic, tmp_path, unique_topic("st")
     )
 
     # each topic partition in timestamp order (what a worker joins exactly as of each
@@ -269,19 +280,8 @@ async def test_versioned_table_backfill_agrees_with_a_worker_on_late_events(
     from streamjoin.spark import KafkaSink, KafkaSource, backfill
     from streamjoin.spark.testing import shared_test_session
 
-    app = streamjoin.App(
-        unique_topic("vt"),
-        broker=f"kafka://{kafka_bootstrap}",
-        commit_interval=0.2,
-        state_dir=tmp_path / "state",
-    )
-    clicks = app.topic(unique_topic("clicks"), key_serializer="str", partitions=PARTITIONS)
-    profiles = app.topic(unique_topic("profiles"), key_serializer="str", partitions=PARTITIONS)
-    out = app.topic(unique_topic("enriched"), key_serializer="str", partitions=PARTITIONS)
-    table = app.topic_table(profiles, name="profiles", history_ms=60_000)
-    app.join(clicks, table, how="left", output=out, name="enrich")(enrich)
-    await ensure_topics(
-        kafka_bootstrap, [TopicSpec(t.name, PARTITIONS) for t in (clicks, profiles, out)]
+    app, clicks, profiles, out = await enrich_app(
+        kafka_bootstrap, unique_topic, tmp_path, unique_topic("vt"), history_ms=60_000
     )
 
     # rows in time order; a third of the clicks carry a time up to 300 ms in the past
