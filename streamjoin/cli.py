@@ -17,9 +17,10 @@ from streamjoin.cli_app import agents, assignment, table_group, tables, worker
 from streamjoin.cli_group import AppGroup, app_spec_option
 from streamjoin.cli_offsets import offsets_group
 from streamjoin.cli_send import send_command
-from streamjoin.errors import KafkaProvisioningError
+from streamjoin.errors import KafkaProvisioningError, ProvisioningError
 from streamjoin.local_cluster import LocalKafkaCluster
 from streamjoin.local_kafka import KAFKA_VERSION, LocalKafka
+from streamjoin.local_registry import LocalRegistry
 from streamjoin.spark.cli import backfill_command, bootstrap_command
 
 
@@ -101,6 +102,47 @@ def dev_broker(brokers: int, port: int | None, kafka_version: str, data_dir: Pat
     finally:
         click.echo("Stopping...", err=True)
         kafka.stop()
+
+
+@cli.command("dev-registry")
+@click.option(
+    "--port",
+    type=int,
+    default=None,
+    help="API port on 127.0.0.1 (default: a free one); health is served on a second free port.",
+)
+@click.option(
+    "--heap", default="256m", show_default=True, help="The registry JVM's maximum heap (-Xmx)."
+)
+def dev_registry(port: int | None, heap: str) -> None:
+    """Run a local Confluent-compatible schema registry in the foreground until Ctrl-C.
+
+    Apicurio Registry (needs a Java 21+ JDK: JAVA_HOME, PATH or /usr/lib/jvm), fetched once
+    from Maven Central and cached, storage in memory (empty at every start), on 127.0.0.1
+    only. Point tests at it with STREAMJOIN_SCHEMA_REGISTRY_URL=<the printed URL>.
+    """
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    registry = LocalRegistry(port=port, heap=heap, progress=say)
+    try:
+        registry.start()
+    except ProvisioningError as exc:
+        raise click.ClickException(str(exc)) from exc
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        click.echo(f"schema registry (Confluent API): {registry.ccompat_url}")
+        click.echo("Press Ctrl-C to stop.", err=True)
+        while not stop.is_set() and registry.running:
+            stop.wait(0.5)
+        if not registry.running:
+            raise click.ClickException(f"the registry exited unexpectedly; see {registry.log_file}")
+    finally:
+        click.echo("Stopping...", err=True)
+        registry.stop()
 
 
 def _logs_of(kafka: LocalKafka | LocalKafkaCluster) -> str:

@@ -4,6 +4,10 @@ Confluent-compatible API the way Confluent's clients and our codecs speak to it.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -112,3 +116,35 @@ def test_a_registry_of_its_own_starts_empty_and_stops(unique_topic: Callable[...
         assert status == 200
     assert not own.running
     assert not registry_answers(url, timeout=1)
+
+
+def test_dev_registry_cli_prints_the_url_and_stops_on_ctrl_c(
+    unique_topic: Callable[..., str],
+) -> None:
+    """``streamjoin dev-registry``: an empty registry whose Confluent API is printed, gone
+    after Ctrl-C with exit code 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamjoin.cli", "dev-registry", "--heap", "192m"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(30)
+            stderr = proc.stderr.read() if proc.stderr is not None else ""
+            raise AssertionError(f"dev-registry exited with {proc.returncode}:\n{stderr}")
+        assert line.startswith("schema registry (Confluent API): http://127.0.0.1:"), line
+        url = line.split(": ", 1)[1].strip()
+        assert call(url, "GET", "/subjects") == (200, [])
+        assert register(url, unique_topic("s"), ORDER_V1)[0] == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert not registry_answers(url.split("/apis/")[0], timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
