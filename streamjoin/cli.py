@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import click
 
@@ -89,19 +90,9 @@ def dev_broker(brokers: int, port: int | None, kafka_version: str, data_dir: Pat
         kafka.start()
     except KafkaProvisioningError as exc:
         raise click.ClickException(str(exc)) from exc
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        click.echo(f"bootstrap servers: {kafka.bootstrap_servers}")
-        click.echo("Press Ctrl-C to stop.", err=True)
-        while not stop.is_set() and kafka.running:
-            stop.wait(0.5)
-        if not kafka.running:
-            raise click.ClickException(f"a broker exited unexpectedly; see {_logs_of(kafka)}")
-    finally:
-        click.echo("Stopping...", err=True)
-        kafka.stop()
+    _serve_until_ctrl_c(
+        kafka, f"bootstrap servers: {kafka.bootstrap_servers}", "a broker", lambda: _logs_of(kafka)
+    )
 
 
 @cli.command("dev-registry")
@@ -130,19 +121,39 @@ def dev_registry(port: int | None, heap: str) -> None:
         registry.start()
     except ProvisioningError as exc:
         raise click.ClickException(str(exc)) from exc
+    _serve_until_ctrl_c(
+        registry,
+        f"schema registry (Confluent API): {registry.ccompat_url}",
+        "the registry",
+        lambda: str(registry.log_file),
+    )
+
+
+class _Running(Protocol):
+    """A local service started by a dev command (a broker, a cluster, a registry)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+def _serve_until_ctrl_c(service: _Running, banner: str, what: str, logs: Callable[[], str]) -> None:
+    """Print ``banner`` (the address to use) and wait for Ctrl-C or SIGTERM, or for the
+    service to exit by itself (an error naming its logs); stop it either way."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        click.echo(f"schema registry (Confluent API): {registry.ccompat_url}")
+        click.echo(banner)
         click.echo("Press Ctrl-C to stop.", err=True)
-        while not stop.is_set() and registry.running:
+        while not stop.is_set() and service.running:
             stop.wait(0.5)
-        if not registry.running:
-            raise click.ClickException(f"the registry exited unexpectedly; see {registry.log_file}")
+        if not service.running:
+            raise click.ClickException(f"{what} exited unexpectedly; see {logs()}")
     finally:
         click.echo("Stopping...", err=True)
-        registry.stop()
+        service.stop()
 
 
 def _logs_of(kafka: LocalKafka | LocalKafkaCluster) -> str:

@@ -696,3 +696,23 @@ async def sleep_alive(workers: Workers, name: str, seconds: float) -> None:
         code = workers.procs[name].poll()
         assert code is None, f"the worker exited with {code}:\n{workers.log_of(name)[-6000:]}"
         await asyncio.sleep(0.2)
+
+
+def start_dev_command(args: list[str], banner: str) -> tuple[subprocess.Popen[str], str]:
+    """Run ``streamjoin <args>`` (a dev-broker or dev-registry command) and wait for its
+    first line, which must start with ``banner``; (the process, what follows ``": "``)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamjoin.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(30)
+        stderr = proc.stderr.read() if proc.stderr is not None else ""
+        raise AssertionError(f"streamjoin {args[0]} exited with {proc.returncode}:\n{stderr}")
+    assert line.startswith(banner), line
+    return proc, line.split(": ", 1)[1].strip()

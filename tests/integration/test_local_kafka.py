@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from streamjoin.errors import CopartitioningError
 from streamjoin.local_kafka import LocalKafka, broker_answers_metadata, ephemeral_port_range
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
+from tests.integration.support import start_dev_command
 
 
 async def test_broker_answers_metadata(kafka_bootstrap: str) -> None:
@@ -89,22 +88,8 @@ def test_context_manager_starts_and_stops_its_own_broker() -> None:
 
 
 def test_dev_broker_cli_prints_address_and_stops_on_ctrl_c() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamjoin.cli", "dev-broker"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc, address = start_dev_command(["dev-broker"], "bootstrap servers: 127.0.0.1:")
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait(30)
-            stderr = proc.stderr.read() if proc.stderr is not None else ""
-            raise AssertionError(f"dev-broker exited with {proc.returncode}:\n{stderr}")
-        assert line.startswith("bootstrap servers: 127.0.0.1:"), line
-        address = line.split(": ", 1)[1].strip()
         assert broker_answers_metadata(address)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
@@ -115,21 +100,9 @@ def test_dev_broker_cli_prints_address_and_stops_on_ctrl_c() -> None:
 
 
 def _start_dev_broker(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamjoin.cli", "dev-broker", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    return start_dev_command(
+        ["dev-broker", "--data-dir", str(data_dir)], "bootstrap servers: 127.0.0.1:"
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(30)
-        stderr = proc.stderr.read() if proc.stderr is not None else ""
-        raise AssertionError(f"dev-broker exited with {proc.returncode}:\n{stderr}")
-    assert line.startswith("bootstrap servers: 127.0.0.1:"), line
-    return proc, line.split(": ", 1)[1].strip()
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

@@ -4,16 +4,14 @@ Confluent-compatible API the way Confluent's clients and our codecs speak to it.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from streamjoin.local_registry import LocalRegistry, registry_answers
+from tests.integration.support import start_dev_command
 
 CONFLUENT_JSON = "application/vnd.schemaregistry.v1+json"
 
@@ -123,22 +121,10 @@ def test_dev_registry_cli_prints_the_url_and_stops_on_ctrl_c(
 ) -> None:
     """``streamjoin dev-registry``: an empty registry whose Confluent API is printed, gone
     after Ctrl-C with exit code 0."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamjoin.cli", "dev-registry", "--heap", "192m"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    proc, url = start_dev_command(
+        ["dev-registry", "--heap", "192m"], "schema registry (Confluent API): http://127.0.0.1:"
     )
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait(30)
-            stderr = proc.stderr.read() if proc.stderr is not None else ""
-            raise AssertionError(f"dev-registry exited with {proc.returncode}:\n{stderr}")
-        assert line.startswith("schema registry (Confluent API): http://127.0.0.1:"), line
-        url = line.split(": ", 1)[1].strip()
         assert call(url, "GET", "/subjects") == (200, [])
         assert register(url, unique_topic("s"), ORDER_V1)[0] == 200
         proc.send_signal(signal.SIGINT)
