@@ -565,7 +565,7 @@ class Worker(Service):
             member_ok=membership.check_standing if transaction else membership.heartbeat,
             transaction=transaction,
             on_transaction_aborted=membership.abandon,
-            on_commit_stalled=lambda waited: _commit_stalled(membership, waited),
+            on_commit_stalled=lambda waited, what: _commit_stalled(membership, waited, what),
             commit_stall_after=config.transaction_timeout_ms / 1000,
         )
         self.member = GroupMember(
@@ -711,14 +711,16 @@ class Worker(Service):
 __all__ = ["Worker", "WorkerTables", "client_id_for", "prepare_topics", "start_producer"]
 
 
-def _commit_stalled(membership: GroupMembership, waited: float) -> None:
+def _commit_stalled(membership: GroupMembership, waited: float, what: str) -> None:
     """A transaction has been committing for ``waited`` seconds, past the transaction
-    timeout: close the worker's connections (see ``TaskProcessing._watch_commit``)."""
+    timeout, waiting for ``what``: close the worker's connections (see
+    ``TaskProcessing._watch_commit``)."""
     closed = membership.drop_all_connections()
     log.warning(
-        "the transaction has been committing for %.0fs (longer than its timeout): closed "
-        "the worker's %d connections, in case one went silent; what waited on them is "
-        "retried on new ones",
+        "the transaction has been committing for %.0fs (longer than its timeout), waiting "
+        "for %s: closed the worker's %d connections, in case one went silent; what waited "
+        "on them is retried on new ones",
         waited,
+        what,
         closed,
     )

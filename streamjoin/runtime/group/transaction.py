@@ -209,6 +209,8 @@ class TransactionalSender(KafkaSender):
         self._outcomes: list[asyncio.Future[Any]] = []
         #: counts transactions: an outcome of an earlier one is not this one's failure
         self._generation = 0
+        #: what :meth:`commit` waits for, by part (records, offsets): see :meth:`waiting_on`
+        self._waits: dict[str, str] = {}
         self.commits = 0
         self.aborts = 0
 
@@ -311,11 +313,14 @@ class TransactionalSender(KafkaSender):
     async def _flush_transaction(self) -> None:
         """Every record of the transaction handed over and acknowledged (or failed), and
         every outcome known."""
+        self._waits["records"] = "handing its record batches to the producer"
         await self._submit_all()
+        self._waits["records"] = "the brokers' answers to its record batches"
         await self._require().flush()
         pending = [future for future in self._outcomes if not future.done()]
         if pending:
             await asyncio.wait(pending)
+        self._waits.pop("records", None)
         await asyncio.sleep(0)  # (their done-callbacks, which record a failure, run now)
 
     # ------------------------------------------------------------------ transactions
@@ -365,6 +370,7 @@ class TransactionalSender(KafkaSender):
                     f"a record of this transaction was not written: {self._failure!r}",
                     fenced=_is_fenced(self._failure),
                 )
+            self._waits["end"] = "the transaction coordinator ending it (EndTxn)"
             await producer.commit_transaction()
         except TransactionFailed:
             raise
@@ -372,15 +378,42 @@ class TransactionalSender(KafkaSender):
             raise TransactionFailed(
                 f"the transaction did not commit: {exc!r}", fenced=_is_fenced(exc)
             ) from exc
+        finally:
+            self._waits.clear()
         self.commits += 1
+
+    def waiting_on(self) -> str:
+        """What a commit under way waits for, and the producer's state (for the warning
+        of a commit that outlives the transaction timeout)."""
+        waits = " and ".join(self._waits.values()) or "nothing of the producer"
+        producer = self._producer
+        if producer is None:
+            return f"{waits}; no producer (being replaced)"
+        unanswered = sum(1 for future in self._outcomes if not future.done())
+        manager = producer._txn_manager
+        sender = producer._sender.sender_task
+        if sender is None or not sender.done():
+            running = "running"
+        elif sender.cancelled():
+            running = "cancelled"
+        else:
+            running = f"stopped by {sender.exception()!r}"
+        return (
+            f"{waits}; {unanswered} of its {len(self._outcomes)} sends unanswered; "
+            f"aiokafka's transaction state {manager.state.name}, partitions to add "
+            f"{sorted(map(tuple, manager.partitions_to_add()))}, its sender task {running}"
+        )
 
     async def _add_offsets(
         self, ids: TransactionIds, offsets: Mapping[TP, int], commit_offsets: CommitOffsets
     ) -> None:
+        self._waits["offsets"] = "the transaction coordinator adding the group (AddOffsetsToTxn)"
         await self._add_group(ids)
+        self._waits["offsets"] = "the group coordinator taking its offsets (TxnOffsetCommit)"
         # aiokafka must know: a transaction holding only offsets is ended too.
         self._require()._txn_manager.consumer_group_added(self.group_id)
         await commit_offsets(ids, offsets)
+        self._waits.pop("offsets", None)
 
     async def _add_group(self, ids: TransactionIds) -> None:
         """AddOffsetsToTxn, retried while the coordinator is busy (the previous transaction
@@ -523,6 +556,9 @@ class WorkerTransaction:
 
     async def commit(self, offsets: Mapping[TP, int]) -> None:
         await self.sender.commit(offsets, self._commit_offsets)
+
+    def waiting_on(self) -> str:
+        return self.sender.waiting_on()
 
     async def begin(self) -> None:
         await self.sender.begin()

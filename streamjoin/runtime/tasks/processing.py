@@ -72,6 +72,9 @@ class Transaction(Protocol):
     async def begin(self) -> None:
         """Begin the next transaction and let sends in."""
 
+    def waiting_on(self) -> str:
+        """What a commit under way waits for (for the warning of a stalled commit)."""
+
     async def abort(self) -> None:
         """Abort the open transaction and begin the next one."""
 
@@ -96,7 +99,7 @@ class TaskProcessing:
         revoke_timeout: float = 10.0,
         transaction: Transaction | None = None,
         on_transaction_aborted: Callable[[str], None] | None = None,
-        on_commit_stalled: Callable[[float], None] | None = None,
+        on_commit_stalled: Callable[[float, str], None] | None = None,
         commit_stall_after: float = 10.0,
     ) -> None:
         self.tasks = tasks
@@ -112,8 +115,9 @@ class TaskProcessing:
         self._committer: asyncio.Task[object] | None = None
         self.transaction = transaction
         self._on_transaction_aborted = on_transaction_aborted
-        #: called with the seconds waited, every ``commit_stall_after`` seconds a
-        #: transaction's commit is still waiting (see :meth:`_watch_commit`)
+        #: called with the seconds waited and what the commit waits for, every
+        #: ``commit_stall_after`` seconds a transaction's commit still waits (see
+        #: :meth:`_watch_commit`)
         self._on_commit_stalled = on_commit_stalled
         self.commit_stall_after = commit_stall_after
         self._aborts_in_a_row = 0
@@ -271,10 +275,13 @@ class TaskProcessing:
             if not positions and not taken and not transaction.has_data:
                 await transaction.reopen()  # nothing happened: the transaction goes on
                 return {}
-            watchdog = asyncio.ensure_future(self._watch_commit())
+            step = ["sending the changelog records of its table writes"]
+            watchdog = asyncio.ensure_future(self._watch_commit(transaction, step))
             try:
                 sending = await transaction.send_writes(taken)
+                step[0] = "committing"
                 await transaction.commit(positions)
+                step[0] = "the changelog offsets of its table writes (committed)"
                 offsets = await asyncio.gather(*(f for _, f in sending if f is not None))
             except TransactionFailed as exc:
                 await self._aborted(transaction, exc)
@@ -288,7 +295,7 @@ class TaskProcessing:
             self._report_corruption(tasks)
             return positions
 
-    async def _watch_commit(self) -> None:
+    async def _watch_commit(self, transaction: Transaction, step: list[str]) -> None:
         """While a transaction commits: every ``commit_stall_after`` seconds it still waits,
         tell ``on_commit_stalled``. A commit outliving the transaction timeout waits on a
         broker that is away or on a connection gone silent (half-open), which only its
@@ -300,7 +307,7 @@ class TaskProcessing:
         while True:
             await asyncio.sleep(self.commit_stall_after)
             waited += self.commit_stall_after
-            self._on_commit_stalled(waited)
+            self._on_commit_stalled(waited, f"{step[0]}: {transaction.waiting_on()}")
 
     async def _settle_shared(self) -> None:
         """Agents reading one topic caught up with each other (see

@@ -73,8 +73,11 @@ class _Transaction:
     async def abort(self) -> None:
         pass
 
+    def waiting_on(self) -> str:
+        return "the test's release"
 
-def _processing(transaction: _Transaction, stalls: list[float]) -> TaskProcessing:
+
+def _processing(transaction: _Transaction, stalls: list[tuple[float, str]]) -> TaskProcessing:
     app = streamjoin.App("commit-watchdog")
     return TaskProcessing(
         TaskManager(app.topology()),
@@ -83,7 +86,7 @@ def _processing(transaction: _Transaction, stalls: list[float]) -> TaskProcessin
         flusher=TableFlusher(_Sender(), {}, flush_sends=_Sender().flush),  # type: ignore[arg-type]
         offsets=None,  # type: ignore[arg-type]
         transaction=transaction,  # type: ignore[arg-type]
-        on_commit_stalled=stalls.append,
+        on_commit_stalled=lambda waited, what: stalls.append((waited, what)),
         commit_stall_after=0.05,
     )
 
@@ -93,12 +96,14 @@ async def test_a_commit_waiting_past_the_stall_bound_is_reported_until_it_ends()
     processing = _processing(transaction, stalls)
     commit = asyncio.ensure_future(processing.commit())
     await asyncio.sleep(0.18)
-    assert stalls == pytest.approx([0.05, 0.1, 0.15])
+    assert [waited for waited, _ in stalls] == pytest.approx([0.05, 0.1, 0.15])
+    # (each report says what the commit waits for)
+    assert {what for _, what in stalls} == {"committing: the test's release"}
     transaction.release.set()
     await commit
     assert (transaction.commits, transaction.begun) == (1, 1)
     await asyncio.sleep(0.12)
-    assert stalls == pytest.approx([0.05, 0.1, 0.15])  # (the watch ended with the commit)
+    assert len(stalls) == 3  # (the watch ended with the commit)
 
 
 async def test_a_commit_in_time_is_not_reported() -> None:
