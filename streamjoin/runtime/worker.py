@@ -567,6 +567,7 @@ class Worker(Service):
             on_transaction_aborted=membership.abandon,
             on_commit_stalled=lambda waited, what: _commit_stalled(membership, waited, what),
             commit_stall_after=config.transaction_timeout_ms / 1000,
+            commit_give_up_after=COMMIT_GIVE_UP_TIMEOUTS * config.transaction_timeout_ms / 1000,
         )
         self.member = GroupMember(
             self.fetcher,
@@ -709,6 +710,11 @@ class Worker(Service):
 
 
 __all__ = ["Worker", "WorkerTables", "client_id_for", "prepare_topics", "start_producer"]
+
+
+#: a transaction's commit still waiting after this many transaction timeouts is given up
+#: and aborted (see ``TaskProcessing._watch_commit``)
+COMMIT_GIVE_UP_TIMEOUTS = 3
 
 
 def _commit_stalled(membership: GroupMembership, waited: float, what: str) -> None:

@@ -193,6 +193,8 @@ class TransactionalSender(KafkaSender):
         )
         self.transactional_id = transactional_id
         self.group_id = group_id
+        #: how long an abort waits for the producer before replacing it
+        self._abort_timeout = transaction_timeout_ms / 1000
         #: set while sends may join the open transaction (:attr:`_closed` cleared)
         self._opened = asyncio.Event()
         self._closed = True
@@ -472,9 +474,13 @@ class TransactionalSender(KafkaSender):
             await self._replace_producer()
         else:
             try:
-                await producer.abort_transaction()
-            except (KafkaError, AssertionError) as exc:
-                log.warning("could not abort the transaction (%r); starting a new producer", exc)
+                # (bounded: a producer whose commit was given up may never answer)
+                await asyncio.wait_for(producer.abort_transaction(), self._abort_timeout)
+            except (KafkaError, AssertionError, TimeoutError) as exc:
+                problem = "no answer" if isinstance(exc, TimeoutError) else repr(exc)
+                log.warning(
+                    "could not abort the transaction (%s); starting a new producer", problem
+                )
                 await self._replace_producer()
         await self.begin()
 

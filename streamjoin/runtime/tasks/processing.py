@@ -101,6 +101,7 @@ class TaskProcessing:
         on_transaction_aborted: Callable[[str], None] | None = None,
         on_commit_stalled: Callable[[float, str], None] | None = None,
         commit_stall_after: float = 10.0,
+        commit_give_up_after: float | None = None,
     ) -> None:
         self.tasks = tasks
         self.runtime = runtime
@@ -120,6 +121,9 @@ class TaskProcessing:
         #: :meth:`_watch_commit`)
         self._on_commit_stalled = on_commit_stalled
         self.commit_stall_after = commit_stall_after
+        #: a transaction's commit still waiting after this many seconds is given up: it
+        #: is aborted, as a failed one is (see :meth:`_watch_commit`); None: never
+        self.commit_give_up_after = commit_give_up_after
         self._aborts_in_a_row = 0
         #: commits are being skipped because the member is rejoining (logged once)
         self._skipping_commits = False
@@ -276,18 +280,28 @@ class TaskProcessing:
                 await transaction.reopen()  # nothing happened: the transaction goes on
                 return {}
             step = ["sending the changelog records of its table writes"]
+            ending = asyncio.ensure_future(self._end(transaction, taken, positions, step))
             watchdog = asyncio.ensure_future(self._watch_commit(transaction, step))
             try:
-                sending = await transaction.send_writes(taken)
-                step[0] = "committing"
-                await transaction.commit(positions)
-                step[0] = "the changelog offsets of its table writes (committed)"
+                await asyncio.wait((ending, watchdog), return_when=asyncio.FIRST_COMPLETED)
+                if not ending.done():
+                    # (the watch gave up: see _watch_commit)
+                    waiting_for = f"{step[0]}: {transaction.waiting_on()}"
+                    ending.cancel()
+                    await asyncio.wait((ending,))
+                    if ending.cancelled():
+                        raise TransactionFailed(
+                            f"its commit did not finish in {self.commit_give_up_after:.0f}s "
+                            f"(waiting for {waiting_for}); given up"
+                        )
+                sending = ending.result()
                 offsets = await asyncio.gather(*(f for _, f in sending if f is not None))
             except TransactionFailed as exc:
                 await self._aborted(transaction, exc)
                 return {}
             finally:
                 watchdog.cancel()
+                ending.cancel()  # (a no-op once it ended; else the caller was cancelled)
             self._aborts_in_a_row = 0
             await transaction.begin()
             apply_writes(sending, offsets)
@@ -295,19 +309,39 @@ class TaskProcessing:
             self._report_corruption(tasks)
             return positions
 
+    async def _end(
+        self,
+        transaction: Transaction,
+        taken: list[TakenWrites],
+        positions: Mapping[TopicPartition, int],
+        step: list[str],
+    ) -> list[Sending]:
+        """Send the changelog records of ``taken`` and commit with ``positions``."""
+        sending = await transaction.send_writes(taken)
+        step[0] = "committing"
+        await transaction.commit(positions)
+        return sending
+
     async def _watch_commit(self, transaction: Transaction, step: list[str]) -> None:
         """While a transaction commits: every ``commit_stall_after`` seconds it still waits,
         tell ``on_commit_stalled``. A commit outliving the transaction timeout waits on a
         broker that is away or on a connection gone silent (half-open), which only its
         request timeout would end; the worker closes its connections then, so what waits
-        on a silent one is retried at once (an outage just keeps waiting, as before)."""
-        if self._on_commit_stalled is None:
-            return
+        on a silent one is retried at once (an outage just keeps waiting, as before).
+
+        Returns once the commit has waited ``commit_give_up_after`` seconds: the commit is
+        then given up and aborted. By then the broker has aborted the transaction itself
+        (past its timeout), or the producer is wedged and only a new one (its
+        InitProducerId fences the old one and ends what it left open) can go on; waiting
+        longer would leave the worker's partitions unprocessed indefinitely."""
         waited = 0.0
         while True:
             await asyncio.sleep(self.commit_stall_after)
             waited += self.commit_stall_after
-            self._on_commit_stalled(waited, f"{step[0]}: {transaction.waiting_on()}")
+            if self.commit_give_up_after is not None and waited >= self.commit_give_up_after:
+                return
+            if self._on_commit_stalled is not None:
+                self._on_commit_stalled(waited, f"{step[0]}: {transaction.waiting_on()}")
 
     async def _settle_shared(self) -> None:
         """Agents reading one topic caught up with each other (see

@@ -53,6 +53,7 @@ class _Transaction:
         self.release = asyncio.Event()
         self.commits = 0
         self.begun = 0
+        self.aborts = 0
 
     def close_sends(self) -> None:
         pass
@@ -71,13 +72,17 @@ class _Transaction:
         self.begun += 1
 
     async def abort(self) -> None:
-        pass
+        self.aborts += 1
 
     def waiting_on(self) -> str:
         return "the test's release"
 
 
-def _processing(transaction: _Transaction, stalls: list[tuple[float, str]]) -> TaskProcessing:
+def _processing(
+    transaction: _Transaction,
+    stalls: list[tuple[float, str]],
+    give_up_after: float | None = None,
+) -> TaskProcessing:
     app = streamjoin.App("commit-watchdog")
     return TaskProcessing(
         TaskManager(app.topology()),
@@ -88,6 +93,8 @@ def _processing(transaction: _Transaction, stalls: list[tuple[float, str]]) -> T
         transaction=transaction,  # type: ignore[arg-type]
         on_commit_stalled=lambda waited, what: stalls.append((waited, what)),
         commit_stall_after=0.05,
+        commit_give_up_after=give_up_after,
+        on_transaction_aborted=lambda reason: None,
     )
 
 
@@ -114,6 +121,18 @@ async def test_a_commit_in_time_is_not_reported() -> None:
     await asyncio.sleep(0.12)
     assert stalls == []
     assert transaction.commits == 1
+
+
+async def test_a_commit_waiting_past_the_give_up_bound_is_aborted() -> None:
+    """A commit that never finishes (a wedged producer) is given up after
+    ``commit_give_up_after`` seconds and aborted like a failed one: the worker goes on
+    instead of leaving its partitions unprocessed."""
+    transaction, stalls = _Transaction(), []
+    processing = _processing(transaction, stalls, give_up_after=0.15)
+    committed = await asyncio.wait_for(processing.commit(), timeout=5)
+    assert committed == {}
+    assert (transaction.commits, transaction.aborts, transaction.begun) == (0, 1, 0)
+    assert [waited for waited, _ in stalls] == pytest.approx([0.05, 0.1])
 
 
 def test_dropping_every_connection_closes_them_for_all_brokers() -> None:

@@ -104,3 +104,36 @@ async def test_a_record_sent_while_a_commit_ends_the_transaction_goes_into_the_n
     assert [(t, p, b.record_count()) for t, p, b in producer.batches] == [("out", 1, 1)]
     assert producer.transactions == ["begin"]
     assert sender.send_now(("out", b"k2", b"v2", 1, (), 6)) is not None  # open again
+
+
+class SilentAbortProducer(FakeProducer):
+    """Its abort never finishes (a producer whose commit was given up, wedged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped = False
+
+    async def abort_transaction(self) -> None:
+        self.transactions.append("abort")
+        await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_an_abort_the_producer_never_answers_replaces_the_producer(
+    monkeypatch: Any,
+) -> None:
+    """After its transaction timeout an abort stops waiting: a new producer (whose
+    InitProducerId fences the old one and ends what it left open) begins the next one."""
+    wedged, fresh = SilentAbortProducer(), FakeProducer()
+
+    async def started(options: Any) -> FakeProducer:
+        return fresh
+
+    monkeypatch.setattr("streamjoin.runtime.group.transaction.started_producer", started)
+    sender = _sender(wedged)
+    sender._abort_timeout = 0.05
+    await asyncio.wait_for(sender.abort(), timeout=5)
+    assert wedged.transactions == ["abort"] and wedged.stopped
+    assert sender._producer is fresh and fresh.transactions == ["begin"]
