@@ -2,7 +2,7 @@
 country in 10-second windows (re-keyed by country first).
 
     streamjoin worker -A examples.faust_ports.withdrawals:app --broker kafka://127.0.0.1:9092
-    python -m examples.faust_ports.withdrawals produce --max-messages 1000
+    streamjoin -A examples.faust_ports.withdrawals:app produce --max-messages 1000
 
 Faust wrote the window sizes in seconds (``tumbling(3600)``); streamjoin takes a
 ``timedelta`` (a bare 3600 is refused rather than read as 3.6 s). Faust's
@@ -12,7 +12,6 @@ reads the window of the event's time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
@@ -20,12 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import count
+from typing import Any
 
-from aiokafka import AIOKafkaProducer
+import click
 
 import streamjoin
 from streamjoin.aggregations import Count, Sum
-from streamjoin.config import parse_broker_url
 from streamjoin.runtime.tasks.agent_runtime import Stream
 from streamjoin.state.windows import SessionWindows, SlidingWindows, TumblingWindows
 
@@ -134,36 +133,24 @@ def generate_withdrawals(n: int | None = None) -> Iterator[Withdrawal]:
         )
 
 
-async def produce(max_latency: float, max_messages: int | None) -> None:
-    """Faust's ``produce`` command: send withdrawals, keyed by user, with the topic's codecs
-    (a plain producer: ``async with app`` would start a whole worker)."""
-    broker = parse_broker_url(app.config.broker)
-    producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all")
-    await producer.start()
-    try:
+@app.command(
+    click.option(
+        "--max-latency",
+        type=float,
+        default=0.5,
+        show_default=True,
+        help="Seconds to wait at most between two withdrawals.",
+    ),
+    click.option("--max-messages", type=int, default=None, help="Stop after this many."),
+)
+async def produce(self: Any, max_latency: float, max_messages: int | None) -> None:
+    """Produce example withdrawals, keyed by user (Faust's produce command)."""
+    # (Faust's app.command ran the producer inside the app; app.producing() starts only the
+    # producer, not a worker)
+    async with app.producing():
         for i, withdrawal in enumerate(generate_withdrawals(max_messages)):
-            await producer.send(
-                withdrawals_topic.name,
-                withdrawals_topic.value_codec.dumps(withdrawal),
-                key=withdrawals_topic.key_codec.dumps(withdrawal.user),
-            )
+            await withdrawals_topic.send(key=withdrawal.user, value=withdrawal)
             if not i % 10_000:
-                print(f"+SEND {i}")
+                self.say(f"+SEND {i}")
             if max_latency:
                 await asyncio.sleep(random.uniform(0, max_latency))
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.faust_ports.withdrawals")
-    command = parser.add_subparsers(dest="command", required=True).add_parser("produce")
-    command.add_argument("--max-latency", type=float, default=0.5)
-    command.add_argument("--max-messages", type=int, default=None)
-    args = parser.parse_args()
-    asyncio.run(produce(args.max_latency, args.max_messages))
-
-
-if __name__ == "__main__":
-    main()

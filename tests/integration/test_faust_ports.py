@@ -1,23 +1,30 @@
-"""The windowed-aggregation port of Faust's example (examples/faust_ports/) run as a user
-runs it: ``streamjoin worker`` on the real broker. Its own timer produces readings; once it
-stops, every window's final count and mean must reach the sink, the last window's too,
-closed by ``close_idle_after`` since no later reading moves stream time past it."""
+"""Faust's example apps as ported (examples/faust_ports/), run as a user runs them:
+``streamjoin worker`` (and the app's own commands) on the real broker.
+
+The windowed aggregation's own timer produces readings; once it stops, every window's
+final count and mean must reach the sink, the last window's too, closed by
+``close_idle_after`` since no later reading moves stream time past it. Page views, word
+count and withdrawals are checked against what was sent."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+import aiohttp
 import pytest
 
-from tests.integration.support import Workers, produce, read_all, read_to_end
+from tests.integration.support import Workers, produce, read_all, read_to_end, wait_for_group
 
+CLI = [sys.executable, "-m", "streamjoin.cli"]
 READINGS = 25  # 0.1 s apart: about 2.5 s of readings, in 1-second windows
 WINDOW_MS = 1_000
 
@@ -91,3 +98,103 @@ async def test_page_views_port_counts_views_per_page_through_its_repartition_top
         workers.stop_all()
         workers.close()
     assert counts == model, workers.logs()
+
+
+async def test_word_count_port_counts_every_word_its_own_task_sent(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Faust's word-count example as ported: its own task sends the posts, one agent splits
+    them into words re-keyed by word, another counts them in a table; the table's changelog
+    ends with every word's count and the task prints the tally of the worker's partitions."""
+    from examples.faust_ports import word_count
+
+    prefix = unique_topic("faust") + "-"
+    env = {**os.environ, "FAUST_PORTS_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
+    workers = Workers("examples.faust_ports.word_count:app", env, tmp_path)
+    workers.start("w1", extra=["--broker", f"kafka://{kafka_bootstrap}"])
+    model = {word: word_count.POSTS_PER_WORD for word in word_count.WORDS}
+    try:
+        changelog = f"{prefix}word-counts-word_counts-changelog"
+        deadline = time.monotonic() + 40
+        while True:
+            counts = {k: json.loads(v) for k, v in await read_to_end(kafka_bootstrap, changelog, 8)}
+            tallied = "$$ TALLY $$" in workers.log_of("w1")
+            if (counts == model and tallied) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        workers.stop_all()
+        workers.close()
+    assert counts == model, workers.logs()
+    assert f"$$ TALLY $$ {dict(sorted(model.items()))}" in workers.log_of("w1")
+
+
+async def test_withdrawals_port_sums_what_its_produce_command_sent(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Faust's withdrawals example as ported: its ``produce`` app command (Faust's
+    ``app.command`` with click options) sends withdrawals without a worker; the worker sums
+    them per user and hour, answered by the query endpoint, and re-keys them by country."""
+    prefix = unique_topic("faust") + "-"
+    env = {
+        **os.environ,
+        "FAUST_PORTS_PREFIX": prefix,
+        "STREAMJOIN_BROKER": f"kafka://{kafka_bootstrap}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    sent = 300
+    command = await asyncio.to_thread(
+        subprocess.run,
+        [
+            *CLI,
+            *("-A", "examples.faust_ports.withdrawals:app", "produce"),
+            *("--max-messages", str(sent), "--max-latency", "0"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert command.returncode == 0, command.stderr
+    assert "+SEND 0" in command.stdout
+    records = await read_all(kafka_bootstrap, f"{prefix}withdrawals", sent, timeout=20)
+    assert len(records) == sent
+    totals: dict[str, float] = defaultdict(float)
+    for key, value, _headers in records:
+        withdrawal = json.loads(value)
+        assert withdrawal["user"] == key
+        totals[key] += withdrawal["amount"]
+
+    workers = Workers("examples.faust_ports.withdrawals:app", env, tmp_path)
+    workers.start("w1", extra=["--web-port", "0"])
+    group = f"{prefix}faust-withdrawals"
+    try:
+        info = await wait_for_group(
+            kafka_bootstrap, group, lambda i: bool(i.members) and bool(i.members[0].host), workers
+        )
+        host = info.members[0].host
+        answers: dict[str, float] = {}
+        deadline = time.monotonic() + 40
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            while time.monotonic() < deadline:
+                for user in sorted(set(totals) - set(answers)):
+                    async with session.get(f"http://{host}/tables/user_to_total/{user}") as r:
+                        if r.status == 200:
+                            windows = (await r.json())["windows"]
+                            total = sum(w["value"] for w in windows)
+                            if total == pytest.approx(totals[user]):
+                                answers[user] = total
+                if len(answers) == len(totals):
+                    break
+                await asyncio.sleep(0.5)
+        regrouped = await read_all(
+            kafka_bootstrap, f"{group}-withdrawals-by-country-repartition", sent, timeout=20
+        )
+    finally:
+        workers.stop_all()
+        workers.close()
+    missing = {u: t for u, t in totals.items() if u not in answers}
+    assert not missing, f"users whose hourly totals never matched: {missing}\n{workers.logs()}"
+    by_country = Counter(key for key, _v, _h in regrouped)
+    assert sum(by_country.values()) == sent
+    assert all(key.startswith("country_") for key in by_country)
