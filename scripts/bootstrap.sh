@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares this checkout on a fresh machine, idempotently and quickly when already done:
-#   - Java 17+ and Maven (Debian packages) for the project-provisioned Kafka broker,
+#   - Java 17+ and Maven (Debian packages) for the project-provisioned Kafka broker, and with
+#     the test extra Chromium (the status page's browser test),
 #   - a virtual environment in .venv with streamjoin installed (editable) plus the extras named
 #     in $1 (comma-separated, e.g. "test,lint").
 # The broker's jars themselves are resolved from Maven Central on first use and cached
@@ -13,13 +14,17 @@ cd "$root"
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
+# With the test extra: headless Chromium, which renders the status page in its browser test.
+if [[ ",$extras," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1; then
+  missing+=(chromium)
+fi
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[bootstrap] installing ${missing[*]} (Debian packages)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "[bootstrap] please install: ${missing[*]} (Java 17+ and Maven run the local Kafka broker)" >&2
+    echo "[bootstrap] please install: ${missing[*]} (Java 17+ and Maven run the local Kafka broker; the tests render the status page in Chromium)" >&2
     exit 1
   fi
 fi

@@ -439,6 +439,7 @@ class Worker(Service):
             web_host=config.web_host,
             web_port=config.web_port,
             web_tls=web_tls.server if web_tls is not None else None,
+            describe=lambda: describe_group(config.broker, config.id, **config.client_kwargs()),
         )
         web = self.monitor.web
         if topology.tables or topology.global_tables:

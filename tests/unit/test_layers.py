@@ -66,6 +66,9 @@ PURE = (
     "streamjoin.runtime.metrics",
     "streamjoin.runtime.tasks.offset_ledger",
     "streamjoin.runtime.ops.status_page",
+    "streamjoin.runtime.ops.charts",
+    "streamjoin.runtime.ops.group_view",
+    "streamjoin.runtime.ops.history",
 )
 
 

@@ -25,6 +25,10 @@ class MemberInfo:
     state_lag: dict[str, dict[int, int]] = field(default_factory=dict)
     #: the address the member advertises for interactive queries (``host:port``), if any
     host: str | None = None
+    client_id: str = ""
+    #: active partitions withheld until their owner revokes them, and warm-up partitions
+    pending: dict[str, list[int]] = field(default_factory=dict)
+    warmup: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ async def describe_group(
         generation = -1
         standby: dict[str, list[int]] = {}
         active: dict[str, list[int]] = {}
+        pending: dict[str, list[int]] = {}
+        warmup: dict[str, list[int]] = {}
         if m["member_metadata"]:
             try:
                 meta = ConsumerProtocol.METADATA.decode(m["member_metadata"])
@@ -82,6 +88,8 @@ async def describe_group(
                 userdata = decode_assignment(assignment.user_data)
                 generation = userdata.generation
                 standby = {t: list(ps) for t, ps in userdata.standby.items()}
+                pending = {t: list(ps) for t, ps in userdata.pending.items()}
+                warmup = {t: list(ps) for t, ps in userdata.warmup.items()}
             except (UserdataError, ValueError):
                 pass
         members.append(
@@ -94,6 +102,9 @@ async def describe_group(
                 standby=standby,
                 state_lag=state_lag,
                 host=host,
+                client_id=m.get("client_id") or "",
+                pending=pending,
+                warmup=warmup,
             )
         )
     members.sort(key=lambda x: x.instance_id or x.member_id)

@@ -6,16 +6,21 @@ OpenTelemetry exports are made from it (:mod:`streamjoin.runtime.metrics`). The
 :class:`WorkerMonitor` service lists the end offsets of the owned partitions every
 few seconds (one request, never per scrape), keeps each partition's input rate,
 logs one INFO line of throughput and lag every ``status_log_interval`` seconds, and
-runs the HTTP server when a port is configured.
+runs the HTTP server when a port is configured. With the server, it also keeps the
+last minutes of numbers (:mod:`~streamjoin.runtime.ops.history`) and a view of the
+whole group (:mod:`~streamjoin.runtime.ops.group_view`, described again after each
+rebalance) for the status page.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import ssl
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mode import Service
 
@@ -26,6 +31,8 @@ from streamjoin.runtime.group.membership import GroupMembership
 from streamjoin.runtime.group.rebalance_metrics import RebalanceMetrics
 from streamjoin.runtime.member import GroupMember
 from streamjoin.runtime.metrics import WorkerCounters, registry_for
+from streamjoin.runtime.ops.group_view import group_view
+from streamjoin.runtime.ops.history import History, capacity_for, sample_of
 from streamjoin.runtime.ops.web import WebServer
 from streamjoin.runtime.scheduled import ScheduledWork
 from streamjoin.runtime.table_state.global_tables import GlobalTableService
@@ -33,6 +40,9 @@ from streamjoin.runtime.table_state.service import StateService
 from streamjoin.runtime.tasks.agent_runtime import AgentRuntime
 from streamjoin.runtime.tasks.task import TaskManager, TaskState
 from streamjoin.topology import Topology
+
+if TYPE_CHECKING:
+    from streamjoin.runtime.group.group_info import GroupInfo
 
 __all__ = ["MonitoredWorker", "WorkerMonitor", "collect", "status_line"]
 
@@ -47,6 +57,10 @@ _SOURCE_ROLE = {
     TaskState.CREATED: "restoring",
     TaskState.SUSPENDED: "revoking",
 }
+#: the status page's group view is described again at least this often (seconds)
+_GROUP_REFRESH = 30.0
+#: how long one description of the group may take
+_DESCRIBE_TIMEOUT = 10.0
 
 
 class MonitoredWorker(Protocol):
@@ -260,6 +274,13 @@ def status_line(snapshot: Mapping[str, Any], seconds: float, records: tuple[int,
     return line
 
 
+def _settled(view: Mapping[str, Any] | None) -> bool:
+    """Whether a group view shows a stable group whose live members share one epoch."""
+    if view is None or view.get("error") or view.get("state") != "Stable":
+        return False
+    return len({m["generation"] for m in view["members"] if m["alive"]}) == 1
+
+
 class WorkerMonitor(Service):
     """End offsets every few seconds, input rates, the status line and the HTTP server."""
 
@@ -272,12 +293,24 @@ class WorkerMonitor(Service):
         web_host: str = "127.0.0.1",
         web_port: int | None = None,
         web_tls: ssl.SSLContext | None = None,
+        describe: Callable[[], Awaitable[GroupInfo]] | None = None,
     ) -> None:
         super().__init__()
         self._worker = worker
         self._refresh_interval = refresh_interval
         self._status_log_interval = status_log_interval or None
+        self._describe = describe
         self.started_at = time.monotonic()
+        #: the status page's charts: a sample per refresh, the last ten minutes
+        self.history = History(capacity_for(self._interval()))
+        self._history_base: tuple[float, dict[str, Any]] | None = None
+        #: the status page's view of the whole group (None until described)
+        self.group: dict[str, Any] | None = None
+        self._topic_groups = {
+            topic: "+".join(g.sources or g.tables or g.topics)
+            for g in worker.topology.task_groups()
+            for topic in g.topics
+        }
         #: records in per second of each owned partition, over the last refresh interval
         self.rates: dict[TP, float] = {}
         self.rate_in = 0.0
@@ -288,11 +321,33 @@ class WorkerMonitor(Service):
         self.web: WebServer | None = None
         if web_port is not None:
             self.web = WebServer(
-                self.snapshot, self.registry, host=web_host, port=web_port, tls=web_tls
+                self.page_snapshot, self.registry, host=web_host, port=web_port, tls=web_tls
             )
 
     def snapshot(self) -> dict[str, Any]:
         return collect(self._worker)
+
+    def page_snapshot(self) -> dict[str, Any]:
+        """The snapshot with the group view and the history: what ``/`` and
+        ``/status.json`` show."""
+        return {**collect(self._worker), "group": self.group, "history": self.history.rows()}
+
+    def _interval(self) -> float:
+        """How often the refresh loop runs."""
+        if self._status_log_interval is None:
+            return self._refresh_interval
+        return min(self._refresh_interval, self._status_log_interval)
+
+    def _record_history(self, now: float) -> None:
+        snapshot = self.snapshot()
+        previous = self._history_base
+        seconds = now - previous[0] if previous is not None else 0.0
+        base = previous[1] if previous is not None else None
+        self.history.add(sample_of(snapshot, base, seconds, time.time()))
+        self._history_base = (
+            now,
+            {k: snapshot[k] for k in ("commit_latency", "restored_records")},
+        )
 
     @property
     def web_url(self) -> str | None:
@@ -329,9 +384,7 @@ class WorkerMonitor(Service):
 
     @Service.task
     async def _refresh(self) -> None:
-        interval = self._refresh_interval
-        if self._status_log_interval is not None:
-            interval = min(interval, self._status_log_interval)
+        interval = self._interval()
         while not self.should_stop:
             await self.sleep(interval)
             member = self._worker.member
@@ -340,6 +393,54 @@ class WorkerMonitor(Service):
             now = time.monotonic()
             self._sample(now)
             self._log_status(now)
+            if self.web is not None:
+                self._record_history(now)
+
+    @Service.task
+    async def _watch_group(self) -> None:
+        """Describe the group for the status page after each rebalance, every refresh
+        while it is in flux, and every ``_GROUP_REFRESH`` seconds anyway."""
+        if self.web is None or self._describe is None:
+            return
+        described: tuple[int, float] | None = None  # (generation, monotonic time)
+        while not self.should_stop:
+            membership = self._worker.membership
+            generation = membership.generation if membership is not None else -1
+            now = time.monotonic()
+            if generation >= 0 and (
+                described is None
+                or described[0] != generation
+                or now - described[1] >= _GROUP_REFRESH
+                or not _settled(self.group)
+            ):
+                member_id = membership.member_id if membership is not None else None
+                await self._describe_group(member_id)
+                described = (generation, now)
+            await self.sleep(self._interval())
+
+    async def _describe_group(self, member_id: str | None) -> None:
+        assert self._describe is not None
+        try:
+            info = await asyncio.wait_for(self._describe(), _DESCRIBE_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the broker's hiccup: the page says so, shows the last view
+            log.debug("describing the group for the status page failed: %r", exc)
+            if self.group is not None:
+                self.group = {**self.group, "error": str(exc) or type(exc).__name__}
+            return
+        counts: dict[str, int] = {}
+        for topic, label in self._topic_groups.items():
+            count = self._worker.link.partitions.get(topic, 0)
+            counts[label] = max(counts.get(label, 0), count)
+        self.group = group_view(
+            dataclasses.asdict(info),
+            self._topic_groups,
+            self_member=member_id,
+            now=time.time(),
+            previous=self.group,
+            partitions=counts,
+        )
 
     def _log_status(self, now: float) -> None:
         every = self._status_log_interval

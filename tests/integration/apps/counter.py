@@ -30,6 +30,7 @@ app = streamjoin.App(
     high_availability=os.environ.get("SJT_HIGH_AVAILABILITY") == "1",
     acceptable_recovery_lag=int(os.environ.get("SJT_RECOVERY_LAG", "10000")),
     probing_rebalance_interval=float(os.environ.get("SJT_PROBING_S", "600")),
+    status_log_interval=float(os.environ.get("SJT_STATUS_LOG_S", "30")),
 )
 source = app.topic(
     os.environ.get("SJT_SOURCE", "events"),
