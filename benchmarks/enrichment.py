@@ -30,7 +30,7 @@ import argparse
 import json
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,31 +104,45 @@ def check_enriched(truth: Mapping[int, Sequence[str]], outputs: Outputs) -> dict
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    workload_arguments(parser, events=300_000, keys=10_000)
-    args = parser.parse_args(argv)
-    records, truth = generate(args.events, args.keys, args.seed)
+def enrichment_spec(
+    args: Any,
+    records: list[tuple[str, bytes, bytes, int]],
+    truth: Mapping[int, Sequence[str]],
+    *,
+    bench: str = "enrichment",
+    values: str = "",
+    decode: Callable[[Outputs], Outputs] = lambda outputs: outputs,
+) -> WorkloadSpec:
+    """The workload of ``records`` checked against ``truth``; ``decode`` turns the output
+    values into JSON first (``enrichment_avro.py``), ``values`` names them in the head."""
 
     async def check(_marks: list[Path], topics: Topics, bootstrap: str) -> dict[str, int]:
         assert topics.output is not None
-        return check_enriched(truth, await read_topic(bootstrap, topics.output, args.partitions))
+        outputs = await read_topic(bootstrap, topics.output, args.partitions)
+        return check_enriched(truth, decode(outputs))
 
     async def settle(_marks: list[Path], topics: Topics, bootstrap: str) -> None:
         assert topics.output is not None
         await output_reached(bootstrap, topics.output, args.partitions, len(truth))
 
-    spec = WorkloadSpec(
-        bench="enrichment",
+    return WorkloadSpec(
+        bench=bench,
         workload="enrich",
         records=records,
-        head=f"{args.keys:,} table rows + {args.events:,} events, left stream-table join",
+        head=f"{args.keys:,} table rows + {args.events:,} events{values}, left stream-table join",
         check=check,
         settle=settle,
         uses_table=True,
         uses_output=True,
     )
-    return workload_main(args, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_arguments(parser, events=300_000, keys=10_000)
+    args = parser.parse_args(argv)
+    records, truth = generate(args.events, args.keys, args.seed)
+    return workload_main(args, enrichment_spec(args, records, truth))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from benchmarks.progress_marks import format_last_offsets
 ROOT = Path(__file__).resolve().parents[1]
 VENV_ROOT = Path.home() / ".cache" / "streamjoin" / "bench" / "join-venvs"
 #: venv name -> pip requirements
-VENVS = {"faust": ["faust-streaming", "rocksdict"], "quix": ["quixstreams"]}
+VENVS = {"faust": ["faust-streaming", "rocksdict"], "quix": ["quixstreams[avro]"]}
 DIST_OF = {"faust": "faust-streaming", "quix": "quixstreams"}
 
 

@@ -14,12 +14,15 @@ This file must not import streamjoin (only the stdlib module ``progress_marks`` 
   windows closed by later events, and the last windows never close.)
 * ``enrich``: ``events.join_asof(users, how="left")``: Quix's stream-table join (the
   table topic's rows are kept per key and timestamp; each event takes the latest row at
-  or before its timestamp). Output to ``--output``.
+  or before its timestamp). Output to ``--output``. ``BENCH_VALUES=avro``: values in Avro
+  with Quix's ``AvroDeserializer``/``AvroSerializer`` and the registry at
+  ``BENCH_REGISTRY_URL`` (``enrichment_avro.py``), else JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -53,7 +56,32 @@ def main() -> None:
         state_dir=args.state_dir,
         loglevel=args.loglevel.upper(),
     )
-    source = app.topic(args.input, key_deserializer="str", value_deserializer="json")
+    registry_url = os.environ.get("BENCH_REGISTRY_URL")
+    avro = os.environ.get("BENCH_VALUES") == "avro"  # enrichment_avro.py
+
+    def reads() -> object:
+        if not avro:
+            return "json"
+        from quixstreams.models.serializers.avro import AvroDeserializer
+        from quixstreams.models.serializers.schema_registry import SchemaRegistryClientConfig
+
+        return AvroDeserializer(
+            schema_registry_client_config=SchemaRegistryClientConfig(url=registry_url)
+        )
+
+    def writes() -> object:
+        if not avro:
+            return "json"
+        from enrichment_avro_schemas import ENRICHED
+        from quixstreams.models.serializers.avro import AvroSerializer
+        from quixstreams.models.serializers.schema_registry import SchemaRegistryClientConfig
+
+        return AvroSerializer(
+            json.loads(ENRICHED),
+            schema_registry_client_config=SchemaRegistryClientConfig(url=registry_url),
+        )
+
+    source = app.topic(args.input, key_deserializer="str", value_deserializer=reads())
 
     if args.workload == "count":
         latest: dict[tuple[str, int], int] = {}
@@ -76,8 +104,8 @@ def main() -> None:
         sdf.update(seen, metadata=True)
     else:
         marks = Marks(marks_path, last)
-        rows = app.topic(args.table, key_deserializer="str", value_deserializer="json")
-        output = app.topic(args.output, key_serializer="str", value_serializer="json")
+        rows = app.topic(args.table, key_deserializer="str", value_deserializer=reads())
+        output = app.topic(args.output, key_serializer="str", value_serializer=writes())
 
         def first(_value: object) -> None:
             marks.first()

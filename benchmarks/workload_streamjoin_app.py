@@ -13,7 +13,8 @@
   ``<marks>.dump.p<partition>`` as JSON lines ``[key, window start ms, count]``.
 * ``enrich``: ``app.topic_table(table topic)`` and a left stream-table join of the input
   with it; each event goes to the output enriched with its row (None when the table has no
-  row for the key yet).
+  row for the key yet). ``BENCH_VALUES=avro``: values in Avro through the schema registry
+  at ``BENCH_REGISTRY_URL`` (``enrichment_avro.py``), else JSON.
 
 Marks (:mod:`benchmarks.progress_marks`) are written per input event; their cost (one
 call, a dict lookup) is charged to streamjoin, as it is to the others.
@@ -25,6 +26,7 @@ import os
 from typing import Any
 
 import streamjoin
+from benchmarks import enrichment_avro_schemas as avro_schemas
 from benchmarks.progress_marks import Marks, parse_last_offsets, write_dump
 from streamjoin.context import current_record
 from streamjoin.state.windows import TumblingWindows
@@ -40,8 +42,23 @@ app = streamjoin.App(
     standby_replicas=0,
     consumer_options={"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000},
 )
+#: BENCH_VALUES=avro (enrichment_avro.py): Avro values from the registry at BENCH_REGISTRY_URL
+AVRO = os.environ.get("BENCH_VALUES") == "avro"
+
+
+def _values(schema: str) -> Any:
+    """The value codec: JSON, or Avro of ``schema`` (benchmarks/enrichment_avro_schemas.py)."""
+    if not AVRO:
+        return "json"
+    from streamjoin.schema_registry import AvroCodec
+
+    return AvroCodec(schema, os.environ["BENCH_REGISTRY_URL"])
+
+
 source = app.topic(
-    os.environ.get("BENCH_INPUT", "events"), key_serializer="str", value_serializer="json"
+    os.environ.get("BENCH_INPUT", "events"),
+    key_serializer="str",
+    value_serializer=_values(avro_schemas.EVENT),
 )
 
 if WORKLOAD == "count":
@@ -84,10 +101,14 @@ if WORKLOAD == "count":
 
 elif WORKLOAD == "enrich":
     rows = app.topic(
-        os.environ.get("BENCH_TABLE", "users"), key_serializer="str", value_serializer="json"
+        os.environ.get("BENCH_TABLE", "users"),
+        key_serializer="str",
+        value_serializer=_values(avro_schemas.USER),
     )
     output = app.topic(
-        os.environ.get("BENCH_OUTPUT", "enriched"), key_serializer="str", value_serializer="json"
+        os.environ.get("BENCH_OUTPUT", "enriched"),
+        key_serializer="str",
+        value_serializer=_values(avro_schemas.ENRICHED),
     )
     users = app.topic_table(rows)
     marks = Marks(MARKS_PATH, parse_last_offsets(os.environ.get("BENCH_LAST_OFFSETS", "")))

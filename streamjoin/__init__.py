@@ -20,6 +20,7 @@ __version__ = "0.3.0"
 if TYPE_CHECKING:
     from streamjoin.aggregations import Collect, Count, Latest, Max, Mean, Min, Reduce, Sum
     from streamjoin.app import App
+    from streamjoin.channels import Keyed
     from streamjoin.events import Event
     from streamjoin.punctuation import PunctuationContext
     from streamjoin.runtime.tasks.agent_runtime import Stream
@@ -37,6 +38,7 @@ _LAZY = {
     "Event": "streamjoin.events",
     "EventBatch": "streamjoin.stream",
     "FaustRecord": "streamjoin.faust_records",
+    "Keyed": "streamjoin.channels",
     "Stream": "streamjoin.runtime.tasks.agent_runtime",
     "PunctuationContext": "streamjoin.punctuation",
     **dict.fromkeys(
@@ -57,6 +59,7 @@ __all__ = [
     "EventBatch",
     "FaustRecord",
     "HoppingWindows",
+    "Keyed",
     "Latest",
     "Max",
     "Mean",

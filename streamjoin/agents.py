@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamjoin.channels import Sinks, drain_into, event_key
 from streamjoin.codecs import RawCodec
+from streamjoin.context import Delivery
 from streamjoin.errors import ConfigurationError, DecodeError
 from streamjoin.events import Event, RawRecord
 from streamjoin.stream import Stream
@@ -20,6 +23,8 @@ OnError = Literal["stop", "skip", "dead_letter"]
 ON_ERROR_CHOICES: tuple[OnError, ...] = ("stop", "skip", "dead_letter")
 
 AgentFunction = Callable[[Stream], Awaitable[None]]
+#: an agent with sinks: what it yields goes to them (see streamjoin.channels)
+AgentGenerator = Callable[[Stream], AsyncIterator[Any]]
 
 
 @dataclass(eq=False)
@@ -34,7 +39,7 @@ class Agent:
     """
 
     name: str
-    fun: AgentFunction
+    fun: AgentFunction | AgentGenerator
     topic: Topic
     concurrency: int = 1
     on_error: OnError = "stop"
@@ -43,6 +48,8 @@ class Agent:
     #: topics whose records go before the others' of the same timestamp (a table's source
     #: before the streams it enriches: each stream record sees the row of its timestamp)
     ties_first: frozenset[str] = frozenset()
+    #: where what the function yields goes (``@app.agent(..., sink=[...])``)
+    sinks: Sinks | None = None
     #: hand the function each record as read (a :class:`RawRecord` has an Event's fields,
     #: key and value as bytes), without a decode and an Event per record: for the
     #: framework's internal agents over raw-bytes topics (see :meth:`take_raw_records`)
@@ -71,6 +78,19 @@ class Agent:
             raise ConfigurationError(
                 f"agent {self.name!r}: on_error='dead_letter' needs a dead-letter topic"
             )
+        if inspect.isasyncgenfunction(self.fun) != bool(self.sinks):
+            raise ConfigurationError(
+                f"agent {self.name!r}: an agent with sinks must be an async generator "
+                "(`yield value` sends the value to the sinks), and only one with sinks may "
+                "yield: pass sink=[...] or iterate the stream without yielding"
+            )
+
+    @property
+    def send(self) -> Callable[..., Awaitable[Delivery]]:
+        """``await agent.send(key=..., value=...)``: Faust's ``agent.send``, which is the
+        agent's topic's :meth:`~streamjoin.topics.Topic.send` (from another agent the record
+        belongs to the event being processed)."""
+        return self.topic.send
 
     def take_raw_records(self) -> None:
         """Hand the function undecoded records (see ``raw_records``); only for topics whose
@@ -107,4 +127,10 @@ class Agent:
         return partition % self.concurrency
 
     async def __call__(self, stream: Stream) -> None:
-        await self.fun(stream)
+        if self.sinks is None:
+            await self.fun(stream)  # type: ignore[misc]
+        else:
+            await drain_into(self.fun(stream), self.sinks, event_key(self._key_loads))
+
+    def _key_loads(self, topic: str) -> Callable[[bytes], Any]:
+        return (self._loads.get(topic) or self._loads_of(topic))[0]

@@ -18,11 +18,12 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta, tzinfo
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
-from streamjoin.agents import Agent, AgentFunction, OnError
+from streamjoin.agents import Agent, AgentFunction, AgentGenerator, OnError
 from streamjoin.aggregations import Aggregator
 from streamjoin.app_commands import AppCommand, command_decorator
+from streamjoin.channels import Sink, Sinks
 from streamjoin.codecs import Codec, resolve_codec
 from streamjoin.config import PROCESSING_GUARANTEES, AppConfig, parse_broker_url
 from streamjoin.context import RuntimeLink
@@ -44,6 +45,7 @@ from streamjoin.state.ttl import check_ttl_ms
 from streamjoin.state.versions import check_history_ms
 from streamjoin.state.windows import WindowSpec
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
+from streamjoin.stream_ops import field_key
 from streamjoin.tables import STORE_KINDS, StoreKind, Table
 from streamjoin.timers import (
     AppTask,
@@ -85,7 +87,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("streamjoin.app")
 
-F = TypeVar("F", bound=AgentFunction)
 S = TypeVar("S", bound=Callable[..., Awaitable[None]])
 P = TypeVar("P", bound=PunctuationFunction)
 V = TypeVar("V", bound=Callable[..., Awaitable[Any]])
@@ -270,6 +271,7 @@ class App:
         if partitions is not None and partitions < 1:
             raise ConfigurationError(f"topic {name!r}: partitions must be >= 1, got {partitions}")
         key_codec, value_codec = self._codecs(key_serializer, value_serializer)
+        key_codec, value_codec = _bound(key_codec, name, True), _bound(value_codec, name, False)
         existing = self.topics.get(name)
         if existing is not None:
             conflicts = _redeclaration_conflicts(
@@ -302,30 +304,41 @@ class App:
 
     def agent(
         self,
-        topic: Topic | str | Sequence[Topic | str],
+        topic: Topic | str | Sequence[Topic | str] | None = None,
         *,
         name: str | None = None,
         concurrency: int = 1,
         on_error: OnError = "stop",
         dead_letter: Topic | str | None = None,
-    ) -> Callable[[F], F]:
+        sink: Sequence[Sink] = (),
+    ) -> Callable[[AgentFunction | AgentGenerator], Agent]:
         """Decorate ``async def f(stream)`` to process ``topic`` (or several co-partitioned
-        topics, merged per partition in timestamp order).
+        topics, merged per partition in timestamp order); returns the :class:`Agent`
+        (``await agent.send(key=..., value=...)`` sends to its topic).
 
+        No topic (``@app.agent()``): the agent reads its own topic ``<app id>-<agent>``
+        (created at start with the app's partition count), which ``agent.send`` writes.
+        ``sink``: topics, agents or functions that get what the function yields (it is then
+        an async generator; see :mod:`streamjoin.channels`).
         ``on_error``: ``"stop"`` (default), ``"skip"``, or ``"dead_letter"`` (records
         go to ``dead_letter``, default ``<app id>-<agent>-dead-letters``).
         """
-        names = [topic] if isinstance(topic, Topic | str) else list(topic)
+        if topic is None:
+            names: list[Topic | str] = []
+        else:
+            names = [topic] if isinstance(topic, Topic | str) else list(topic)
+            if not names:
+                raise ConfigurationError("an agent needs at least one topic")
         sources = [self.topic(t) if isinstance(t, str) else t for t in names]
-        if not sources:
-            raise ConfigurationError("an agent needs at least one topic")
         if len(sources) > 1:
             self.copartition(*sources)
 
-        def register(fun: F) -> F:
+        def register(fun: AgentFunction | AgentGenerator) -> Agent:
             agent_name = name or f"{fun.__module__}.{fun.__qualname__}"
             if agent_name in self.agents:
                 raise ConfigurationError(f"agent {agent_name!r} is declared twice")
+            # Faust's agent with no topic reads its own, durable one
+            read = sources or [self.topic(f"{self.id}-{agent_name.rsplit('.', 1)[-1]}")]
             dlq: Topic | None = None
             if on_error == "dead_letter" or dead_letter is not None:
                 dlq_name = dead_letter if dead_letter is not None else None
@@ -338,16 +351,18 @@ class App:
                         key_serializer="raw",
                         value_serializer="raw",
                     )
-            self.agents[agent_name] = Agent(
+            declared = Agent(
                 agent_name,
                 fun,
-                sources[0],
+                read[0],
                 concurrency,
                 on_error,
                 dead_letter=dlq,
-                more_topics=tuple(sources[1:]),
+                more_topics=tuple(read[1:]),
+                sinks=Sinks(agent_name, sink) if sink else None,
             )
-            return fun
+            self.agents[agent_name] = declared
+            return declared
 
         return register
 
@@ -477,6 +492,9 @@ class App:
             config=config,
         )
         key_codec, value_codec = self._codecs(key_serializer, value_serializer)
+        # (the changelog's records are the table's encoded keys and values)
+        key_codec = _bound(key_codec, changelog.name, True)
+        value_codec = _bound(value_codec, changelog.name, False)
         writer_names = frozenset(t.name for t in writer_topics)
         # (the kind of table, and what only that kind takes)
         kind: type[Table] = Table
@@ -761,7 +779,7 @@ class App:
     def group_by(
         self,
         topic: Topic | str,
-        key: Callable[[Event], Any],
+        key: Callable[[Event], Any] | str,
         *,
         name: str,
         partitions: int | None = None,
@@ -769,9 +787,13 @@ class App:
     ) -> Topic:
         """Repartition ``topic`` by a new key into ``<app id>-<name>-repartition``.
 
+        ``key``: a function of the event, or the name of a field of the value (Faust's
+        ``stream.group_by(Order.account)`` is ``app.group_by(orders, "account", ...)``).
         The returned topic has ``partitions`` partitions (so it can be co-partitioned with
         another input), the new key, and the original values and timestamps.
         """
+        if isinstance(key, str):
+            key = field_key(key, f"group_by {name!r}")
         source = self.topic(topic) if isinstance(topic, str) else topic
         target = self.topic(
             f"{self.id}-{name}-repartition",
@@ -1287,6 +1309,13 @@ def _repartition_key_misfit(
         f"(or app.aggregate with key=) a key_serializer= that encodes it, e.g. "
         f'key_serializer="json", or make the key function return what {codec!r} takes'
     )
+
+
+def _bound(codec: Codec, topic: str, is_key: bool) -> Codec:
+    """``codec`` as used for ``topic``'s keys or values: a codec naming its schema after its
+    topic (a schema-registry codec's subject) has a ``bind`` hook returning such a copy."""
+    bind = getattr(codec, "bind", None)
+    return codec if bind is None else cast(Codec, bind(topic, is_key))
 
 
 def _redeclaration_conflicts(

@@ -25,7 +25,8 @@ lookup keeps working::
     ├── ProcessingError                     LifecycleError, AgentFailed, TableAccessError,
     │                                       RecordRejected (RecordTooLargeError),
     │                                       GroupMembershipError (FencedInstanceError),
-    │                                       TransactionError, TransactionFailed
+    │                                       TransactionError, TransactionFailed,
+    │                                       MissingFieldError
     ├── JoinError (ValueError)              CorruptJoinState
     ├── AssignorError                       InvalidScenarioError, InvalidAssignmentError,
     │                                       UserdataError (UnsupportedUserdataVersion)
@@ -34,6 +35,8 @@ lookup keeps working::
     ├── StartupError                        the worker cannot start (exit code 3)
     │   └── AccessRefused                   the brokers refused the login or an ACL
     ├── SparkJobError                       SparkNotInstalled (ImportError)
+    ├── SchemaRegistryError (RuntimeError)  SchemaNotFound (NotFoundError),
+    │                                       IncompatibleSchema (ValueError)
     ├── QueryError                          QueryKeyError, UnknownTableError, KeyNotFound,
     │                                       QueryUnauthorized, QueryUnavailable, QueryFailed
     └── InternalError (RuntimeError)        a broken invariant: a streamjoin bug
@@ -71,6 +74,7 @@ __all__ = [
     "FencedInstanceError",
     "GroupMembershipError",
     "HistoryExpired",
+    "IncompatibleSchema",
     "IncompatibleWindowState",
     "InternalError",
     "InvalidAssignmentError",
@@ -80,6 +84,7 @@ __all__ = [
     "KeyEncodingError",
     "KeyNotFound",
     "LifecycleError",
+    "MissingFieldError",
     "NotFoundError",
     "OffsetMoveRefused",
     "ProcessingError",
@@ -91,6 +96,8 @@ __all__ = [
     "QueryUnavailable",
     "RecordRejected",
     "RecordTooLargeError",
+    "SchemaNotFound",
+    "SchemaRegistryError",
     "SparkJobError",
     "SparkNotInstalled",
     "StartupError",
@@ -593,3 +600,34 @@ class InternalError(StreamjoinError, RuntimeError):
 class HistoryExpired(TableAccessError, LookupError):
     """``versioned_table.get(key, as_of=ts)`` asked for a time older than the history the
     table keeps (its stream time - ``history_ms``): that version may have been purged."""
+
+
+# -- schema registry ---------------------------------------------------------------------------
+
+
+class SchemaRegistryError(StreamjoinError, RuntimeError):
+    """The schema registry refused a request or could not be reached; the message names the
+    subject (or schema id), the registry's URL and the registry's own message."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class SchemaNotFound(SchemaRegistryError, NotFoundError):
+    """The registry has no such subject, schema or schema id (HTTP 404)."""
+
+
+class IncompatibleSchema(SchemaRegistryError, ValueError):
+    """The registry refused a new version of a subject's schema as incompatible with the
+    versions it has (HTTP 409); ``reasons`` are the registry's own messages."""
+
+    def __init__(self, message: str, reasons: Sequence[str] = (), *, status: int | None = 409):
+        super().__init__(message, status=status, code=409)
+        self.reasons = list(reasons)
+
+
+class MissingFieldError(ProcessingError, LookupError):
+    """A record's value has no field a declaration reads from it by name
+    (``app.group_by(topic, "field", ...)``); an error of its event (``on_error`` applies)."""

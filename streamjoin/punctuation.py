@@ -180,7 +180,7 @@ def agent_punctuated(
     or a topic or table that exactly one declared agent reads (a table: an agent reading
     a topic co-partitioned with it)."""
     if callable(target) and not isinstance(target, Topic | Table):
-        found = [a.name for a in agents.values() if a.fun is target]
+        found = [a.name for a in agents.values() if target in (a, a.fun)]
         if found:
             return found[0]
         raise ConfigurationError(

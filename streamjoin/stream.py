@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from typing import Any, Protocol, TypeVar, overload
 
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
+from streamjoin.stream_ops import Chain, echo_events, events_of, values_of
+from streamjoin.topics import Topic
+
+U = TypeVar("U")
 
 #: how many events the framework's own agents (joins, topic tables, group_by) take at a
 #: time: what is buffered, up to this many. Batches save the runtime's work per event
@@ -98,6 +110,50 @@ class Stream:
     async def items(self) -> AsyncIterator[tuple[Any, Any]]:
         async for event in self:
             yield event.key, event.value
+
+    # -- stateless operators (streamjoin.stream_ops): nothing here runs per event unless
+    # the agent iterates a chain they build
+
+    def values(self) -> Chain[Any]:
+        """The events' values, as Faust streams iterate them; a :class:`Chain` whose
+        ``filter``/``map``/``flat_map``/``enumerate``/``echo`` work on values."""
+        return Chain(lambda: values_of(self))
+
+    def filter(
+        self, pred: Callable[[Event], bool] | Callable[[Event], Awaitable[bool]]
+    ) -> Chain[Event]:
+        """The events for which ``pred`` (sync or async) is true (on values:
+        ``stream.values().filter(pred)``)."""
+        return Chain(lambda: events_of(self)).filter(pred)
+
+    @overload
+    def map(self, fn: Callable[[Event], Awaitable[U]]) -> Chain[U]: ...
+
+    @overload
+    def map(self, fn: Callable[[Event], U]) -> Chain[U]: ...
+
+    def map(self, fn: Callable[[Event], Any]) -> Chain[Any]:
+        """``fn(event)`` (sync or async) for each event."""
+        return Chain(lambda: events_of(self)).map(fn)
+
+    @overload
+    def flat_map(self, fn: Callable[[Event], AsyncIterable[U]]) -> Chain[U]: ...
+
+    @overload
+    def flat_map(self, fn: Callable[[Event], Iterable[U]]) -> Chain[U]: ...
+
+    def flat_map(self, fn: Callable[[Event], Any]) -> Chain[Any]:
+        """Each item of ``fn(event)`` (an iterable or an async iterable)."""
+        return Chain(lambda: events_of(self)).flat_map(fn)
+
+    def enumerate(self, start: int = 0) -> Chain[tuple[int, Event]]:
+        """``(n, event)``, n counting from ``start``."""
+        return Chain(lambda: events_of(self)).enumerate(start)
+
+    def echo(self, *topics: Topic) -> Chain[Event]:
+        """Forward each event (its key and value) to every one of ``topics``, then yield
+        it; the sends belong to the event (its acknowledgement or transaction)."""
+        return echo_events(self, topics)
 
     def take(
         self, max_events: int, within: float = 0.0, *, per_event_errors: bool = False

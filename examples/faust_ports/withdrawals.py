@@ -107,15 +107,15 @@ user_per_minute = app.aggregate(
 
 @app.agent(withdrawals_topic)
 async def track_user_withdrawal(stream: Stream) -> None:
-    async for event in stream:
-        withdrawal: Withdrawal = event.value
+    withdrawal: Withdrawal
+    async for withdrawal in stream.values():
         user_to_total[withdrawal.user] += withdrawal.amount
 
 
 @app.agent(by_country)
 async def track_country_withdrawal(stream: Stream) -> None:
-    async for event in stream:
-        withdrawal: Withdrawal = event.value
+    withdrawal: Withdrawal
+    async for withdrawal in stream.values():
         country_to_total[withdrawal.country] += withdrawal.amount
 
 

@@ -40,16 +40,15 @@ word_counts = app.table(
 
 @app.agent(posts_topic)
 async def shuffle_words(posts: Stream) -> None:
-    async for post in posts:
-        for word in post.value.split():
-            await words_topic.send(key=word, value=word)
+    async for word in posts.values().flat_map(str.split):
+        await words_topic.send(key=word, value=word)
 
 
 @app.agent(words_topic)
 async def count_words(words: Stream) -> None:
     """Count words from blog post article body."""
-    async for word in words:
-        word_counts[word.value] += 1
+    async for word in words.values():
+        word_counts[word] += 1
 
 
 def tally() -> dict[str, int]:

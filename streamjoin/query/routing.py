@@ -157,9 +157,10 @@ def parse_key(text: str, codec: Codec) -> bytes:
     taken as a string, like ``streamjoin table get`` does.
     """
     raw = text.encode("utf-8")
+    parse_text = getattr(codec, "parse_text", None)  # a codec whose bytes are not text
     try:
         try:
-            obj = codec.loads(raw)
+            obj = codec.loads(raw) if parse_text is None else parse_text(text)
         except CodecError:
             if codec.name != "json":
                 raise
@@ -322,6 +323,10 @@ def jsonable(value: Any) -> Any:
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [jsonable(v) for v in value]
+    if hasattr(value, "DESCRIPTOR") and hasattr(value, "ListFields"):  # a Protobuf message
+        from google.protobuf.json_format import MessageToDict
+
+        return MessageToDict(value, preserving_proto_field_name=True)
     return str(value)
 
 

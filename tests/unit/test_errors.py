@@ -145,6 +145,7 @@ TREE: dict[str, tuple[str, ...]] = {
     "ProcessingError": ("StreamjoinError",),
     "LifecycleError": ("ProcessingError",),
     "AgentFailed": ("ProcessingError",),
+    "MissingFieldError": ("ProcessingError",),
     "TimerFailed": ("ProcessingError",),
     "TableAccessError": ("ProcessingError",),
     "HistoryExpired": ("TableAccessError",),
@@ -177,6 +178,9 @@ TREE: dict[str, tuple[str, ...]] = {
     "QueryUnavailable": ("QueryError",),
     "QueryFailed": ("QueryError",),
     "InternalError": ("StreamjoinError",),
+    "SchemaRegistryError": ("StreamjoinError",),
+    "SchemaNotFound": ("SchemaRegistryError", "NotFoundError"),
+    "IncompatibleSchema": ("SchemaRegistryError",),
 }
 
 
@@ -288,6 +292,7 @@ def test_copartitioning_has_one_name() -> None:
         (errors.CorruptRecordSet, ValueError),
         (errors.LifecycleError, RuntimeError),
         (errors.AgentFailed, RuntimeError),
+        (errors.MissingFieldError, LookupError),
         (errors.TableAccessError, RuntimeError),
         (errors.HistoryExpired, LookupError),
         (errors.RecordTooLargeError, ValueError),

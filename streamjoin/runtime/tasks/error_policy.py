@@ -6,7 +6,8 @@ one line, ``dead_letter`` sends the record (each record of a batch) to the agent
 dead-letter topic with headers saying why. The caller then acknowledges the event, so
 its offset is committed past it. A corrupted store is not the record's fault: the
 policy does not apply (:func:`corrupted_store_behind` finds it, the worker rebuilds the
-store and the record is read again).
+store and the record is read again), nor is a failing schema registry (the worker stops,
+whatever the policy).
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import logging
 import traceback
 
 from streamjoin.context import Sender
-from streamjoin.errors import AgentFailed, DecodeError, RecordRejected, StoreCorrupted
+from streamjoin.errors import (
+    AgentFailed,
+    DecodeError,
+    RecordRejected,
+    SchemaRegistryError,
+    StoreCorrupted,
+)
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.tasks.in_flight import InFlight
 
@@ -50,6 +57,8 @@ class ErrorPolicy:
             where = f"the batch of {len(records)} events {where} to {records[-1].position}"
         what = _WHAT.get(kind, "failed on")
         policy = runner.agent.on_error
+        if policy != "stop" and _registry_failure(exc):
+            policy = "stop"  # the schema registry failed, not the record: read it again later
         counters = self.counters
         counters.error(kind)
         if policy != "stop":
@@ -107,6 +116,20 @@ def corrupted_store_behind(exc: BaseException) -> StoreCorrupted | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+def _registry_failure(exc: BaseException) -> bool:
+    """Whether a schema registry's failure is behind ``exc`` (unreachable, refusing a
+    schema): skipping or dead-lettering the record would lose it for a fault of the
+    registry, so the worker stops instead and a restart reads the record again."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None or isinstance(current, DecodeError):  # (an unknown schema id)
+            return False
+        if isinstance(current, SchemaRegistryError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _say(exc: BaseException) -> str:
