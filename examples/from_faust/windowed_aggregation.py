@@ -1,7 +1,7 @@
 """Port of Faust's ``examples/windowed_aggregation.py``: the count and mean of the values of
 each 10-second window, sent to a sink topic once the window closes.
 
-    streamjoin worker -A examples.faust_ports.windowed_aggregation:app \\
+    streamjoin worker -A examples.from_faust.windowed_aggregation:app \\
         --broker kafka://127.0.0.1:9092
 
 A timer produces one random reading every 0.1 s (as in Faust). Faust kept every event of a

@@ -1,4 +1,4 @@
-"""Faust's example apps as ported (examples/faust_ports/), run as a user runs them:
+"""Faust's example apps as ported (examples/from_faust/), run as a user runs them:
 ``streamjoin worker`` (and the app's own commands) on the real broker.
 
 The windowed aggregation's own timer produces readings; once it stops, every window's
@@ -41,7 +41,7 @@ async def test_windowed_aggregation_port_sends_every_windows_final_result(
         "FAUST_PORTS_IDLE_S": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    workers = Workers("examples.faust_ports.windowed_aggregation:app", env, tmp_path)
+    workers = Workers("examples.from_faust.windowed_aggregation:app", env, tmp_path)
     started = time.monotonic()
     workers.start("w1", extra=["--broker", f"kafka://{kafka_bootstrap}"])
     try:
@@ -78,7 +78,7 @@ async def test_page_views_port_counts_views_per_page_through_its_repartition_top
     prefix = unique_topic("faust") + "-"
     env = {**os.environ, "FAUST_PORTS_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
     views = [(f"u{i % 11}", f"p{(i * 7) % 5}") for i in range(300)]
-    workers = Workers("examples.faust_ports.page_views:app", env, tmp_path)
+    workers = Workers("examples.from_faust.page_views:app", env, tmp_path)
     workers.start("w1", extra=["--broker", f"kafka://{kafka_bootstrap}"])
     try:
         await produce(
@@ -104,14 +104,15 @@ async def test_word_count_port_counts_every_word_its_own_task_sent(
     kafka_bootstrap: str, unique_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """Faust's word-count example as ported: its own task sends the posts, one agent splits
-    them into words re-keyed by word, another counts them in a table; the table's changelog
-    ends with every word's count and the task prints the tally of the worker's partitions."""
-    from examples.faust_ports import word_count
+    them into words sent to the counting agent (its own topic, keyed by word), which counts
+    them in a table; the table's changelog ends with every word's count, the task prints
+    the tally of the worker's partitions, and the app's page answers a word's count."""
+    from examples.from_faust import word_count
 
     prefix = unique_topic("faust") + "-"
     env = {**os.environ, "FAUST_PORTS_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
-    workers = Workers("examples.faust_ports.word_count:app", env, tmp_path)
-    workers.start("w1", extra=["--broker", f"kafka://{kafka_bootstrap}"])
+    workers = Workers("examples.from_faust.word_count:app", env, tmp_path)
+    workers.start("w1", extra=["--broker", f"kafka://{kafka_bootstrap}", "--web-port", "0"])
     model = {word: word_count.POSTS_PER_WORD for word in word_count.WORDS}
     try:
         changelog = f"{prefix}word-counts-word_counts-changelog"
@@ -122,11 +123,23 @@ async def test_word_count_port_counts_every_word_its_own_task_sent(
             if (counts == model and tallied) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
+        info = await wait_for_group(
+            kafka_bootstrap,
+            f"{prefix}word-counts",
+            lambda i: bool(i.members) and bool(i.members[0].host),
+            workers,
+        )
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(f"http://{info.members[0].host}/count/fox") as response,
+        ):
+            page = (response.status, await response.json())
     finally:
         workers.stop_all()
         workers.close()
     assert counts == model, workers.logs()
     assert f"$$ TALLY $$ {dict(sorted(model.items()))}" in workers.log_of("w1")
+    assert page == (200, {"fox": word_count.POSTS_PER_WORD})
 
 
 async def test_withdrawals_port_sums_what_its_produce_command_sent(
@@ -147,7 +160,7 @@ async def test_withdrawals_port_sums_what_its_produce_command_sent(
         subprocess.run,
         [
             *CLI,
-            *("-A", "examples.faust_ports.withdrawals:app", "produce"),
+            *("-A", "examples.from_faust.withdrawals:app", "produce"),
             *("--max-messages", str(sent), "--max-latency", "0"),
         ],
         env=env,
@@ -165,7 +178,7 @@ async def test_withdrawals_port_sums_what_its_produce_command_sent(
         assert withdrawal["user"] == key
         totals[key] += withdrawal["amount"]
 
-    workers = Workers("examples.faust_ports.withdrawals:app", env, tmp_path)
+    workers = Workers("examples.from_faust.withdrawals:app", env, tmp_path)
     workers.start("w1", extra=["--web-port", "0"])
     group = f"{prefix}faust-withdrawals"
     try:

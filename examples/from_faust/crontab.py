@@ -1,7 +1,7 @@
 """Port of Faust's ``examples/crontab/tz_aware.py``: a message published every day at 20:16
 Pacific time, by one worker of the group, and printed by an agent.
 
-    streamjoin worker -A examples.faust_ports.crontab:app --broker kafka://127.0.0.1:9092
+    streamjoin worker -A examples.from_faust.crontab:app --broker kafka://127.0.0.1:9092
 
 Faust needed ``pytz`` (``tz=pytz.timezone("US/Pacific")``); here ``timezone=`` takes the
 IANA name (or any ``tzinfo``), daylight saving included.

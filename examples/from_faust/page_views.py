@@ -1,7 +1,7 @@
 """Port of Faust's page-views tutorial (``examples/simple.py`` in its docs' words: "count
 page views"): views of pages, re-keyed by page id, counted in a table.
 
-    streamjoin worker -A examples.faust_ports.page_views:app --broker kafka://127.0.0.1:9092 \\
+    streamjoin worker -A examples.from_faust.page_views:app --broker kafka://127.0.0.1:9092 \\
         --web-port 6066
     curl -s http://127.0.0.1:6066/tables/page_views/home      # the count of page "home"
 

@@ -1,4 +1,4 @@
-"""The Faust example apps ported to streamjoin (examples/faust_ports/), run through the
+"""The Faust example apps ported to streamjoin (examples/from_faust/), run through the
 in-memory TestDriver as a Faust user would test them, each checked against a simple model
 computed from the records it was given."""
 
@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import streamjoin
-from examples.faust_ports import crontab, hopping, windowed_aggregation, withdrawals, word_count
+from examples.from_faust import crontab, hopping, windowed_aggregation, withdrawals, word_count
 from streamjoin.aggregations import Count, Mean
 from streamjoin.errors import TableAccessError
 from streamjoin.partitioner import partition_for_key
@@ -54,7 +54,7 @@ async def test_word_count_counts_the_sender_tasks_posts_and_any_other_post(
         model.update(w for post in extra for w in post.split())
         assert {w: word_count.word_counts[w] for w in model} == dict(model)
         assert word_count.tally() == dict(sorted(model.items()))
-        words = driver.records(word_count.words_topic.name)
+        words = driver.records(word_count.count_words.topic.name)
         assert Counter(e.key for e in words) == model  # keyed by word: one partition each
 
 
@@ -217,7 +217,7 @@ async def test_windowed_aggregation_sends_one_final_count_and_mean_per_closed_wi
 
 
 async def test_windowed_aggregation_timer_produces_one_reading_per_tick() -> None:
-    name = "examples.faust_ports.windowed_aggregation.produce"
+    name = "examples.from_faust.windowed_aggregation.produce"
     async with TestDriver(windowed_aggregation.app) as driver:
         assert await driver.run_timers() == [name]
         assert await driver.run_timers(name) == [name]
@@ -261,7 +261,7 @@ async def test_hopping_views_read_the_windows_a_model_gives(
 
 
 async def test_hopping_timer_publishes_on_the_leader_only() -> None:
-    name = "examples.faust_ports.hopping.publish_every_2secs"
+    name = "examples.from_faust.hopping.publish_every_2secs"
     async with TestDriver(hopping.app) as driver:
         assert await driver.run_timers(name) == [name]
         driver.leader = False
@@ -314,7 +314,7 @@ async def test_views_on_session_and_sliding_aggregations_are_refused_by_name() -
 async def test_crontab_port_is_due_at_20_16_pacific_and_publishes_on_the_leader(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    name = "examples.faust_ports.crontab.publish_at_8_20_pm_pacific"
+    name = "examples.from_faust.crontab.publish_at_8_20_pm_pacific"
     schedule = crontab.app.timers[name].schedule
     assert isinstance(schedule, Crontab)
     for after, due in [
@@ -337,7 +337,7 @@ async def test_crontab_port_is_due_at_20_16_pacific_and_publishes_on_the_leader(
 
 
 async def test_page_views_counts_each_pages_views_after_the_regrouping() -> None:
-    from examples.faust_ports import page_views
+    from examples.from_faust import page_views
 
     views = [page_views.PageView(id=f"p{i % 3}", user=f"u{i % 7}") for i in range(40)]
     async with TestDriver(page_views.app) as driver:

@@ -1,7 +1,7 @@
 """Port of Faust's ``examples/windowing/hopping.py``: a counter in hopping windows of 10 s
 advancing by 5 s, fed by a reading every 2 s, read back through Faust's windowed-key API.
 
-    streamjoin worker -A examples.faust_ports.hopping:app --broker kafka://127.0.0.1:9092
+    streamjoin worker -A examples.from_faust.hopping:app --broker kafka://127.0.0.1:9092
 
 With a reading every 2 s, each 10-second window holds at most 5 of them, so ``now()``,
 ``current()`` and ``value()`` read between 1 and 5 (Faust's comments say 1-3: its window

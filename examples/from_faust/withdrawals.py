@@ -1,8 +1,8 @@
 """Port of Faust's ``examples/withdrawals.py``: withdrawals summed per user and hour, and per
 country in 10-second windows (re-keyed by country first).
 
-    streamjoin worker -A examples.faust_ports.withdrawals:app --broker kafka://127.0.0.1:9092
-    streamjoin -A examples.faust_ports.withdrawals:app produce --max-messages 1000
+    streamjoin worker -A examples.from_faust.withdrawals:app --broker kafka://127.0.0.1:9092
+    streamjoin -A examples.from_faust.withdrawals:app produce --max-messages 1000
 
 Faust wrote the window sizes in seconds (``tumbling(3600)``); streamjoin takes a
 ``timedelta`` (a bare 3600 is refused rather than read as 3.6 s). Faust's
@@ -63,7 +63,7 @@ user_totals = user_to_total.relative_to_stream()
 # Faust's `stream.group_by(Withdrawal.country)`: a repartition topic keyed by country
 by_country = app.group_by(
     withdrawals_topic,
-    lambda event: event.value.country,
+    "country",
     name="withdrawals-by-country",
     key_serializer="str",
 )
