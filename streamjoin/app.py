@@ -1172,6 +1172,7 @@ class App:
         if worker is not None:
             self._last_worker = worker
             await worker.stop()
+            await worker.stopped()  # (a fatal error's stop, already under way, finishes too)
 
     async def wait(self) -> None:
         """Until the app stops; re-raises the error that made it stop, if any."""

@@ -704,6 +704,13 @@ class Worker(Service):
             if self._on_failure is not None:
                 self._on_failure(exc)
 
+    async def stopped(self) -> None:
+        """Until a stop under way finished, whoever started it: a second ``stop()`` returns
+        at once while the first (a fatal error's) still runs, with the state directory
+        still locked."""
+        if self._stopping:
+            await self._done.wait()
+
     async def wait_stopped(self) -> None:
         await self._done.wait()
         if self.failure is not None:
