@@ -819,6 +819,55 @@ class App:
         self.agent(source, name=f"{name}.repartition")(repartition)
         return target
 
+    def through(
+        self,
+        topic: Topic | str,
+        into: Topic | str,
+        *,
+        partitions: int | None = None,
+    ) -> Topic:
+        """Forward every record of ``topic`` into ``into`` (same key, value, timestamp and
+        headers) and return ``into`` for agents to read: Faust's ``stream.through(topic)``,
+        declared before the worker starts. Use it to change the partition count, or to
+        hand a stream to other apps through a topic of its own.
+
+        ``into`` given by name is declared with ``topic``'s codecs (and ``partitions``); a
+        declared topic keeps its own codecs (the records are re-encoded with them). Sends
+        keep the guarantees of any agent's sends (at-least-once or exactly-once).
+        """
+        source = self.topic(topic) if isinstance(topic, str) else topic
+        if isinstance(into, Topic):
+            if partitions is not None:
+                raise ConfigurationError(
+                    f"through({source.name!r}, {into.name!r}): partitions= is for a topic "
+                    "given by name; declare it on the topic instead"
+                )
+            target = into
+        else:
+            target = self.topic(
+                into,
+                key_serializer=source.key_codec,
+                value_serializer=source.value_codec,
+                partitions=partitions,
+            )
+        if target.name == source.name:
+            raise ConfigurationError(
+                f"through({source.name!r}, ...): forwarding a topic into itself would loop"
+            )
+
+        async def forward(stream: Stream) -> None:
+            async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
+                for event in batch:
+                    await target.send(
+                        key=event.key,
+                        value=event.value,
+                        headers=event.headers,
+                        timestamp_ms=event.timestamp,
+                    )
+
+        self.agent(source, name=f"{source.name}.through.{target.name}")(forward)
+        return target
+
     def aggregate(
         self,
         topic: Topic | str,

@@ -263,3 +263,41 @@ def test_group_by_refuses_a_field_that_is_no_name() -> None:
     app = make_app()
     with pytest.raises(ConfigurationError, match="'a b' is not a field name"):
         app.group_by("t", "a b", name="x")
+
+
+async def test_through_forwards_every_record_with_its_key_timestamp_and_headers() -> None:
+    app = App("through-app", topic_partitions=2)
+    orders = app.topic("orders", key_serializer="str", value_serializer="json")
+    wide = app.through(orders, "orders-wide", partitions=6)
+    seen: list[tuple[str, int]] = []
+
+    @app.agent(wide)
+    async def read(stream: Stream) -> None:
+        async for event in stream:
+            seen.append((event.key, event.value["n"]))
+
+    assert wide.partitions == 6 and wide.key_codec is not None
+    async with TestDriver(app) as driver:
+        for n in range(20):
+            await driver.put(
+                "orders",
+                key=f"k{n % 7}",
+                value={"n": n},
+                timestamp_ms=1_000 + n,
+                headers=(("trace", b"t%d" % n),),
+            )
+        await driver.drain()
+        forwarded = driver.records("orders-wide")
+    assert sorted(seen) == sorted((f"k{n % 7}", n) for n in range(20))
+    assert sorted((e.timestamp, e.headers) for e in forwarded) == [
+        (1_000 + n, (("trace", b"t%d" % n),)) for n in range(20)
+    ]
+
+
+def test_through_refuses_a_loop_and_partitions_for_a_declared_topic() -> None:
+    app = App("through-bad")
+    orders = app.topic("orders")
+    with pytest.raises(ConfigurationError, match="into itself would loop"):
+        app.through(orders, "orders")
+    with pytest.raises(ConfigurationError, match="partitions= is for a topic given by name"):
+        app.through(orders, app.topic("other"), partitions=3)
