@@ -46,6 +46,7 @@ from streamjoin.state.versions import check_history_ms
 from streamjoin.state.windows import WindowSpec
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.stream_ops import field_key
+from streamjoin.table_inference import used_of_kind
 from streamjoin.tables import STORE_KINDS, StoreKind, Table
 from streamjoin.timers import (
     AppTask,
@@ -658,6 +659,27 @@ class App:
         self.global_tables[copy.name] = copy
         return copy
 
+    def _infer_table_writers(self) -> None:
+        """A table declared without ``copartitioned_with`` is co-partitioned with the topics
+        of the agents whose code uses it by name (see :mod:`streamjoin.table_inference`):
+        where an agent's code makes it certain, as Faust users expect."""
+        undeclared = {name for name, table in self.tables.items() if not table.writers}
+        if not undeclared:
+            return
+        for agent in list(self.agents.values()):
+            for used in used_of_kind(agent.fun, Table):
+                table: Table | None = self.tables.get(used.name)
+                if table is None or table is not used or table.name not in undeclared:
+                    continue
+                for topic in agent.topics:
+                    self.attach_reader(table, topic)
+                log.debug(
+                    "table %r: co-partitioned with %s (agent %s uses it)",
+                    table.name,
+                    ", ".join(t.name for t in agent.topics),
+                    agent.name,
+                )
+
     def attach_reader(self, table: Table, topic: Topic) -> None:
         """Let agents of ``topic`` read ``table`` (co-partitions them).
 
@@ -1136,6 +1158,7 @@ class App:
 
     def topology(self) -> Topology:
         """The declarations, frozen: what a worker (or a Spark job) runs."""
+        self._infer_table_writers()
         return Topology.freeze(
             self.id,
             topics=self.topics,

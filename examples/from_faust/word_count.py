@@ -56,9 +56,8 @@ async def count_words(words: Stream) -> None:
         word_counts[word] += 1
 
 
-word_counts = app.table(
-    "word_counts", default=int, value_serializer="json", copartitioned_with=count_words.topic
-)
+# (co-partitioned with count_words' topic: the agent uses it by name)
+word_counts = app.table("word_counts", default=int, value_serializer="json")
 
 
 @app.page("/count/{word}")

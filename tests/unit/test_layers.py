@@ -42,6 +42,7 @@ PURE = (
     "streamjoin.codecs",
     "streamjoin.faust_records",
     "streamjoin.record_codecs",
+    "streamjoin.table_inference",
     "streamjoin.schema_registry.wire",
     "streamjoin.joins.core",
     "streamjoin.joins.foreign_key",
