@@ -2,14 +2,17 @@
 
 A stream-table join reads its key's row for every event, and a count reads its stored
 number for every event: most reads decode bytes already decoded before (the store's read
-cache hands back the very same bytes object, whose hash Python keeps). Parsing JSON costs
-about ten times a dict lookup, so a table keeps what it decoded, keyed by the bytes.
+cache hands back the very same bytes object, whose hash Python keeps). Parsing JSON (or
+Avro) costs about ten times a dict lookup, so a table keeps what it decoded, keyed by the
+bytes.
 
 Only values no caller can change are kept and shared: strings, numbers and booleans. A
 flat dict or list of those is kept too, and every read gets its own shallow copy (a
 caller may change the row it was given without changing the next reader's). Anything
-nested is decoded every time. Values of codecs other than the plain :class:`JsonCodec`
-(dataclasses, user codecs) are never remembered.
+nested is decoded every time. Only codecs whose values are plain data are remembered: the
+:class:`JsonCodec`, and codecs that say so with a true ``plain_values`` attribute (the
+schema-registry codecs without a ``record_type``); typed records (dataclasses, Structs, user
+codecs) are decoded every time.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ _MISS = object()
 
 
 class RememberedValues:
-    """``loads`` of a JSON codec that parses each distinct stored value once."""
+    """``loads`` of a plain-data codec that decodes each distinct stored value once."""
 
     __slots__ = ("_bound", "_codec", "_seen")
 
-    def __init__(self, codec: JsonCodec, bound: int = DEFAULT_BOUND) -> None:
+    def __init__(self, codec: Codec, bound: int = DEFAULT_BOUND) -> None:
         self._codec = codec
         self._bound = bound
         #: stored bytes -> the decoded value (a private copy for dicts and lists)
@@ -78,8 +81,10 @@ def _flat(items: Any) -> bool:
 
 
 def value_loader(codec: Codec, bound: int = DEFAULT_BOUND) -> Callable[[bytes], Any]:
-    """What a table decodes its stored values with: remembered for the plain JSON codec
-    (``bound`` > 0), the codec's own ``loads`` otherwise."""
-    if type(codec) is JsonCodec and bound > 0:
+    """What a table decodes its stored values with: remembered for plain-data codecs (the
+    JSON codec, codecs with a true ``plain_values``; ``bound`` > 0), the codec's own
+    ``loads`` otherwise."""
+    plain = type(codec) is JsonCodec or getattr(codec, "plain_values", False) is True
+    if plain and bound > 0:
         return RememberedValues(codec, bound).loads
     return codec.loads

@@ -179,5 +179,11 @@ class AvroCodec(RegistryCodec):
             return self.record_type.__qualname__
         return self.record_name
 
+    @property
+    def plain_values(self) -> bool:
+        """Values are plain data (dicts, lists, scalars) without a ``record_type``: a table
+        may remember what it decoded (see :mod:`streamjoin.remembered_values`)."""
+        return self.record_type is None
+
     def _options(self) -> tuple[object, ...]:
         return (*super()._options(), self.record_type)

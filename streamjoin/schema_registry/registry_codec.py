@@ -14,6 +14,7 @@ import abc
 import copy
 import dataclasses
 import json
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias
 
@@ -32,7 +33,7 @@ from streamjoin.schema_registry.client import (
     SchemaReference,
     SchemaRegistryClient,
 )
-from streamjoin.schema_registry.wire import HEADER_SIZE, frame, unframe
+from streamjoin.schema_registry.wire import HEADER_SIZE, MAGIC, frame, header_of, unframe
 
 __all__ = [
     "SUBJECT_NAME_STRATEGIES",
@@ -182,6 +183,14 @@ class RegistryCodec(abc.ABC):
         schema says); a record of an id the registry does not know is a DecodeError."""
         if data is None:
             return None
+        try:
+            magic, schema_id = header_of(data)
+        except struct.error:
+            magic = None
+        if magic == MAGIC:  # (the common case: one unpack, one lookup)
+            reader = self._readers.get(schema_id)
+            if reader is not None:
+                return reader(memoryview(data)[HEADER_SIZE:])
         try:
             schema_id, payload = unframe(data)
         except DecodeError as exc:

@@ -9,7 +9,7 @@ import struct
 from streamjoin.codec_errors import preview
 from streamjoin.errors import DecodeError
 
-__all__ = ["HEADER_SIZE", "MAGIC", "frame", "unframe"]
+__all__ = ["HEADER_SIZE", "MAGIC", "frame", "header_of", "unframe"]
 
 #: the first byte of every framed record (format version 0)
 MAGIC = 0
@@ -17,6 +17,11 @@ MAGIC = 0
 _HEADER = struct.Struct(">bI")
 #: bytes before the payload: the magic byte and the schema id
 HEADER_SIZE = _HEADER.size
+
+
+#: ``(magic byte, schema id)`` of a record's first bytes (``struct.error`` if too short): the
+#: decode fast path, which leaves the checks and their messages to :func:`unframe`
+header_of = _HEADER.unpack_from
 
 
 def frame(schema_id: int, payload: bytes) -> bytes:

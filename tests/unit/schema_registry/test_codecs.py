@@ -291,3 +291,22 @@ def test_speed_per_record_is_printed(client: SchemaRegistryClient) -> None:
             c.loads(data)
         decode = (time.perf_counter() - start) / n * 1e9
         print(f"{name}: encode {encode:,.0f} ns/record, decode {decode:,.0f} ns/record")
+
+
+def test_a_table_remembers_plain_avro_values_but_not_typed_ones(
+    client: SchemaRegistryClient,
+) -> None:
+    """A stream-table join decodes its key's row for every event: plain Avro rows are
+    remembered by their bytes (each read gets its own copy); typed records are not."""
+    from streamjoin.remembered_values import value_loader
+
+    codec = AvroCodec(ORDER_V2, client).bind("remember", False)
+    data = codec.dumps({"id": "o1", "amount": 5, "currency": "EUR"})
+    assert data is not None
+    loads = value_loader(codec)
+    first, second = loads(data), loads(data)
+    assert first == second == {"id": "o1", "amount": 5, "currency": "EUR"}
+    assert first is not second  # (a caller changing its row leaves the next read alone)
+    assert len(loads.__self__) == 1  # type: ignore[attr-defined]
+    typed = AvroCodec(ORDER_V2, client, record_type=Order).bind("remember", False)
+    assert value_loader(typed) == typed.loads
