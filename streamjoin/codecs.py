@@ -520,6 +520,21 @@ def _exact(tp: type, json_name: str) -> _Decoder:
     return decode
 
 
+#: what ``msgspec.to_builtins`` leaves to the JSON encoder when it turns a dataclass into
+#: dicts and lists (``dataclasses.asdict`` deep-copies every value, most of an encode's time):
+#: the encoder writes these (or refuses bytes) as it always did, so the bytes are the same
+_WRITTEN_BY_THE_ENCODER = (
+    dt.datetime,
+    dt.date,
+    dt.time,
+    uuid.UUID,
+    Decimal,
+    bytes,
+    bytearray,
+    memoryview,
+)
+
+
 class DataclassJson:
     """JSON for one dataclass type, rebuilding nested dataclasses on the way in.
 
@@ -551,7 +566,13 @@ class DataclassJson:
         """Encode an instance of the dataclass (or a plain dict of its fields)."""
         if obj is None:
             return None
-        if isinstance(obj, self.cls):
+        if type(obj) is self.cls:
+            try:
+                fields = msgspec.to_builtins(obj, builtin_types=_WRITTEN_BY_THE_ENCODER)
+            except (TypeError, ValueError):  # a value it cannot write: the encoder words it
+                fields = dataclasses.asdict(obj)
+            return _json_dumps(self.name, fields)
+        if isinstance(obj, self.cls):  # a subclass: its own fields too
             return _json_dumps(self.name, dataclasses.asdict(obj))
         if isinstance(obj, dict):
             return _json_dumps(self.name, obj)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import json
 import tracemalloc
@@ -323,6 +324,35 @@ def test_codec_errors_are_value_errors() -> None:
 def test_dataclass_json_round_trips_nested_dataclasses(order: Order) -> None:
     codec = DataclassJson(Order)
     assert codec.loads(codec.dumps(order)) == order
+
+
+@settings(print_blob=True)
+@given(orders)
+def test_dataclass_json_writes_the_bytes_of_its_fields_deep_copied_first(order: Order) -> None:
+    """Encoding reads the fields without ``dataclasses.asdict``'s deep copy: the bytes are
+    the same (keys are partitioned, and stored results compared, by them)."""
+    codec = DataclassJson(Order)
+    assert codec.dumps(order) == codecs._json_dumps(codec.name, dataclasses.asdict(order))
+
+
+def test_dataclass_json_writes_the_same_bytes_for_exotic_and_recursive_values() -> None:
+    exotic = Exotic(
+        {7: Line("a", 1, 1e-7)},
+        ("x", 1),
+        "b",
+        {uuid.UUID(int=5)},
+        Decimal("0.10"),
+        date(2020, 2, 29),
+        "text",
+        {"free": [Line("b", 2, 2.5)]},
+    )
+    tree = Tree(1, [Tree(2, [Tree(3)]), Tree(4)])
+    for codec, value in ((DataclassJson(Exotic), exotic), (DataclassJson(Tree), tree)):
+        assert codec.dumps(value) == codecs._json_dumps(codec.name, dataclasses.asdict(value))
+    # what the encoder cannot write is refused with its words, as before
+    for bad in (object(), b"bytes", float("nan")):
+        with pytest.raises(EncodeError, match=r"json\[Exotic\] codec could not encode"):
+            DataclassJson(Exotic).dumps(dataclasses.replace(exotic, anything=bad))
 
 
 def test_dataclass_json_rebuilds_nested_types() -> None:
