@@ -32,6 +32,7 @@ from streamjoin.events import Event
 from streamjoin.global_tables import GlobalTable, SetGlobalTable
 from streamjoin.joins.api import declare_join
 from streamjoin.joins.run_state import JoinStats
+from streamjoin.memory_channels import ChannelAgent, MemoryChannel
 from streamjoin.punctuation import (
     Punctuation,
     PunctuationFunction,
@@ -216,6 +217,8 @@ class App:
         self.punctuations: dict[str, Punctuation] = {}
         #: ``@app.page`` declarations, in declaration order
         self.views: list[WebView] = []
+        #: ``app.channel()`` in-memory channels, by name (their agents run as app tasks)
+        self.channels: dict[str, MemoryChannel] = {}
         #: ``@app.command`` subcommands of ``streamjoin -A <this app>``, by name
         self.commands: dict[str, AppCommand] = {}
         #: inside ``async with app.producing():``
@@ -303,9 +306,22 @@ class App:
         self.topics[name] = topic
         return topic
 
+    def channel(self, name: str | None = None, *, maxsize: int = 1000) -> MemoryChannel:
+        """An in-memory channel (Faust's ``app.channel()``): ``await channel.send(value=...)``
+        queues an event for the one agent declared on it, ``@app.agent(channel)``, which runs
+        once per worker. At-most-once: what is queued when the worker stops or crashes is
+        lost (use an agent with no topic for records that must survive). ``send`` waits
+        while ``maxsize`` events are queued. ``name``: default ``channel-<n>``.
+        """
+        name = f"channel-{len(self.channels) + 1}" if name is None else name
+        if name in self.channels:
+            raise ConfigurationError(f"channel {name!r} is declared twice")
+        declared = self.channels[name] = MemoryChannel(name, maxsize, self._link)
+        return declared
+
     def agent(
         self,
-        topic: Topic | str | Sequence[Topic | str] | None = None,
+        topic: Topic | str | Sequence[Topic | str] | MemoryChannel | None = None,
         *,
         name: str | None = None,
         concurrency: int = 1,
@@ -319,17 +335,26 @@ class App:
 
         No topic (``@app.agent()``): the agent reads its own topic ``<app id>-<agent>``
         (created at start with the app's partition count), which ``agent.send`` writes.
+        A channel (``@app.agent(app.channel())``): the agent reads that in-memory queue, once
+        per worker, at-most-once (see :mod:`streamjoin.memory_channels`).
         ``sink``: topics, agents or functions that get what the function yields (it is then
         an async generator; see :mod:`streamjoin.channels`).
         ``on_error``: ``"stop"`` (default), ``"skip"``, or ``"dead_letter"`` (records
         go to ``dead_letter``, default ``<app id>-<agent>-dead-letters``).
         """
+        if isinstance(topic, MemoryChannel):
+            return self._channel_agent(topic, name, concurrency, on_error, dead_letter, sink)
         if topic is None:
             names: list[Topic | str] = []
         else:
             names = [topic] if isinstance(topic, Topic | str) else list(topic)
             if not names:
                 raise ConfigurationError("an agent needs at least one topic")
+            if any(isinstance(each, MemoryChannel) for each in names):
+                raise ConfigurationError(
+                    "an agent reads topics or one in-memory channel, not both: "
+                    "@app.agent(channel) takes the channel alone"
+                )
         sources = [self.topic(t) if isinstance(t, str) else t for t in names]
         if len(sources) > 1:
             self.copartition(*sources)
@@ -363,6 +388,37 @@ class App:
                 sinks=Sinks(agent_name, sink) if sink else None,
             )
             self.agents[agent_name] = declared
+            return declared
+
+        return register
+
+    def _channel_agent(
+        self,
+        channel: MemoryChannel,
+        name: str | None,
+        concurrency: int,
+        on_error: str,
+        dead_letter: Topic | str | None,
+        sink: Sequence[Sink],
+    ) -> Callable[[AgentFunction | AgentGenerator], Any]:
+        """``@app.agent(channel)``: the agent runs as an app task of the same name."""
+
+        def register(fun: AgentFunction | AgentGenerator) -> ChannelAgent:
+            agent_name = name or f"{fun.__module__}.{fun.__qualname__}"
+            if agent_name in self.agents or agent_name in self.app_tasks:
+                raise ConfigurationError(f"agent {agent_name!r} is declared twice")
+            if agent_name in self.timers:
+                raise ConfigurationError(f"agent {agent_name!r}: a timer has that name")
+            declared = ChannelAgent.declare(
+                agent_name,
+                fun,
+                channel,
+                on_error=on_error,
+                concurrency=concurrency,
+                dead_letter=dead_letter,
+                sink=sink,
+            )
+            self.app_tasks[agent_name] = AppTask(agent_name, declared.run)
             return declared
 
         return register

@@ -7,8 +7,9 @@ commit in its transaction, exactly-once), and an exception in a sink gets the ag
 ``on_error`` for that event.
 
 A sink is a :class:`~streamjoin.topics.Topic` (the value is sent with the key of the event
-that produced it), an agent (sent to its topic: ``agent.send``), or a function called with
-the value (sync or async). Yield :class:`Keyed` to choose the key.
+that produced it), an agent (sent to its topic: ``agent.send``), an in-memory channel
+(``app.channel()``: queued, at-most-once), or a function called with the value (sync or
+async). Yield :class:`Keyed` to choose the key.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ class Keyed(NamedTuple):
 
 
 class Channel(Protocol):
-    """Something a value can be sent to: an agent (``agent.send``)."""
+    """Something a value can be sent to: an agent (``agent.send``), or an in-memory
+    channel (``app.channel()``)."""
 
-    async def send(self, *, key: Any = None, value: Any = None) -> Delivery: ...
+    async def send(self, *, key: Any = None, value: Any = None) -> Delivery | None: ...
 
 
 #: a sink as declared: a topic, an agent, or a function of the value
@@ -85,8 +87,10 @@ _UNSET: Any = object()
 
 
 def _is_channel(sink: object) -> bool:
-    # an Agent (agents import this module: checked by its method rather than its class)
-    return callable(getattr(sink, "send", None)) and hasattr(sink, "topics")
+    # an Agent or a channel's agent (``topics``), or an in-memory channel (``maxsize``):
+    # they import this module, so they are told by what they have rather than their class
+    has_send = callable(getattr(sink, "send", None))
+    return has_send and (hasattr(sink, "topics") or hasattr(sink, "maxsize"))
 
 
 def event_key(decode_key: Callable[[str], Callable[[bytes], Any]]) -> Callable[[], Any]:

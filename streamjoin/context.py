@@ -126,6 +126,10 @@ current_event: ContextVar[EventContext | None] = ContextVar(
     "streamjoin_current_event", default=None
 )
 
+#: The agent of an in-memory channel running in this asyncio task (None elsewhere): its
+#: events belong to no partition (``streamjoin.memory_channels``), and tables say so.
+current_channel_agent: ContextVar[str | None] = ContextVar("streamjoin_channel_agent", default=None)
+
 
 def current_record() -> RawRecord | None:
     """The record whose event the calling agent is processing (None outside agents)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamjoin.codecs import Codec
-from streamjoin.context import RuntimeLink, current_event
+from streamjoin.context import RuntimeLink, current_channel_agent, current_event
 from streamjoin.errors import TableAccessError
 from streamjoin.partitioner import partition_for_key
 from streamjoin.remembered_values import value_loader
@@ -89,6 +89,14 @@ class Table:
                     "stream first."
                 )
             return state
+        if writing and (channel_agent := current_channel_agent.get()) is not None:
+            raise TableAccessError(
+                f"table {self.name!r} cannot be written from channel agent {channel_agent!r}: "
+                "an in-memory channel's events belong to no partition, and a table's "
+                "partition is written only by the agent processing an event of it. Send the "
+                "record to an agent on a topic (an agent with no topic, @app.agent(), reads a "
+                "durable one) and write the table there"
+            )
         if writing:
             raise TableAccessError(
                 f"table {self.name!r} can only be written from an agent processing an event"

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from streamjoin.errors import TimerFailed
+from streamjoin.errors import AgentFailed, TimerFailed
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.timers import AppTask, Crontab, Every, OnTimerError, Timer, should_run
 
@@ -238,6 +238,9 @@ class ScheduledWork:
     ) -> None:
         stats.errors += 1
         self.counters.error(what.replace("app ", ""))
+        if isinstance(exc, AgentFailed):  # a channel agent's (memory_channels): logged there
+            self._on_crash(exc)
+            return
         if on_error == "skip":
             after = "it runs again at its next tick" if what == "timer" else "it stays ended"
             log.warning("%s %s failed: %s; skipped (%s)", what, name, _say(exc), after)

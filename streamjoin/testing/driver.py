@@ -205,7 +205,8 @@ class TestDriver:
         return meta
 
     async def drain(self, timeout: float = 5.0) -> None:
-        """Wait until every agent has processed everything delivered to it."""
+        """Wait until every agent has processed everything delivered to it (channel
+        agents included: until their channels are empty)."""
         runtime = self._require()
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
@@ -215,6 +216,7 @@ class TestDriver:
             busy = any(r.busy() for r in runtime.runners)
             held = self.processing is not None and self.processing.aligner.holding() > 0
             busy = busy or held or (self.punctuations is not None and self.punctuations.busy())
+            busy = busy or any(channel.busy() for channel in self.app.channels.values())
             if not busy:
                 await asyncio.sleep(0)  # let acknowledgement callbacks run
                 if self.failure is not None:
