@@ -23,12 +23,12 @@ def test_names_used_finds_globals_closure_cells_and_nested_code() -> None:
     captured = object()
 
     async def agent(stream: Any) -> None:
-        async for event in stream:
+        async for _event in stream:
             print(SHARED, [captured for _ in range(1)])
 
     used = names_used(agent)
     assert used["SHARED"] is SHARED and used["captured"] is captured
-    assert "event" not in used and "stream" not in used  # locals are not loads by name
+    assert "_event" not in used and "stream" not in used  # locals are not loads by name
 
 
 def _group_of(app: App, topic: str) -> set[str]:
