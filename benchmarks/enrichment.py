@@ -1,8 +1,9 @@
 """Stream-table enrichment: events joined with a table's row for their key, streamjoin vs
-Quix Streams vs Faust.
+Kafka Streams vs Quix Streams vs Faust.
 
     .venv/bin/python -m benchmarks.enrichment                      # starts a local broker
     .venv/bin/python -m benchmarks.enrichment --events 20000 --keys 1000 --workers 2
+    .venv/bin/python -m benchmarks.enrichment --events 3000000 --systems streamjoin,kstreams
 
 The input: a table topic of ``--keys`` rows (default 10,000: ``user -> {tier, country}``,
 timestamped an hour before the events) and ``--events`` JSON events (default 300,000) keyed
@@ -12,6 +13,11 @@ whose row the system has not read yet goes out with ``tier`` None):
 
 * streamjoin: ``app.topic_table(users)`` and ``@app.join(events, users_table, how="left")``
   (``benchmarks/workload_streamjoin_app.py``);
+* Kafka Streams 4.3: the table topic as a ``KTable`` (``stream(...).toTable(...)``, so that
+  its rows are marked as read), ``KStream.leftJoin(KTable, ...)``, JSON parsed with Jackson,
+  one stream thread, at-least-once, default caching, a commit every second
+  (``--kstreams-commit-ms``) as streamjoin's (``TableJoins.java --workload enrich`` in
+  ``benchmarks/kstreams/``, built here with Maven);
 * Quix Streams: ``events.join_asof(users, how="left")``
   (``benchmarks/workload_quix_app.py``);
 * faust-streaming: an agent keeps the rows in a Table, the events' agent looks them up
@@ -134,6 +140,9 @@ def enrichment_spec(
         settle=settle,
         uses_table=True,
         uses_output=True,
+        # (JSON values only: the Kafka Streams app has no Avro serde)
+        kstreams_app="" if values else "TableJoins",
+        kstreams_params={"workload": "enrich"},
     )
 
 

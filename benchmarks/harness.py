@@ -802,13 +802,22 @@ def bench_arguments(
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
-def kstreams_arguments(parser: Any) -> None:
+def kstreams_arguments(parser: Any, commit_ms: int | None = None) -> None:
+    """The Kafka Streams app's options; ``commit_ms``: also ``--kstreams-commit-ms``, with
+    that default (the commit interval of the streamjoin side of the benchmark)."""
     parser.add_argument("--rebuild", action="store_true", help="build the Kafka Streams app again")
     parser.add_argument(
         "--kstreams-java-options",
         default="",
         help="JVM options of the Kafka Streams app (default: none, the JVM's own heap sizing)",
     )
+    if commit_ms is not None:
+        parser.add_argument(
+            "--kstreams-commit-ms",
+            type=int,
+            default=commit_ms,
+            help="Kafka Streams' commit.interval.ms (its own default: 30000)",
+        )
 
 
 def venv_arguments(parser: Any) -> None:
@@ -855,12 +864,14 @@ def bench_main(
 # --------------------------------------------------------------------------- workloads
 
 
-#: systems of the workload benchmarks; "streamjoin-2w" is two streamjoin worker processes
+#: systems of the workload benchmarks; "streamjoin-2w" is two streamjoin worker processes,
+#: "kstreams" the workload's Kafka Streams app (``WorkloadSpec.kstreams_app``)
 WORKLOAD_SYSTEMS = (
     "streamjoin",
     "streamjoin-take",
     "streamjoin-2w",
     "streamjoin-base",
+    "kstreams",
     "quix",
     "faust",
 )
@@ -985,7 +996,7 @@ def workload_arguments(parser: Any, *, events: int, keys: int) -> None:
         events=events,
         keys=keys,
         systems=WORKLOAD_SYSTEMS,
-        default="streamjoin,quix,faust",
+        default="streamjoin,kstreams,quix,faust",
         timeout=900,
     )
     parser.add_argument(
@@ -1001,6 +1012,7 @@ def workload_arguments(parser: Any, *, events: int, keys: int) -> None:
         "(the before side of an A/B in one run; copy benchmarks/ into it)",
     )
     venv_arguments(parser)
+    kstreams_arguments(parser, commit_ms=1000)
 
 
 def workload_systems(args: Any) -> list[str]:
@@ -1030,6 +1042,34 @@ class WorkloadSpec:
     settle: Callable[[list[Path], Topics, str], Awaitable[None]] | None = None
     uses_table: bool = False
     uses_output: bool = False
+    #: the ``kstreams`` system: the class of ``benchmarks/kstreams`` that runs the workload
+    #: and its parameters besides the topics, app id, state dir and commit interval
+    kstreams_app: str = ""
+    kstreams_params: dict[str, Any] = field(default_factory=dict)
+
+
+def kstreams_workload_command(
+    args: Any,
+    spec: WorkloadSpec,
+    classpath: str,
+    bootstrap: str,
+    group: str,
+    topics: Topics,
+    state_dir: Path,
+) -> tuple[list[str], dict[str, str]]:
+    """The Kafka Streams process of ``spec`` (``--kstreams-*`` options of ``args``)."""
+    named = {"table": topics.table, "output": topics.output}
+    params: dict[str, Any] = {
+        "bootstrap": bootstrap,
+        "app-id": group,
+        "input": topics.input,
+        **{k: v for k, v in named.items() if v},
+        "state-dir": state_dir,
+        "commit-ms": args.kstreams_commit_ms,
+        **spec.kstreams_params,
+    }
+    java_options = args.kstreams_java_options.split()
+    return kstreams_command(spec.kstreams_app, classpath, java_options, params)
 
 
 async def run_workload(
@@ -1044,8 +1084,16 @@ async def run_workload(
     systems = workload_systems(args)
     pythons: dict[str, tuple[Path | None, str]] = {}
     ready: dict[str, tuple[str, str]] = {}
+    classpath: str | None = None
     for s in systems:
         venv = VENV_OF.get(s)
+        if s == "kstreams" and not spec.kstreams_app:
+            ready[s] = ("", f"no Kafka Streams app for {spec.bench}")
+            continue
+        if s == "kstreams":
+            classpath, why_no_java = kstreams_build(args.rebuild, spec.kstreams_app)
+            ready[s] = (kstreams_version() if classpath else "", why_no_java)
+            continue
         if venv is None:
             base = s == "streamjoin-base"
             version = tree_commit(os.environ.get(BASELINE_TREE, "")) if base else None
@@ -1081,17 +1129,26 @@ async def run_workload(
         )
         venv = VENV_OF.get(system)
         python = pythons[venv][0] if venv else None
-        commands = workload_commands(
-            system,
-            spec.workload,
-            bootstrap,
-            f"{prefix}-{name}",
-            topics,
-            python,
-            workdir,
-            name,
-            args.partitions,
-        )
+        if system == "kstreams":
+            assert classpath is not None
+            group, state_dir = f"{prefix}-{name}", workdir / f"state-{name}"
+            commands = [
+                kstreams_workload_command(
+                    args, spec, classpath, bootstrap, group, topics, state_dir
+                )
+            ]
+        else:
+            commands = workload_commands(
+                system,
+                spec.workload,
+                bootstrap,
+                f"{prefix}-{name}",
+                topics,
+                python,
+                workdir,
+                name,
+                args.partitions,
+            )
 
         async def check(marks: list[Path]) -> dict[str, int]:
             return await spec.check(marks, topics, bootstrap)

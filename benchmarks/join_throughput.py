@@ -1,7 +1,9 @@
-"""Join throughput: one streamjoin worker vs faust-streaming and Quix Streams, same broker and data.
+"""Join throughput: one streamjoin worker vs Kafka Streams, faust-streaming and Quix Streams,
+same broker and data.
 
     .venv/bin/python -m benchmarks.join_throughput                      # starts a local broker
     .venv/bin/python -m benchmarks.join_throughput --bootstrap 127.0.0.1:PORT --json
+    .venv/bin/python -m benchmarks.join_throughput --auctions 1000000 --systems streamjoin,kstreams
 
 What it does, in one run:
 
@@ -17,6 +19,14 @@ What it does, in one run:
    * ``streamjoin``: ``streamjoin worker -A benchmarks.join_streamjoin_app:app``, the
      demo's windowed inner join (10 min window, 30 s grace) on RocksDB state with a
      changelog.
+   * ``kstreams``: Kafka Streams 4.3 (``AdJoin.java`` in ``benchmarks/kstreams/``, built
+     here with Maven): the same join as ``KStream.join`` with
+     ``JoinWindows.ofTimeDifferenceAndGrace(10 min, 30 s)``, JSON values as Jackson trees,
+     one stream thread, at-least-once, default RocksDB and caching, a commit every 0.5 s
+     (``--kstreams-commit-ms``) as streamjoin's; its join stores' changelogs keep
+     everything (``retention.ms=-1``: the traffic's event times are older than the
+     default retention). It marks its progress against the inputs' last offsets
+     (``benchmarks/progress_marks.py``).
    * ``faust``: faust-streaming's nearest equivalent (``benchmarks/join_faust_app.py``):
      an impressions Table looked up by the click agent (plus a pending-clicks Table
      for clicks that arrive before their impression, so its answer is complete),
@@ -69,6 +79,11 @@ from benchmarks.harness import (
     baseline_worker,
     cprofile_args,
     dist_version,
+    kstreams_arguments,
+    kstreams_build,
+    kstreams_command,
+    kstreams_version,
+    last_offsets,
     log_tail,
     peak_rss_mb,
     py_spy_prefix,
@@ -80,11 +95,20 @@ from benchmarks.harness import (
     venv_python,
     wait_leaders,
 )
+from benchmarks.progress_marks import format_last_offsets
 from examples.ad_traffic import Traffic, generate
 from streamjoin.runtime.transport.topic_admin import TopicSpec, ensure_topics
 
 PARTITIONS = 10
-SYSTEMS = ("streamjoin", "streamjoin-eos", "streamjoin-base", "faust", "faust-lookup", "quix")
+SYSTEMS = (
+    "streamjoin",
+    "streamjoin-eos",
+    "streamjoin-base",
+    "kstreams",
+    "faust",
+    "faust-lookup",
+    "quix",
+)
 VENV_OF = {"faust": "faust", "faust-lookup": "faust", "quix": "quix"}
 say = sayer("join-bench")
 
@@ -187,6 +211,12 @@ class Run:
     python: Path | None = None
     faust_store: str = "rocksdb://"
     round: int = 0
+    #: kstreams: the apps' classpath, JVM options, commit interval and the inputs' last
+    #: offsets (``format_last_offsets``)
+    classpath: str | None = None
+    java_options: tuple[str, ...] = ()
+    commit_ms: int = 500
+    last_offsets: str = ""
 
     @property
     def name(self) -> str:
@@ -201,6 +231,8 @@ class Run:
         return self.workdir / f"{self.name}.log"
 
     def command(self) -> tuple[list[str], dict[str, str]]:
+        if self.system == "kstreams":
+            return self.kstreams_command()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.system in ("streamjoin", "streamjoin-eos", "streamjoin-base"):
             guarantee = "exactly_once" if self.system == "streamjoin-eos" else "at_least_once"
@@ -260,6 +292,21 @@ class Run:
         script = str(ROOT / "benchmarks" / "join_quix_app.py")
         extra = ["--state-dir", str(self.workdir / f"state-{self.name}")]
         return [str(self.python), script, *common, *extra], env
+
+    def kstreams_command(self) -> tuple[list[str], dict[str, str]]:
+        assert self.classpath is not None
+        params = {
+            "bootstrap": self.bootstrap,
+            "app-id": self.group,
+            "impressions": self.inputs["impressions"],
+            "clicks": self.inputs["clicks"],
+            "output": self.output,
+            "state-dir": self.workdir / f"state-{self.name}",
+            "commit-ms": self.commit_ms,
+        }
+        cmd, env = kstreams_command("AdJoin", self.classpath, self.java_options, params)
+        env.update(BENCH_MARKS=str(self.marks_path), BENCH_LAST_OFFSETS=self.last_offsets)
+        return cmd, env
 
     def read_marks(self) -> dict[str, float]:
         """``first``/``done`` -> unix time, and ``first-cpu``/``done-cpu`` -> the app
@@ -383,6 +430,10 @@ async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict
     )
     produce_s = await produce(bootstrap, traffic, inputs)
     say(f"produced in {produce_s:.1f}s into {inputs['impressions']}, {inputs['clicks']}")
+    last = await last_offsets(bootstrap, list(inputs.values()), PARTITIONS)
+    classpath, why_no_java = None, ""
+    if "kstreams" in systems:
+        classpath, why_no_java = kstreams_build(args.rebuild, "AdJoin")
 
     results: list[Result] = []
     for s, r in ((s, r) for r in rounds for s in systems):  # rounds interleave the systems
@@ -397,6 +448,13 @@ async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict
                 say(f"{s}: skipped: {why}")
                 continue
             result.version = dist_version(python, DIST_OF[venv])
+        elif s == "kstreams":
+            if classpath is None:
+                result.detail = why_no_java
+                results.append(result)
+                say(f"{s}: skipped: {why_no_java}")
+                continue
+            result.version = kstreams_version()
         elif s == "streamjoin-base":
             result.version = tree_commit(os.environ.get(BASELINE_TREE, ""))
         else:
@@ -405,6 +463,7 @@ async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict
             "streamjoin": "rocksdb (rocksdict) + changelog",
             "streamjoin-base": "rocksdb (rocksdict) + changelog (older commit)",
             "streamjoin-eos": "rocksdb (rocksdict) + changelog, transactions",
+            "kstreams": "rocksdb (rocksdbjni) + changelog, caching",
             "faust": f"{args.faust_store} + changelog",
             "faust-lookup": f"{args.faust_store} + changelog",
             "quix": "rocksdb (rocksdict) + changelog",
@@ -420,6 +479,10 @@ async def bench(args: argparse.Namespace, bootstrap: str, workdir: Path) -> dict
             python=python,
             faust_store=args.faust_store,
             round=r,
+            classpath=classpath,
+            java_options=tuple(args.kstreams_java_options.split()),
+            commit_ms=args.kstreams_commit_ms,
+            last_offsets=format_last_offsets(last),
         )
         try:
             results.append(await run_system(run, traffic, args.timeout, result))
@@ -478,7 +541,7 @@ def ratio(ours: Result | None, other: Result, by_cpu: bool = False) -> str:
 def table(report: dict[str, Any]) -> str:
     results = [Result(**r) for r in report["results"]]
     ours = next((r for r in results if r.system == "streamjoin" and r.status == "ok"), None)
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             "system",
             "version",
@@ -593,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faust-store", default="rocksdb://", help="rocksdb:// or memory://")
     parser.add_argument("--venv-root", default=str(VENV_ROOT))
     parser.add_argument("--no-install", action="store_true", help="never create venvs")
+    kstreams_arguments(parser, commit_ms=500)
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, state)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)

@@ -1,7 +1,9 @@
-"""Windowed count: 1-minute tumbling windows per key, streamjoin vs Quix Streams vs Faust.
+"""Windowed count: 1-minute tumbling windows per key, streamjoin vs Kafka Streams vs Quix
+Streams vs Faust.
 
     .venv/bin/python -m benchmarks.window_count                      # starts a local broker
     .venv/bin/python -m benchmarks.window_count --events 20000 --keys 1000 --workers 2
+    .venv/bin/python -m benchmarks.window_count --events 5000000 --systems streamjoin,kstreams
 
 The input: ``--events`` JSON events (default 500,000) over ``--keys`` keys (default 10,000),
 keyed by user, spread over 10 minutes of event time in order with up to 2 s of jitter,
@@ -10,6 +12,12 @@ per key and 1-minute window in a windowed table with RocksDB state and a changel
 
 * streamjoin: ``app.table(..., window=TumblingWindows(60 s, retention 1 h))``,
   ``counts[event.key] += 1`` (``benchmarks/workload_streamjoin_app.py``);
+* Kafka Streams 4.3: ``groupByKey().windowedBy(TimeWindows.ofSizeAndGrace(60 s, 5 s))
+  .count()`` with a 1-hour retention, one stream thread, at-least-once, default caching, a
+  commit every second (``--kstreams-commit-ms``) as streamjoin's; the windows are read
+  through interactive queries once every partition is done (``WindowKinds.java`` in
+  ``benchmarks/kstreams/``, built here with Maven; its window changelog keeps everything,
+  ``retention.ms=-1``: the input's event times are older than the default retention);
 * Quix Streams: ``tumbling_window(60 s, grace 5 s).count().current()``
   (``benchmarks/workload_quix_app.py``);
 * faust-streaming: ``Table(default=int).tumbling(60 s).relative_to_stream()``
@@ -34,6 +42,8 @@ from pathlib import Path
 from benchmarks.harness import Topics, WorkloadSpec, workload_arguments, workload_main
 
 WINDOW_MS = 60_000
+GRACE_MS = 5_000
+RETENTION_MS = 3_600_000
 SPAN_MS = 10 * 60_000
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 JITTER_MS = 2_000
@@ -114,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         ),
         check=check,
         settle=settle,
+        kstreams_app="WindowKinds",
+        kstreams_params={
+            "window": "tumbling",
+            "emit": "update",
+            "size-ms": WINDOW_MS,
+            "grace-ms": GRACE_MS,
+            "retention-ms": RETENTION_MS,
+            # the windows the dump reads (by start)
+            "from-ms": BASE_MS - WINDOW_MS,
+            "to-ms": BASE_MS + SPAN_MS + JITTER_MS,
+        },
     )
     return workload_main(args, spec)
 

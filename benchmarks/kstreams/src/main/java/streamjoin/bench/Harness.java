@@ -47,10 +47,15 @@ final class Harness {
 
     /**
      * The configuration every app starts from: --app-id, --bootstrap, --state-dir, string
-     * keys and values, reading each topic from its start.
+     * keys and values, reading each topic from its start; --commit-ms, when given, as the
+     * commit interval (else Kafka Streams' default, 30 s at-least-once: with it the caches
+     * hold results back for that long, where the streamjoin apps commit every second).
      */
     static Properties properties(Map<String, String> args) {
         Properties props = new Properties();
+        if (args.containsKey("commit-ms")) {
+            props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, args.get("commit-ms"));
+        }
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, args.get("app-id"));
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args.get("bootstrap"));
         props.put(StreamsConfig.STATE_DIR_CONFIG, args.get("state-dir"));

@@ -11,7 +11,6 @@ import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
-import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.GlobalKTable;
 import org.apache.kafka.streams.kstream.KStream;
@@ -21,11 +20,14 @@ import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.state.KeyValueStore;
 
 /**
- * The Kafka Streams side of benchmarks/table_joins.py, written as a Kafka Streams user writes
- * it (DSL, RocksDB stores, default caching, one stream thread, --commit-ms as the commit
- * interval), JSON values parsed with Jackson:
+ * The Kafka Streams side of benchmarks/table_joins.py and benchmarks/enrichment.py, written as
+ * a Kafka Streams user writes it (DSL, RocksDB stores, default caching, one stream thread,
+ * --commit-ms as the commit interval), JSON values parsed with Jackson:
  *
  * <ul>
+ *   <li>--workload enrich: the rows of --table in a KTable (co-partitioned with the events);
+ *   each event of --input is left-joined with the row of its key and sent to --output as
+ *   {"event_id", "amount", "tier", "country"}.
  *   <li>--workload global: the rows of --table in a GlobalKTable (every instance holds all of
  *   them); each event of --input is left-joined with the row of its "user" field and sent to
  *   --output as {"event_id", "amount", "tier", "country"}.
@@ -36,7 +38,8 @@ import org.apache.kafka.streams.state.KeyValueStore;
  * </ul>
  *
  * <p>Progress marks (BENCH_MARKS, BENCH_LAST_OFFSETS) are written by Harness.Marks: every
- * record of --input is marked (and, fk, every record of --table).
+ * record of --input is marked (and, enrich and fk, every record of --table: the work of a
+ * run starts with the first table row, as in the streamjoin apps).
  */
 public final class TableJoins {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -48,12 +51,19 @@ public final class TableJoins {
                 System.getenv("BENCH_MARKS"), System.getenv("BENCH_LAST_OFFSETS"));
 
         Properties props = Harness.properties(args);
-        props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, args.getOrDefault("commit-ms", "1000"));
 
         StreamsBuilder builder = new StreamsBuilder();
         Consumed<String, String> strings = Consumed.with(Serdes.String(), Serdes.String());
         Produced<String, String> out = Produced.with(Serdes.String(), Serdes.String());
-        if ("global".equals(workload)) {
+        if ("enrich".equals(workload)) {
+            KTable<String, String> users = builder.stream(args.get("table"), strings)
+                    .processValues(() -> new Harness.Mark<>(marks))
+                    .toTable(Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("users"));
+            builder.stream(args.get("input"), strings)
+                    .processValues(() -> new Harness.Mark<>(marks))
+                    .leftJoin(users, TableJoins::enrich)
+                    .to(args.get("output"), out);
+        } else if ("global".equals(workload)) {
             GlobalKTable<String, String> users = builder.globalTable(args.get("table"), strings,
                     Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("users"));
             KStream<String, String> events = builder.stream(args.get("input"), strings)
@@ -71,7 +81,7 @@ public final class TableJoins {
                     .toStream()
                     .to(args.get("output"), out);
         } else {
-            throw new IllegalArgumentException("--workload must be global or fk, not " + workload);
+            throw new IllegalArgumentException("--workload must be enrich, global or fk, not " + workload);
         }
 
         KafkaStreams streams = new KafkaStreams(builder.build(), props);

@@ -35,13 +35,15 @@ import org.apache.kafka.streams.state.SessionStore;
 import org.apache.kafka.streams.state.WindowStore;
 
 /**
- * The Kafka Streams side of benchmarks/window_kinds.py: a hopping-window or session-window
- * count per key, written as a Kafka Streams user writes it (DSL, RocksDB stores with
- * changelogs, default caching and commit interval, one stream thread).
+ * The Kafka Streams side of benchmarks/window_kinds.py (hopping and session windows) and
+ * benchmarks/window_count.py (tumbling windows): a windowed count per key, written as a Kafka
+ * Streams user writes it (DSL, RocksDB stores with changelogs, default caching, one stream
+ * thread; the default commit interval unless --commit-ms says otherwise).
  *
  * <p>--emit update: the count's KTable is the result; once the last offset of every input
  * partition has been processed, its windows are read through interactive queries and written
- * as the dump "[key, start, count]" (hopping) or "[key, start, end, count]" (sessions).
+ * as the dump "[key, start, count]" (tumbling, hopping) or "[key, start, end, count]"
+ * (sessions).
  * --emit close: EmitStrategy.onWindowClose(); each final result goes to --output as
  * key = the user key, value = {"start":..,"end":..,"count":..}.
  *
@@ -72,9 +74,11 @@ public final class WindowKinds {
                 .stream(args.get("input"), Consumed.with(Serdes.String(), Serdes.String()))
                 .processValues(() -> new Harness.Mark<>(marks));
         KTable<Windowed<String>, Long> counts;
-        if ("hopping".equals(window)) {
-            TimeWindows windows = TimeWindows.ofSizeAndGrace(Duration.ofMillis(sizeMs), Duration.ofMillis(graceMs))
-                    .advanceBy(Duration.ofMillis(stepMs));
+        if ("tumbling".equals(window) || "hopping".equals(window)) {
+            TimeWindows windows = TimeWindows.ofSizeAndGrace(Duration.ofMillis(sizeMs), Duration.ofMillis(graceMs));
+            if ("hopping".equals(window)) {
+                windows = windows.advanceBy(Duration.ofMillis(stepMs));
+            }
             var windowed = events.groupByKey().windowedBy(windows);
             if (close) {
                 windowed = windowed.emitStrategy(EmitStrategy.onWindowClose());
@@ -92,7 +96,7 @@ public final class WindowKinds {
                     .withRetention(Duration.ofMillis(retentionMs))
                     .withLoggingEnabled(changelog));
         } else {
-            throw new IllegalArgumentException("--window must be hopping or session, not " + window);
+            throw new IllegalArgumentException("--window must be tumbling, hopping or session, not " + window);
         }
         if (close) {
             counts.toStream()
@@ -123,7 +127,7 @@ public final class WindowKinds {
             Thread.sleep(500); // the stream thread finishes the record whose mark said DONE
             Path tmp = Path.of(path + ".tmp-java");
             try (Writer out = Files.newBufferedWriter(tmp, StandardCharsets.UTF_8)) {
-                if ("hopping".equals(window)) {
+                if (!"session".equals(window)) {
                     ReadOnlyWindowStore<String, Long> store = streams.store(
                             StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.windowStore()));
                     try (KeyValueIterator<Windowed<String>, Long> it =
