@@ -1,18 +1,22 @@
 """What an agent sees: one decoded record with its position (pure).
 
-Both classes are created once per record on the hot path, so they are plain
-``__slots__`` dataclasses: a frozen dataclass costs about five times as much to
-build (every field goes through ``object.__setattr__``). Treat them as read-only.
+Both classes are created once per record on the hot path, so they are msgspec
+``Struct`` types: built in C, about three times faster than a ``__slots__``
+dataclass (whose ``__init__`` is Python), with the same fields, keyword and
+positional construction, equality and repr. A raw record holds only bytes, str,
+ints and tuples, so it is not tracked by the cyclic garbage collector (fewer
+collections per record); an event holds the decoded value, which may be anything,
+so it is. Treat them as read-only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 
-@dataclass(slots=True)
-class RawRecord:
+
+class RawRecord(msgspec.Struct, gc=False):
     """A record as it came off a partition, before decoding."""
 
     topic: str
@@ -29,8 +33,7 @@ class RawRecord:
         return _position(self.topic, self.partition, self.offset)
 
 
-@dataclass(slots=True)
-class Event:
+class Event(msgspec.Struct):
     """A decoded record: ``key``/``value`` plus where it came from (read-only).
 
     ``timestamp`` is the record's Kafka timestamp in milliseconds since the epoch.
