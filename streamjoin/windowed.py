@@ -310,13 +310,25 @@ class WindowedTable(Table):
         Remembers what it read, so that ``table[key] = ...`` right after (``+=``) knows
         the window exists without reading it again."""
         part = self._event_partition()
-        key_bytes = self._encode_key(key)
         windows = part.windows
-        try:
-            data_key = table_data_key(key_bytes, windows[-1][0])
-        except IndexError:  # (no window: the event's windows had all closed)
+        if not windows:  # (the event's windows had all closed)
+            self._encode_key(key)  # (a key that cannot be encoded is refused all the same)
             part.last_read = None
             return None
+        kind = type(key)
+        if kind is str or kind is int or kind is bytes:
+            # a key read before: its bytes and data-key prefix are remembered
+            entry = part.key_entries.get(key)
+            if entry is None:
+                entry = part.remember_key(key, self._encode_key(key))
+            key_bytes = entry[0]
+            if part.start_windows is windows:
+                data_key = entry[1] + part.start_bytes
+            else:
+                data_key = entry[1] + part.window_start_bytes(windows)
+        else:
+            key_bytes = self._encode_key(key)
+            data_key = table_data_key(key_bytes, windows[-1][0])
         raw = part.view.lookup(data_key)
         part.last_read = (part.record, windows, key, data_key, raw is not None, key_bytes)
         return raw

@@ -45,7 +45,7 @@ from streamjoin.errors import IncompatibleWindowState
 from streamjoin.events import RawRecord
 from streamjoin.log_summary import Summary
 from streamjoin.state import window_layout as layout
-from streamjoin.state.keys import MAX_UINT64
+from streamjoin.state.keys import MAX_UINT64, encode_uint64
 from streamjoin.state.table_partition import Emitted, TablePartition
 from streamjoin.state.window_layout import CLOSED_THROUGH_KEY, STREAM_TIME_KEY
 from streamjoin.state.windows import WindowSpec, may_start_between
@@ -67,6 +67,10 @@ __all__ = [
 log = logging.getLogger("streamjoin.windows")
 
 T = TypeVar("T")
+
+#: how many keys a partition remembers the packed bytes of (about 200 bytes each) before it
+#: forgets them all and starts again
+KEY_ENTRIES = 8192
 
 #: a read of the current window: (its record, its windows, the key, its data key, whether
 #: the window existed, the key's bytes); ``table[key] = ...`` right after (``+=``) in the
@@ -122,6 +126,7 @@ class WindowPartition:
         "closing",
         "expired_through",
         "grace_ms",
+        "key_entries",
         "last_read",
         "late",
         "late_events",
@@ -129,6 +134,8 @@ class WindowPartition:
         "record",
         "seen_record",
         "spec",
+        "start_bytes",
+        "start_windows",
         "stats",
         "table",
         "view",
@@ -158,6 +165,13 @@ class WindowPartition:
         self.record: RawRecord | None = None
         self.windows: list[tuple[int, int]] = []
         self.last_read: LastRead | None = None
+        #: keys read lately (str, int or bytes: types that equal no other type's values),
+        #: each with its bytes and its data-key prefix: a read of a key seen before packs
+        #: no key (see :meth:`data_key_of`); cleared when it reaches KEY_ENTRIES
+        self.key_entries: dict[Any, tuple[bytes, bytes]] = {}
+        #: the packed start of ``start_windows[-1]`` (the windows it was packed for)
+        self.start_bytes = b""
+        self.start_windows: list[tuple[int, int]] | None = None
         self.closing = closing
         #: the table's counters on this worker (late events; with closing, results too)
         self.stats = closing.stats if closing is not None else stats or WindowStats()
@@ -184,6 +198,22 @@ class WindowPartition:
 
     def __repr__(self) -> str:
         return f"WindowPartition({self.table!r}, {self.view.partition})"
+
+    def remember_key(self, key: Any, key_bytes: bytes) -> tuple[bytes, bytes]:
+        """Remember ``key``'s bytes and data-key prefix (a key of an exact type str, int or
+        bytes: a key equal to it has its type, so the same bytes)."""
+        entries = self.key_entries
+        if len(entries) >= KEY_ENTRIES:
+            entries.clear()
+        entry = entries[key] = (key_bytes, layout.data_key_prefix(key_bytes))
+        return entry
+
+    def window_start_bytes(self, windows: list[tuple[int, int]]) -> bytes:
+        """The packed start of ``windows[-1]`` (packed once per list of windows)."""
+        if self.start_windows is not windows:
+            self.start_bytes = encode_uint64(windows[-1][0])
+            self.start_windows = windows
+        return self.start_bytes
 
     def index_new_window(self, index_key: bytes, start: int) -> None:
         """Index a window just created, for closing and expiry."""

@@ -529,3 +529,75 @@ async def test_per_partition_state_lives_in_the_task_not_in_the_declaration() ->
         assert len(latest) in (1, 2) and max(latest) == 50  # type: ignore[type-var]
         counts.expire()  # reaches each partition's state through its task
     assert vars(counts) == declared
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.one_of(
+                st.text(max_size=3),
+                st.integers(min_value=-3, max_value=3),
+                st.booleans(),
+                st.floats(min_value=0, max_value=2).filter(lambda f: f == int(f)),
+            ),
+            st.integers(min_value=0, max_value=100),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    remembered=st.sampled_from([1, 2, 8192]),
+)
+async def test_remembered_key_bytes_read_and_write_what_encoding_each_key_would(
+    events: list[tuple[object, int]], remembered: int
+) -> None:
+    """`+=` with keys of every type whose values can equal another type's (1, True, 1.0):
+    a key remembered with its bytes never answers for an equal key of another type, and
+    forgetting them all (at the bound) changes nothing; the stored keys are the layout's."""
+    from streamjoin.state import window_partition
+
+    events = sorted(events, key=lambda event: event[1])  # (in order: none is late)
+    bound = window_partition.KEY_ENTRIES
+    window_partition.KEY_ENTRIES = remembered
+    try:
+        stored, model, table = await _count_keys(events)
+    finally:
+        window_partition.KEY_ENTRIES = bound
+    assert stored == {
+        layout.data_key(key, start): table.value_codec.dumps(n) for (key, start), n in model.items()
+    }
+
+
+async def _count_keys(
+    events: list[tuple[object, int]],
+) -> tuple[dict[bytes, bytes], dict[tuple[bytes, int], int], WindowedTable]:
+    app = streamjoin.App("win-keys")
+    clicks = app.topic("clicks", key_serializer="json", partitions=1)
+    table = app.table(
+        "counts",
+        default=int,
+        key_serializer="json",
+        window=TumblingWindows(size_ms=10, retention_ms=10_000),
+        copartitioned_with=clicks,
+    )
+    keys = iter([key for key, _ in events])
+
+    @app.agent(clicks)
+    async def count(stream: Stream) -> None:
+        async for _event in stream:
+            table[next(keys)] += 1
+
+    model: dict[tuple[bytes, int], int] = {}
+    async with TestDriver(app) as driver:
+        for key, ts in events:
+            await driver.put("clicks", key="k", value=1, timestamp_ms=ts)
+            encoded = table.key_codec.dumps(key)
+            assert encoded is not None
+            start = ts - ts % 10
+            model[(encoded, start)] = model.get((encoded, start), 0) + 1
+        await driver.drain()
+        stored = {
+            k: v for k, v in table.active_partition(0).store.items() if k.startswith(layout.DATA)
+        }
+    assert isinstance(table, WindowedTable)
+    return stored, model, table
