@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, cast
 
@@ -180,6 +181,8 @@ class AgentRunner:
         join_stats = self._join_stats
         decode = self._decode
         latency = self._latency
+        # (the histogram's observe, inline: one call less per event)
+        latency_bounds, latency_counts = latency.bounds, latency.counts
         perf_counter = time.perf_counter
         set_current = current_event.set
         punctual = self.punctuations
@@ -193,7 +196,9 @@ class AgentRunner:
                     # acknowledgement joins the others' (see ack_finished)
                     self.current = None
                     self.processed += 1
-                    latency.observe(perf_counter() - self._started)
+                    took = perf_counter() - self._started
+                    latency_counts[bisect_left(latency_bounds, took)] += 1
+                    latency.sum += took
                     if current.task is not self._done_task:
                         self.ack_finished()
                         self._done_task = current.task
