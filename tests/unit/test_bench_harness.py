@@ -122,3 +122,39 @@ async def test_run_rounds_skips_runs_checks_and_judges_every_round(tmp_path: Pat
     assert first.cpu_us_per_event is not None and round(first.cpu_us_per_event) == 20_000
     assert results[1].detail == "no venv"
     assert asdict(results[2])["correct"] is False
+
+
+def test_the_kafka_streams_side_of_a_workload_gets_its_topics_and_the_commit_interval(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.harness import Topics, WorkloadSpec, kstreams_workload_command
+
+    async def no_check(*_: object) -> dict[str, int]:
+        return {}
+
+    spec = WorkloadSpec(
+        bench="enrichment",
+        workload="enrich",
+        records=[],
+        head="",
+        check=no_check,
+        kstreams_app="TableJoins",
+        kstreams_params={"workload": "enrich"},
+    )
+    args = SimpleNamespace(kstreams_commit_ms=1000, kstreams_java_options="-Xmx1g -XX:+UseG1GC")
+    command, env = kstreams_workload_command(
+        args, spec, "cp.jar", "127.0.0.1:9", "g-1", Topics("events", "users", None), tmp_path
+    )
+    assert command[:5] == ["java", "-Xmx1g", "-XX:+UseG1GC", "-cp", "cp.jar"]
+    assert command[5] == "streamjoin.bench.TableJoins"
+    options = dict(zip(command[6::2], command[7::2], strict=True))
+    assert options == {
+        "--bootstrap": "127.0.0.1:9",
+        "--app-id": "g-1",
+        "--input": "events",
+        "--table": "users",  # (no output topic: none is passed)
+        "--state-dir": str(tmp_path),
+        "--commit-ms": "1000",
+        "--workload": "enrich",
+    }
+    assert "PYTHONPATH" not in env
