@@ -40,7 +40,7 @@ from streamjoin.errors import (
 )
 from streamjoin.events import Event
 from streamjoin.global_tables import GlobalTable
-from streamjoin.joins.core import BUFFER_GROUP_OF, JoinOutput, JoinSpec, StreamStreamJoin
+from streamjoin.joins.core import JoinOutput, JoinSpec, StreamStreamJoin
 from streamjoin.joins.foreign_key_api import ForeignKeyDeclarations, declare_foreign_key_join
 from streamjoin.joins.global_join import GlobalJoinDeclarations, declare_global_join
 from streamjoin.joins.idle import IdleClock
@@ -232,7 +232,6 @@ class StreamStreamJoinDecl:
                 f"{context.record.topic}[{context.record.partition}]"
             )
         if self.close_idle_after_ms is None:
-            view.group_keys_by(BUFFER_GROUP_OF)  # partner scans read one key's buffered writes
             return JoinPartition(StreamStreamJoin(self.spec, view))
         made = context.task.joins.pop(self._made_by_flush, None)
         if made is not None:
@@ -259,7 +258,6 @@ class StreamStreamJoinDecl:
         idle_after_ms = self.close_idle_after_ms
         if idle_after_ms is None:
             raise InternalError(f"join {self.name!r} has no close_idle_after")
-        view.group_keys_by(BUFFER_GROUP_OF)
         made: list[JoinPartition] = []
         # Registered before the core registers its own hook (which writes its metadata):
         # the stream time and buffer an idle close changes go into the same flush.

@@ -23,12 +23,21 @@ builds every key of it):
 
 The per-event path builds these keys inline with the layout's precompiled packers
 (its inputs are checked once, as :class:`JoinInput` checks them).
+
+While the buffer is small enough (:data:`TRACKED_KEYS_MAX` events), the core also keeps
+the buffer keys of each group in memory, so an event whose key has nothing on the other
+side reads nothing. Over a view that announces its flushes (a table partition, of which
+the core is the only writer between flushes), it trusts that knowledge further: partners
+are read by key (no range read), and the index entries are kept in a heap in index
+order too, so closing windows pops them instead of scanning the index (the stored index
+is still written: it is what a restart reads).
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
 from typing import Literal, NamedTuple
 
 from streamjoin.errors import ConfigurationError, CorruptJoinState, JoinError, KeyEncodingError
@@ -77,8 +86,9 @@ EXPIRY_PREFIX = INDEX
 BUFFER_PREFIX = DATA
 _EXPIRY_END = namespace_range(INDEX)[1]  # the expiry index is all of [EXPIRY_PREFIX, _EXPIRY_END)
 _BUFFER_END = namespace_range(DATA)[1]
-#: a join core counts the buffered events of each key (see StreamStreamJoin._counts) while
-#: at most this many keys have some; past it, every event reads its partners' range
+#: a join core keeps the buffer keys of each key's buffered events in memory (see
+#: StreamStreamJoin._buffered_keys) while at most this many events are buffered; past it,
+#: every event reads its partners' range and closing windows scans the index
 TRACKED_KEYS_MAX = 100_000
 #: the buffer's events grouped by side and key (``BUFFER_PREFIX + side + length_prefixed(key)``):
 #: finding an event's partners is a scan inside one group (see TablePartition.group_keys_by)
@@ -91,6 +101,12 @@ _META_VERSION_1 = 1
 _UNKNOWN_SEQ = MAX_UINT64
 _NO_EXPIRY = MAX_UINT64
 _SIDE_BYTE: dict[Side, bytes] = {"left": b"L", "right": b"R"}
+#: per side: its byte, the other side's, and the heads of their groups (``BUFFER_PREFIX +
+#: side``), for the per-event path
+_SIDE_KEYS: dict[Side, tuple[bytes, bytes, bytes, bytes]] = {
+    "left": (b"L", b"R", BUFFER_PREFIX + b"L", BUFFER_PREFIX + b"R"),
+    "right": (b"R", b"L", BUFFER_PREFIX + b"R", BUFFER_PREFIX + b"L"),
+}
 _MATCHED = b"\x01"
 _UNMATCHED = b"\x00"
 #: expiry index entries handled per scan; bounds memory when much closes at once
@@ -98,6 +114,11 @@ _EXPIRY_BATCH = 1_000
 _U64 = 8
 _META_LAYOUT = struct.Struct(">BQQQQQ")
 _META_LAYOUT_1 = struct.Struct(">BQQQ")
+#: where a group (``BUFFER_PREFIX + side + lp(key)``) has its side and its key, and an
+#: index entry its timestamp
+_SIDE_AT = len(BUFFER_PREFIX)
+_GROUP_KEY_AT = _SIDE_AT + 1 + KEY_LENGTH_BYTES
+_INDEX_TIME_AT = len(EXPIRY_PREFIX)
 
 
 def _check_int(
@@ -282,17 +303,23 @@ class StreamStreamJoin:
         self._hint = _NO_EXPIRY
         self._fresh_left = 0
         self._fresh_right = 0
-        #: buffered events per group (side and key: ``BUFFER_PREFIX + side + lp(key)``), or
-        #: None (not known): an event whose key has none on the other side has no partner,
-        #: and needs no read of the buffer (most events, in a join where most keys have one
-        #: event per side). Known from an empty buffer on (or a scan of a small one), kept
-        #: by this core's own inserts and expiries; dropped when the state changes under it.
-        self._counts: dict[bytes, int] | None = None
+        #: the buffer keys of each group's buffered events (a group is a side and a key:
+        #: ``BUFFER_PREFIX + side + lp(key)``; its keys in no particular order), or None (not
+        #: known): an event whose key has none on the other side has no partner, and needs
+        #: no read of the buffer (most events, in a join where most keys have one event per
+        #: side). Known from an empty buffer on (or a scan of a small one), kept by this
+        #: core's own inserts and expiries; dropped when the state changes under it.
+        self._buffered_keys: dict[bytes, list[bytes]] | None = None
+        #: over a view that announces its flushes, while ``_buffered_keys`` is known: every
+        #: index entry as ``(index key, group, buffer key)``, a heap in index order (what
+        #: closing windows would scan), else None
+        self._expiry_heap: list[tuple[bytes, bytes, bytes]] | None = None
         self.stats = JoinStats()
-        self._load_meta(view.get(META_KEY))
         #: over a view that announces its flushes, the metadata is written once per flush
-        #: (when it changed since the last one), not once per event
+        #: (when it changed since the last one), not once per event; and the core, its only
+        #: writer between flushes, trusts what it keeps in memory (see the module docstring)
         self._deferred = isinstance(view, FlushedKeyValueView)
+        self._load_meta(view.get(META_KEY))
         self._dirty = False
         if isinstance(view, FlushedKeyValueView):
             view.before_take(self._write_meta)
@@ -354,7 +381,7 @@ class StreamStreamJoin:
 
         window_ms = self.spec.window_ms
         is_left = side == "left"
-        side_byte, other_byte = (b"L", b"R") if is_left else (b"R", b"L")
+        side_byte, other_byte, group_head, partner_head = _SIDE_KEYS[side]
         prefixed = pack_key_length(len(key)) + key
         # partners closed at the current stream time never match, even while they are still
         # stored (see JoinSpec.expiry_slack_ms)
@@ -362,16 +389,18 @@ class StreamStreamJoin:
         closed = now - self._open_ms
         if closed > lowest:
             lowest = closed
-        partner_group = BUFFER_PREFIX + other_byte + prefixed
-        counts = self._counts
-        if counts is not None and partner_group not in counts:
+        partner_group = partner_head + prefixed
+        buffered_keys = self._buffered_keys
+        partner_keys = None if buffered_keys is None else buffered_keys.get(partner_group)
+        if partner_keys is None and buffered_keys is not None:
             partners: list[tuple[bytes, bytes]] = []  # nothing of this key on the other side
         else:
-            partners = view.scan_group(
-                partner_group,
-                partner_group + pack_time_seq(lowest if lowest > 0 else 0, 0),
-                partner_group + pack_time_seq(timestamp_ms + window_ms + 1, 0),
-            )
+            start = partner_group + pack_time_seq(lowest if lowest > 0 else 0, 0)
+            end = partner_group + pack_time_seq(timestamp_ms + window_ms + 1, 0)
+            if partner_keys is not None and self._deferred:
+                partners = self._read_partners(partner_group, partner_keys, start, end)
+            else:
+                partners = view.scan_group(partner_group, start, end)
         if partners:
             track_other = self._emits_unmatched[other_byte]
             for partner_key, partner_value in partners:
@@ -394,7 +423,7 @@ class StreamStreamJoin:
                         view.put(partner_index, _MATCHED)
             stats.matched += len(partners)
 
-        group = BUFFER_PREFIX + side_byte + prefixed
+        group = group_head + prefixed
         buffer_key = group + pack_time_seq(timestamp_ms, seq)
         index_key = pack_join_index_head(EXPIRY_PREFIX, timestamp_ms, side_byte, seq) + prefixed
         fresh = self._fresh_left if is_left else self._fresh_right
@@ -459,20 +488,75 @@ class StreamStreamJoin:
         self._fresh_left = meta.fresh_left
         self._fresh_right = meta.fresh_right
         self.stats.buffered = meta.buffered
-        self._counts = self._count_buffered(meta)
+        self._buffered_keys = self._read_buffer_keys(meta)
+        if self._buffered_keys is None:
+            self._expiry_heap = None
+            self._read_ranges()
+        elif not self._deferred:
+            self._expiry_heap = None
+        elif meta.expiry_hint_ms == _NO_EXPIRY:
+            self._expiry_heap = []  # nothing is buffered
+        else:
+            self._expiry_heap = self._read_expiry_heap()
 
-    def _count_buffered(self, meta: _Meta) -> dict[bytes, int] | None:
-        """The buffered events per group, read from the view (None: too many to keep)."""
+    def _read_buffer_keys(self, meta: _Meta) -> dict[bytes, list[bytes]] | None:
+        """The buffer keys per group, read from the view (None: too many to keep)."""
         if meta.expiry_hint_ms == _NO_EXPIRY:
             return {}  # nothing is buffered
         if meta.buffered > TRACKED_KEYS_MAX:
             return None
-        counts: dict[bytes, int] = {}
+        buffered_keys: dict[bytes, list[bytes]] = {}
         tail = 2 * _U64  # a buffer key is its group, u64(ts) and u64(seq)
-        for buffer_key, _ in self.view.scan(BUFFER_PREFIX, _BUFFER_END):
+        for count, (buffer_key, _) in enumerate(self.view.scan(BUFFER_PREFIX, _BUFFER_END)):
+            if count == TRACKED_KEYS_MAX:
+                return None
             group = buffer_key[:-tail]
-            counts[group] = counts.get(group, 0) + 1
-        return counts if len(counts) <= TRACKED_KEYS_MAX else None
+            keys = buffered_keys.get(group)
+            if keys is None:
+                buffered_keys[group] = [buffer_key]
+            else:
+                keys.append(buffer_key)
+        return buffered_keys
+
+    def _read_expiry_heap(self) -> list[tuple[bytes, bytes, bytes]]:
+        """The index entries of the view as :attr:`_expiry_heap` holds them."""
+        heap: list[tuple[bytes, bytes, bytes]] = []
+        for index_key, _ in self.view.scan(EXPIRY_PREFIX, _EXPIRY_END):
+            timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
+            group = BUFFER_PREFIX + side + prefixed
+            heap.append((index_key, group, group + pack_time_seq(timestamp_ms, seq)))
+        heapify(heap)  # (a no-op: the scan is in index order)
+        return heap
+
+    def _forget_buffer_keys(self) -> None:
+        """Stop keeping the buffer in memory (too big, or changed under the core): reads and
+        expiry go to the view until the buffer is empty again."""
+        self._buffered_keys = None
+        self._expiry_heap = None
+        self._read_ranges()
+
+    def _read_ranges(self) -> None:
+        """Over a table partition: have it index its buffered writes for the range reads of
+        partners (until then, the core read them by key and it saved that work)."""
+        if isinstance(self.view, FlushedKeyValueView):
+            self.view.group_keys_by(BUFFER_GROUP_OF)
+
+    def _read_partners(
+        self, group: bytes, keys: list[bytes], start: bytes, end: bytes
+    ) -> list[tuple[bytes, bytes]]:
+        """``view.scan_group(group, start, end)``, read by key: ``keys`` are the group's."""
+        hits = [key for key in keys if start <= key < end]
+        if len(hits) > 1:
+            hits.sort()
+        get = self.view.get
+        partners = []
+        for key in hits:
+            value = get(key)
+            if value is None:  # not what the core buffered: read the range after all
+                self._forget_buffer_keys()
+                return self.view.scan_group(group, start, end)
+            partners.append((key, value))
+        return partners
 
     def _write_meta(self) -> None:
         """Before a flush takes the writes: the metadata, if it changed since the last."""
@@ -489,15 +573,23 @@ class StreamStreamJoin:
         group: bytes,
         matched: bool,
     ) -> None:
-        """Buffer a new event (not a replay) and its expiry entry, and count its key."""
+        """Buffer a new event (not a replay) and its expiry entry, and keep its keys."""
         view.insert(buffer_key, value, group)
         view.insert(index_key, _MATCHED if matched else _UNMATCHED, None)
         self._buffered += 1
-        counts = self._counts
-        if counts is not None:
-            counts[group] = counts.get(group, 0) + 1
-            if len(counts) > TRACKED_KEYS_MAX:
-                self._counts = None  # too many keys to keep: read the buffer instead
+        buffered_keys = self._buffered_keys
+        if buffered_keys is not None:
+            if self._buffered > TRACKED_KEYS_MAX:
+                self._forget_buffer_keys()  # too many to keep: read the buffer instead
+                return
+            keys = buffered_keys.get(group)
+            if keys is None:
+                buffered_keys[group] = [buffer_key]
+            else:
+                keys.append(buffer_key)
+            heap = self._expiry_heap
+            if heap is not None:
+                heappush(heap, (index_key, group, buffer_key))
 
     def _save_meta(self) -> None:
         """Write the attributes back (``_Meta.encode``'s bytes)."""
@@ -523,57 +615,19 @@ class StreamStreamJoin:
             # nothing buffered is old enough to close (or not enough of it): skip the scan
             self._now = stream_time_ms
             return []
-        view = self.view
-        emits_unmatched = self._emits_unmatched
         outputs: list[JoinOutput] = []
-        removed = 0
         index_end = EXPIRY_PREFIX + pack_u64(cutoff)
-        # nothing is buffered below the hint: start there, not at the index's first key (the
-        # range before it may hold many deletes not yet compacted away)
-        index_start = EXPIRY_PREFIX + pack_u64(hint)
-        # One scan finds both what closed and the first entry still open (the next hint).
-        following: bytes | None = None
-        while following is None:
-            closed: list[tuple[bytes, bytes]] = []
-            for index_key, flag in view.scan(index_start, _EXPIRY_END):
-                if index_key >= index_end:
-                    following = index_key
-                    break
-                closed.append((index_key, flag))
-                if len(closed) == _EXPIRY_BATCH:
-                    break
-            # the scan is left behind before anything is written
-            counts = self._counts
-            for index_key, flag in closed:
-                try:  # (not _split_expiry_key: one call less per closed event)
-                    timestamp_ms, side, seq, prefixed = split_join_index_key(index_key)
-                except KeyEncodingError:
-                    raise CorruptJoinState(f"malformed join expiry entry {index_key!r}") from None
-                group = BUFFER_PREFIX + side + prefixed
-                buffer_key = group + pack_time_seq(timestamp_ms, seq)
-                if counts is not None:
-                    left_in_group = counts.get(group, 0) - 1
-                    if left_in_group > 0:
-                        counts[group] = left_in_group
-                    elif left_in_group == 0:
-                        del counts[group]
-                    else:  # an event this core did not count: stop trusting the counts
-                        counts = self._counts = None
-                if flag != _MATCHED and emits_unmatched[side]:
-                    value = view.get(buffer_key)
-                    if value is None:
-                        raise CorruptJoinState(f"join expiry entry {index_key!r} has no event")
-                    left, right = (value, None) if side == b"L" else (None, value)
-                    outputs.append(
-                        JoinOutput(prefixed[KEY_LENGTH_BYTES:], left, right, timestamp_ms)
-                    )
-                # both are present: the index entry was just read, and it has its event
-                view.remove(buffer_key, group)
-                view.remove(index_key, None)
-            removed += len(closed)
-            if len(closed) < _EXPIRY_BATCH:
-                break  # the index ends here (or ``following`` was found)
-            index_start = closed[-1][0] + b"\x00"  # the next batch starts past this one
+        heap = self._expiry_heap
+        if heap is not None:
+            closed: list[tuple[bytes, bytes, bytes]] = []
+            while heap and heap[0][0] < index_end:
+                closed.append(heappop(heap))
+            following = heap[0][0] if heap else None
+            # (every entry popped has its keys kept: the two change together)
+            self._remove_closed(closed, None, outputs)
+            removed = len(closed)
+        else:
+            following, removed = self._close_scanned(hint, index_end, outputs)
         self.stats.expired += removed
         self.stats.unmatched_emitted += len(outputs)
         self._now = stream_time_ms
@@ -583,10 +637,87 @@ class StreamStreamJoin:
             # and no key has anything buffered
             self._hint = _NO_EXPIRY
             self._fresh_left = self._fresh_right = 0
-            self._counts = {}
+            self._buffered_keys = {}
+            self._expiry_heap = [] if self._deferred else None
         else:
             self._hint = _split_expiry_key(following)[0]
         return outputs
+
+    def _close_scanned(
+        self, hint: int, index_end: bytes, outputs: list[JoinOutput]
+    ) -> tuple[bytes | None, int]:
+        """Remove the events whose index entries are below ``index_end``, found by scanning
+        the index; ``(the first entry left, or None, how many were removed)``."""
+        view = self.view
+        removed = 0
+        # nothing is buffered below the hint: start there, not at the index's first key (the
+        # range before it may hold many deletes not yet compacted away)
+        index_start = EXPIRY_PREFIX + pack_u64(hint)
+        # One scan finds both what closed and the first entry still open (the next hint).
+        following: bytes | None = None
+        while following is None:
+            scanned: list[tuple[bytes, bytes]] = []
+            for index_key, flag in view.scan(index_start, _EXPIRY_END):
+                if index_key >= index_end:
+                    following = index_key
+                    break
+                scanned.append((index_key, flag))
+                if len(scanned) == _EXPIRY_BATCH:
+                    break
+            # the scan is left behind before anything is written
+            closed: list[tuple[bytes, bytes, bytes]] = []
+            for index_key, _ in scanned:
+                try:  # (not _split_expiry_key: one call less per closed event)
+                    timestamp_ms, side, seq, prefixed = split_join_index_key(index_key)
+                except KeyEncodingError:
+                    raise CorruptJoinState(f"malformed join expiry entry {index_key!r}") from None
+                group = BUFFER_PREFIX + side + prefixed
+                closed.append((index_key, group, group + pack_time_seq(timestamp_ms, seq)))
+            self._remove_closed(closed, [flag for _, flag in scanned], outputs)
+            removed += len(closed)
+            if len(closed) < _EXPIRY_BATCH:
+                break  # the index ends here (or ``following`` was found)
+            index_start = closed[-1][0] + b"\x00"  # the next batch starts past this one
+        return following, removed
+
+    def _remove_closed(
+        self,
+        closed: list[tuple[bytes, bytes, bytes]],
+        flags: list[bytes] | None,
+        outputs: list[JoinOutput],
+    ) -> None:
+        """Remove closed events, ``(index key, group, buffer key)`` in index order, and
+        append the unmatched ones that are emitted to ``outputs``. ``flags`` are their
+        matched flags (None: read those that are needed)."""
+        view = self.view
+        emits_unmatched = self._emits_unmatched
+        any_unmatched = emits_unmatched[b"L"] or emits_unmatched[b"R"]
+        buffered_keys = self._buffered_keys
+        for at, (index_key, group, buffer_key) in enumerate(closed):
+            if buffered_keys is not None:
+                keys = buffered_keys.get(group)
+                if keys is not None and buffer_key in keys:
+                    if len(keys) == 1:
+                        del buffered_keys[group]
+                    else:
+                        keys.remove(buffer_key)
+                else:  # an event this core did not keep: stop trusting what it keeps
+                    self._forget_buffer_keys()
+                    buffered_keys = None
+            # (an inner join emits nothing here: it skips the side and the flag)
+            if any_unmatched and emits_unmatched[group[_SIDE_AT : _SIDE_AT + 1]]:
+                flag = view.get(index_key) if flags is None else flags[at]
+                if flag != _MATCHED:
+                    value = view.get(buffer_key)
+                    if value is None:
+                        raise CorruptJoinState(f"join expiry entry {index_key!r} has no event")
+                    is_left = group[_SIDE_AT : _SIDE_AT + 1] == b"L"
+                    left, right = (value, None) if is_left else (None, value)
+                    timestamp_ms = unpack_u64(index_key[_INDEX_TIME_AT : _INDEX_TIME_AT + _U64])[0]
+                    outputs.append(JoinOutput(group[_GROUP_KEY_AT:], left, right, timestamp_ms))
+            # both are present: the index entry was found, and it has its event
+            view.remove(buffer_key, group)
+            view.remove(index_key, None)
 
 
 # ------------------------------------------------------------------ table-table

@@ -67,6 +67,12 @@ class FlushedKeyValueView(KeyValueView, Protocol):
         """Call ``hook`` right before every flush takes the buffered writes."""
         ...
 
+    def group_keys_by(self, group_of: Callable[[bytes], bytes | None]) -> None:
+        """Index buffered writes by ``group_of(key)`` from now on, so that ``scan_group``
+        reads only its group's (a core that reads partners by range asks for it; one that
+        knows its partners' keys saves the indexing)."""
+        ...
+
 
 class MemoryKeyValueView:
     """A :class:`KeyValueView` in memory: for tests and Spark backfills.
