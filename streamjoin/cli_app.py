@@ -202,6 +202,16 @@ def _worker_help() -> str:
     help="Longest a stop may take before the worker exits anyway (default: the app's "
     "shutdown_timeout, 30).",
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 512),
+    default=1,
+    show_default=True,
+    help="Run this many worker processes, each a member of the group with its own event "
+    "loop (a worker uses about one core): state in <state dir>/process-<i>, instance id "
+    "<instance id>-<i>, web port <web port>+<i>. If one ends on its own, the others are "
+    "stopped and the command exits with its code.",
+)
 def worker(
     app_spec: str,
     broker: str | None,
@@ -217,6 +227,7 @@ def worker(
     web_tls_ca: Path | None,
     startup_timeout: float | None,
     shutdown_timeout: float | None,
+    processes: int,
 ) -> None:
     import os
 
@@ -254,6 +265,9 @@ def worker(
         app.configure(**overrides)  # validated like the App's own settings
     except StreamjoinError as exc:  # AppNotFound, StartupError, ConfigurationError...
         raise _cannot_start(str(exc)) from exc
+    if processes > 1:
+        passed = _same_for_every_process(broker, web_host, tls_files, startup_timeout)
+        raise SystemExit(_run_processes(app, app_spec, loglevel, processes, passed, query_token))
     raise SystemExit(
         run_worker(
             app,
@@ -263,6 +277,57 @@ def worker(
             secrets=app.config.secret_values(),
         )
     )
+
+
+def _same_for_every_process(
+    broker: str | None,
+    web_host: str | None,
+    tls_files: dict[str, Path | None],
+    startup_timeout: float | None,
+) -> list[str]:
+    """The worker options given on the command line that every ``--processes`` child gets
+    as they are (the query token goes by environment: not in ``ps``)."""
+    passed: list[str] = []
+    if broker:
+        passed += ["--broker", broker]
+    if web_host is not None:
+        passed += ["--web-host", web_host]
+    for name, path in tls_files.items():
+        if path is not None:
+            passed += [f"--{name.replace('_', '-')}", str(path)]
+    if startup_timeout is not None:
+        passed += ["--startup-timeout", str(startup_timeout)]
+    return passed
+
+
+def _run_processes(
+    app: App,
+    app_spec: str,
+    loglevel: str,
+    processes: int,
+    passed: list[str],
+    query_token: str | None,
+) -> int:
+    """``worker --processes N``: N children (see :mod:`streamjoin.cli_processes`)."""
+    import logging
+    import os
+
+    from streamjoin.cli_processes import child_command, child_settings, run_processes
+
+    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    config = app.config
+    state_dir = config.state_path
+    shutdown = config.shutdown_timeout
+    passed = [*passed, "--shutdown-timeout", str(shutdown)]
+    try:
+        every = child_settings(processes, state_dir, config.group_instance_id, config.web_port)
+    except ConfigurationError as exc:
+        raise _cannot_start(str(exc)) from exc
+    commands = [child_command(app_spec, loglevel, settings, passed) for settings in every]
+    env = dict(os.environ)
+    if query_token:
+        env["STREAMJOIN_QUERY_TOKEN"] = query_token
+    return run_processes(commands, shutdown, env=env)
 
 
 @click.command("agents")
