@@ -199,7 +199,10 @@ class TablePartition:
             return
         pending[key] = value
         self._fresh.add(key)
-        self._index_in(key, group if self._group_of is not None else None)
+        if self._group_of is not None:
+            self._index_in(key, group)
+        elif self._sorted is not None:  # (else nothing indexes: no call)
+            self._index_in(key, None)
 
     def remove(self, key: bytes, group: bytes | None) -> None:
         """:meth:`delete` of a key the caller knows is present (``get`` returns a value),
@@ -216,7 +219,10 @@ class TablePartition:
             flushing = self.flushing
             if not flushing or key not in flushing:
                 self._stored_deletes.add(key)  # present, and in neither buffer: in the store
-                self._index_in(key, group if self._group_of is not None else None)
+                if self._group_of is not None:
+                    self._index_in(key, group)
+                elif self._sorted is not None:
+                    self._index_in(key, None)
             elif flushing[key] is not None:
                 # the flush under way writes it: the store has it once that flush is done
                 # (the next flush filters tombstones only if it was)
