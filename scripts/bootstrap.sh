@@ -44,3 +44,19 @@ if [ ! -f "$stamp" ]; then
   find .venv -maxdepth 1 -name '.streamjoin-*' ! -name ".streamjoin-$hash-*" -delete
   touch "$stamp"
 fi
+
+# The compiled hot paths (native/: a Rust extension built with maturin from crates.io), where
+# cargo is found; without it streamjoin runs their pure-Python twins (same results, slower).
+if command -v cargo >/dev/null 2>&1; then
+  native_hash="$(cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/*.rs \
+    native/*.pyi | sha1sum | cut -c1-12)"
+  native_stamp=".venv/.streamjoin-native-$native_hash"
+  if [ ! -f "$native_stamp" ]; then
+    echo "[bootstrap] building the compiled hot paths (native/, cargo)" >&2
+    .venv/bin/python -m pip install -q --disable-pip-version-check ./native
+    find .venv -maxdepth 1 -name '.streamjoin-native-*' ! -name ".streamjoin-native-$native_hash" -delete
+    touch "$native_stamp"
+  fi
+else
+  echo "[bootstrap] cargo not found: the pure-Python partitioner is used (install Rust to build native/)" >&2
+fi

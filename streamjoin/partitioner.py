@@ -12,19 +12,31 @@ pinned by the golden vectors of Kafka's ``UtilsTest.testMurmur2``.
 Null keys are *not* hashed: Kafka's default partitioner spreads them
 (sticky/random) instead, so :func:`partition_for_key` rejects ``None`` and the
 caller lets the producer choose.
+
+Every keyed record sent and every table access goes through here, and a murmur2 in
+Python costs about a microsecond: when the compiled ``streamjoin_native`` module is
+installed (``native/``, built by ``scripts/bootstrap.sh`` where cargo is found),
+``murmur2`` and ``partition_for_key`` of ``bytes`` use it (about 35 ns). The Python
+functions below (:func:`pure_murmur2`, :func:`pure_partition_for_key`) are its twin,
+kept as the fallback and compared with it by property tests;
+``STREAMJOIN_PURE_PYTHON=1`` in the environment uses them even when it is installed.
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from streamjoin.errors import ArgumentTypeError, ConfigurationError
 
 __all__ = [
+    "NATIVE",
     "murmur2",
     "partition_for_key",
     "partitions_for_keys",
+    "pure_murmur2",
+    "pure_partition_for_key",
     "to_positive",
 ]
 
@@ -43,7 +55,7 @@ _POSITIVE_HASHES: dict[bytes, int] = {}
 _CACHED_HASHES = 1 << 16
 
 
-def murmur2(data: bytes | bytearray | memoryview) -> int:
+def pure_murmur2(data: bytes | bytearray | memoryview) -> int:
     """Kafka's murmur2 of ``data``, as Java's signed 32-bit ``int``.
 
     Java wraps on overflow, so every multiplication is masked back to 32 bits;
@@ -83,7 +95,7 @@ def _check_partition_count(num_partitions: int) -> None:
         raise ConfigurationError(f"num_partitions must be >= 1, got {num_partitions}")
 
 
-def partition_for_key(key: bytes, num_partitions: int) -> int:
+def pure_partition_for_key(key: bytes, num_partitions: int) -> int:
     """The partition Kafka's Java producer picks for the serialized ``key``.
 
     Raises :class:`~streamjoin.errors.ArgumentTypeError` for ``None``: the producer
@@ -99,7 +111,7 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
             "cannot hash a None key: Kafka does not hash null keys; "
             "send with partition=None and let the producer place the record"
         )
-    positive = to_positive(murmur2(key))
+    positive = to_positive(pure_murmur2(key))
     if type(key) is bytes:
         if len(_POSITIVE_HASHES) >= _CACHED_HASHES:
             _POSITIVE_HASHES.clear()
@@ -118,3 +130,43 @@ def partitions_for_keys(keys: Iterable[bytes], num_partitions: int) -> list[int]
             )
         out.append(to_positive(murmur2(key)) % num_partitions)
     return out
+
+
+def _native() -> tuple[Callable[[bytes], int], Callable[[bytes, int], int]] | None:
+    """``streamjoin_native``'s murmur2 and partition, unless it is not installed or the
+    environment asks for pure Python."""
+    if os.environ.get("STREAMJOIN_PURE_PYTHON") == "1":
+        return None
+    try:
+        import streamjoin_native  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    return streamjoin_native.murmur2, streamjoin_native.partition
+
+
+_NATIVE = _native()
+#: partition counts the compiled partition takes (a signed 64-bit int)
+_I64 = 1 << 63
+#: whether the compiled partitioner is in use
+NATIVE = _NATIVE is not None
+
+if _NATIVE is None:
+    murmur2 = pure_murmur2
+    partition_for_key = pure_partition_for_key
+else:
+    _native_murmur2, _native_partition = _NATIVE
+
+    def murmur2(data: bytes | bytearray | memoryview) -> int:
+        """Kafka's murmur2 of ``data``, as Java's signed 32-bit ``int`` (compiled for
+        ``bytes``; :func:`pure_murmur2` otherwise)."""
+        if type(data) is bytes:
+            return _native_murmur2(data)
+        return pure_murmur2(data)
+
+    def partition_for_key(key: bytes, num_partitions: int) -> int:
+        """The partition Kafka's Java producer picks for the serialized ``key`` (compiled
+        for ``bytes`` and a valid count; :func:`pure_partition_for_key`, which words the
+        errors, otherwise)."""
+        if type(key) is bytes and type(num_partitions) is int and 0 < num_partitions < _I64:
+            return _native_partition(key, num_partitions)
+        return pure_partition_for_key(key, num_partitions)

@@ -145,6 +145,8 @@ def test_partitions_for_keys_errors() -> None:
 def test_cached_hashes_give_the_same_partitions_and_checks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The pure partitioner's cache (the compiled one needs none)."""
+    partition_for_key = partitioner.pure_partition_for_key
     monkeypatch.setattr(partitioner, "_POSITIVE_HASHES", {})
     monkeypatch.setattr(partitioner, "_CACHED_HASHES", 7)  # overflows, and is cleared
     keys = [f"key-{i}".encode() for i in range(50)]
@@ -158,3 +160,38 @@ def test_cached_hashes_give_the_same_partitions_and_checks(
     for bad in (0, -1, True, 2.0):
         with pytest.raises((ConfigurationError, ArgumentTypeError)):
             partition_for_key(cached, bad)  # type: ignore[arg-type]
+
+
+# -- the compiled twin (native/, streamjoin_native) ----------------------------------------
+
+
+def test_the_compiled_partitioner_is_in_use_where_bootstrap_can_build_it() -> None:
+    """scripts/bootstrap.sh builds native/ wherever cargo is found: a machine with cargo
+    whose partitioner is the pure one lost the compiled path without a word."""
+    import os
+    import shutil
+
+    if os.environ.get("STREAMJOIN_PURE_PYTHON") == "1" or shutil.which("cargo") is None:
+        assert partitioner.murmur2 is partitioner.pure_murmur2  # (the fallback, then)
+        return
+    assert partitioner.NATIVE, "cargo is on PATH but streamjoin_native is not installed"
+    assert partitioner.murmur2 is not partitioner.pure_murmur2
+
+
+@pytest.mark.parametrize(("data", "expected"), KAFKA_UTILS_TEST_VECTORS)
+def test_the_pure_twin_matches_kafka_utils_test_vectors(data: bytes, expected: int) -> None:
+    assert partitioner.pure_murmur2(data) == expected
+
+
+@settings(print_blob=True, max_examples=500)
+@given(st.binary(max_size=300), st.integers(min_value=1, max_value=2**31 - 1))
+def test_compiled_and_pure_twins_give_identical_results(data: bytes, partitions: int) -> None:
+    assert murmur2(data) == partitioner.pure_murmur2(data)
+    assert partition_for_key(data, partitions) == partitioner.pure_partition_for_key(
+        data, partitions
+    )
+    # (other buffers, huge counts and bad input take the pure path: same answers, same errors)
+    assert murmur2(bytearray(data)) == partitioner.pure_murmur2(data)
+    assert partition_for_key(data, 2**70 + partitions) == partitioner.pure_partition_for_key(
+        data, 2**70 + partitions
+    )
