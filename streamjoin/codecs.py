@@ -185,17 +185,27 @@ def _json_dumps(codec: str, obj: Any) -> bytes:
     if kind is str:
         return _utf8(codec, _encode_str(obj))
     # A dict (str keys) or list of scalars: checked inline, as this runs once per record
-    # sent and per table write.
+    # sent and per table write. Floats too where msgspec writes Python's repr: zero and
+    # magnitudes in [1e-4, 1e16), the range repr writes without an exponent (outside it
+    # msgspec writes 1e16 where repr writes 1e+16).
     plain = False
     if kind is dict:
         for key, item in obj.items():
-            if type(key) is not str or type(item) not in _PLAIN_SCALARS:
+            if type(key) is not str:
+                break
+            if type(item) not in _PLAIN_SCALARS and not (
+                type(item) is float
+                and (1e-4 <= item < 1e16 or -1e16 < item <= -1e-4 or item == 0.0)
+            ):
                 break
         else:
             plain = True
     elif kind is list:
         for item in obj:
-            if type(item) not in _PLAIN_SCALARS:
+            if type(item) not in _PLAIN_SCALARS and not (
+                type(item) is float
+                and (1e-4 <= item < 1e16 or -1e16 < item <= -1e-4 or item == 0.0)
+            ):
                 break
         else:
             plain = True

@@ -766,8 +766,12 @@ class _Label(str):
         {_Label("b"): 1, "a": 2},  # a str subclass key: left to the encoder
         {1: "x", 2: None},  # int keys: the encoder writes them as strings
         {True: 1},
-        {"a": 1.5, "b": 1e-05},  # floats: left to the encoder
-        [1, "x", None, 2.5],
+        {"a": 1.5, "b": 1e-05},  # a float repr writes with an exponent: left to the encoder
+        [1, "x", None, 2.5, 1e16],
+        # floats at the edges of the range msgspec writes as repr does
+        {"a": 1e-4, "b": 9.999999999999999e-05, "c": -1e-4, "d": -0.0, "e": 0.0},
+        {"a": 9999999999999998.0, "b": 1e16, "c": -9999999999999998.0, "d": 5e-324},
+        [0.1, 2.5, -1234567.125, 1e-4, 9.999999999999999e-05, 1e16, 9999999999999998.0],
     ],
 )
 def test_json_dicts_and_lists_outside_the_fast_path_encode_as_the_standard_library(
