@@ -250,7 +250,13 @@ async def _fk_broker_crash_run(
             if any(line in str(exc) for line in waiting):
                 raise BrokerLostMarkers(str(exc)) from exc
             raise
+        # (the worker notices the broker is back after 2 quiet seconds and a probe: that
+        # line may come after the last commit)
+        deadline = time.monotonic() + 30
         log = workers.log_of("w")
+        while "reachable again" not in log and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            log = workers.log_of("w")
         assert "unreachable; retrying" in log and "reachable again" in log, log[-6000:]
         got, repeats = await settled_output(bootstrap, workers, "w", tables.joined("left"))
     finally:
