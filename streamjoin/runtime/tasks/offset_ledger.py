@@ -267,12 +267,7 @@ class OffsetTracker:
                 run = None
             raise InternalError(f"{topic}[{partition}]@{offset} acknowledged but not pending")
         if run is not None and ledger is not None:
-            if counts is None and walked < size:
-                run.done = walked  # (the usual ends, spelled out)
-            elif counts is not None and start != run.done:
-                run.ahead += walked - start
-            else:
-                _end_walk(ledger, run, counts, start, walked)
+            _end_walk(ledger, run, counts, start, walked)
 
     def committable(self) -> dict[TopicPartition, int]:
         """Positions that advanced since the last :meth:`mark_committed`."""
