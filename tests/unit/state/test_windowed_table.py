@@ -146,14 +146,15 @@ async def test_hopping_item_assignment_is_refused() -> None:
 
 
 def counting_app(
-    size_ms: int = 10_000, retention_ms: int = 10_000, grace_ms: int = 0
+    size_ms: int = 10_000, retention_ms: int = 10_000, grace_ms: int = 0, keys: str = "str"
 ) -> tuple[streamjoin.App, WindowedTable]:
+    """``table[event.key] += 1`` per event; ``keys``: the key codec of topic and table."""
     app = streamjoin.App("win-unit")
-    clicks = app.topic("clicks", key_serializer="str", partitions=1)
+    clicks = app.topic("clicks", key_serializer=keys, partitions=1)
     table = app.table(
         "counts",
         default=int,
-        key_serializer="str",
+        key_serializer=keys,
         window=TumblingWindows(size_ms=size_ms, grace_ms=grace_ms, retention_ms=retention_ms),
         copartitioned_with=clicks,
     )
@@ -560,44 +561,23 @@ async def test_remembered_key_bytes_read_and_write_what_encoding_each_key_would(
     bound = window_partition.KEY_ENTRIES
     window_partition.KEY_ENTRIES = remembered
     try:
-        stored, model, table = await _count_keys(events)
+        app, table = counting_app(size_ms=10, retention_ms=10_000, keys="json")
+        model: dict[tuple[bytes, int], int] = {}
+        async with TestDriver(app) as driver:
+            for key, ts in events:
+                await driver.put("clicks", key=key, value=1, timestamp_ms=ts)
+                encoded = table.key_codec.dumps(key)
+                assert encoded is not None
+                start = ts - ts % 10
+                model[(encoded, start)] = model.get((encoded, start), 0) + 1
+            await driver.drain()
+            stored = {
+                k: v
+                for k, v in table.active_partition(0).store.items()
+                if k.startswith(layout.DATA)
+            }
     finally:
         window_partition.KEY_ENTRIES = bound
     assert stored == {
         layout.data_key(key, start): table.value_codec.dumps(n) for (key, start), n in model.items()
     }
-
-
-async def _count_keys(
-    events: list[tuple[object, int]],
-) -> tuple[dict[bytes, bytes], dict[tuple[bytes, int], int], WindowedTable]:
-    app = streamjoin.App("win-keys")
-    clicks = app.topic("clicks", key_serializer="json", partitions=1)
-    table = app.table(
-        "counts",
-        default=int,
-        key_serializer="json",
-        window=TumblingWindows(size_ms=10, retention_ms=10_000),
-        copartitioned_with=clicks,
-    )
-    keys = iter([key for key, _ in events])
-
-    @app.agent(clicks)
-    async def count(stream: Stream) -> None:
-        async for _event in stream:
-            table[next(keys)] += 1
-
-    model: dict[tuple[bytes, int], int] = {}
-    async with TestDriver(app) as driver:
-        for key, ts in events:
-            await driver.put("clicks", key="k", value=1, timestamp_ms=ts)
-            encoded = table.key_codec.dumps(key)
-            assert encoded is not None
-            start = ts - ts % 10
-            model[(encoded, start)] = model.get((encoded, start), 0) + 1
-        await driver.drain()
-        stored = {
-            k: v for k, v in table.active_partition(0).store.items() if k.startswith(layout.DATA)
-        }
-    assert isinstance(table, WindowedTable)
-    return stored, model, table
