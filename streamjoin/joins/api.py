@@ -232,7 +232,7 @@ class StreamStreamJoinDecl:
                 f"{context.record.topic}[{context.record.partition}]"
             )
         if self.close_idle_after_ms is None:
-            return JoinPartition(StreamStreamJoin(self.spec, view))
+            return JoinPartition(self._core(view))
         made = context.task.joins.pop(self._made_by_flush, None)
         if made is not None:
             return made  # (its counters are this worker's: see _run_counters)
@@ -262,7 +262,7 @@ class StreamStreamJoinDecl:
         # Registered before the core registers its own hook (which writes its metadata):
         # the stream time and buffer an idle close changes go into the same flush.
         view.before_take(lambda: self._close_idle(made[0], view, counters))
-        core = StreamStreamJoin(self.spec, view)
+        core = self._core(view)
         idle = IdleClock(
             idle_after_ms,
             now_ms=self._now_ms(),
@@ -274,6 +274,20 @@ class StreamStreamJoinDecl:
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    def _core(self, view: TablePartition) -> StreamStreamJoin:
+        """The join core over the buffer partition ``view`` (it reads the buffer now)."""
+        core = StreamStreamJoin(self.spec, view)
+        if core.stats.leftovers_dropped:
+            log.warning(
+                "join %s: buffer partition %d held %d events below its expiry hint, written "
+                "after its metadata (a late flush of a worker that had lost the partition); "
+                "dropped without output: their inputs were processed since, or are replayed",
+                self.name,
+                view.partition,
+                core.stats.leftovers_dropped,
+            )
+        return core
 
     def _close_idle(self, part: JoinPartition, view: TablePartition, counters: JoinStats) -> None:
         """At a flush of the buffer partition: if the partition has been idle long enough,

@@ -216,6 +216,9 @@ class JoinStats:
     beyond_grace: int = 0  #: inputs later than grace but accepted: their joins may be partial
     buffered: int = 0  #: events currently buffered
     expired: int = 0  #: buffered events removed at window close
+    #: buffered events found below the expiry hint when the state was read (written after
+    #: the metadata: a late flush of a worker that had lost the partition): removed unseen
+    leftovers_dropped: int = 0
 
 
 class _Meta(NamedTuple):
@@ -494,39 +497,79 @@ class StreamStreamJoin:
             self._read_ranges()
         elif not self._deferred:
             self._expiry_heap = None
-        elif meta.expiry_hint_ms == _NO_EXPIRY:
-            self._expiry_heap = []  # nothing is buffered
         else:
             self._expiry_heap = self._read_expiry_heap()
 
     def _read_buffer_keys(self, meta: _Meta) -> dict[bytes, list[bytes]] | None:
-        """The buffer keys per group, read from the view (None: too many to keep)."""
-        if meta.expiry_hint_ms == _NO_EXPIRY:
+        """The buffer keys per group, read from the view (None: too many to keep).
+
+        Also makes the fresh seqs true of the view: a flush cut short may have stored
+        events its metadata does not count (their replays must find them buffered). Over
+        a view that announces its flushes, events below the expiry hint are leftovers
+        (see :meth:`_drop_leftover`)."""
+        deferred = self._deferred
+        if meta.expiry_hint_ms == _NO_EXPIRY and not deferred:
             return {}  # nothing is buffered
         if meta.buffered > TRACKED_KEYS_MAX:
             return None
+        hint = meta.expiry_hint_ms
         buffered_keys: dict[bytes, list[bytes]] = {}
-        tail = 2 * _U64  # a buffer key is its group, u64(ts) and u64(seq)
+        seq_at = -_U64
+        time_at = seq_at - _U64  # a buffer key is its group, u64(ts) and u64(seq)
+        last_seq = {b"L": -1, b"R": -1}
+        leftovers: list[tuple[bytes, bytes]] = []
         for count, (buffer_key, _) in enumerate(self.view.scan(BUFFER_PREFIX, _BUFFER_END)):
             if count == TRACKED_KEYS_MAX:
                 return None
-            group = buffer_key[:-tail]
+            group = buffer_key[:time_at]
+            if deferred and unpack_u64(buffer_key[time_at:seq_at])[0] < hint:
+                leftovers.append((buffer_key, group))
+                continue
+            side = group[_SIDE_AT : _SIDE_AT + 1]
+            seq = unpack_u64(buffer_key[seq_at:])[0]
+            if seq > last_seq[side]:
+                last_seq[side] = seq
             keys = buffered_keys.get(group)
             if keys is None:
                 buffered_keys[group] = [buffer_key]
             else:
                 keys.append(buffer_key)
+        for buffer_key, group in leftovers:
+            self._drop_leftover(buffer_key, group)
+        if self._fresh_left != _UNKNOWN_SEQ and last_seq[b"L"] >= self._fresh_left:
+            self._fresh_left = min(last_seq[b"L"] + 1, _UNKNOWN_SEQ)
+        if self._fresh_right != _UNKNOWN_SEQ and last_seq[b"R"] >= self._fresh_right:
+            self._fresh_right = min(last_seq[b"R"] + 1, _UNKNOWN_SEQ)
         return buffered_keys
 
     def _read_expiry_heap(self) -> list[tuple[bytes, bytes, bytes]]:
-        """The index entries of the view as :attr:`_expiry_heap` holds them."""
+        """The index entries of the view as :attr:`_expiry_heap` holds them (leftovers
+        below the expiry hint dropped)."""
         heap: list[tuple[bytes, bytes, bytes]] = []
+        hint = self._hint
         for index_key, _ in self.view.scan(EXPIRY_PREFIX, _EXPIRY_END):
             timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
+            if timestamp_ms < hint:
+                self._drop_leftover(index_key, None)
+                continue
             group = BUFFER_PREFIX + side + prefixed
             heap.append((index_key, group, group + pack_time_seq(timestamp_ms, seq)))
         heapify(heap)  # (a no-op: the scan is in index order)
         return heap
+
+    def _drop_leftover(self, key: bytes, group: bytes | None) -> None:
+        """Remove an entry (buffer or index) found below the expiry hint, unseen.
+
+        Nothing this core buffers is below the hint its metadata holds, and both are
+        flushed together; but under at-least-once a worker that lost the partition (frozen
+        past its session timeout) can deliver the flush it had under way after the new
+        owner's, so a restore holds events that owner had closed since, as they were
+        before (an impression not yet matched). Their input is at or past the committed
+        offsets that were replayed: dropping them loses nothing, closing them would emit
+        them again (the range scans before in-memory keys never reached them)."""
+        self.view.remove(key, group)
+        if group is not None:
+            self.stats.leftovers_dropped += 1
 
     def _forget_buffer_keys(self) -> None:
         """Stop keeping the buffer in memory (too big, or changed under the core): reads and

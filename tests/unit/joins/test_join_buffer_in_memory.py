@@ -77,7 +77,7 @@ def test_over_a_table_partition_partners_and_closes_need_no_range_read() -> None
     assert join.process(JoinInput("left", b"b", b"l1", 106, 1)) == []
     # b's window closes (matched a's do not emit)
     assert join.advance(200) == [JoinOutput(b"b", b"l1", None, 106)]
-    assert (view.scans, view.group_scans) == (0, 0)
+    assert (view.scans, view.group_scans) == (2, 0)  # the buffer and the index, at start
     assert join.stats.buffered == 0
     assert not view.grouped  # nothing reads a range: the partition need not index groups
 
@@ -140,6 +140,64 @@ def test_a_partner_gone_behind_the_cores_back_is_read_from_the_view_after_all() 
     assert view.grouped
     join.process(JoinInput("right", b"c", b"r1", 103, 1))
     assert view.group_scans == 2  # nothing kept in memory any more: every event reads
+
+
+def _buffered_events(store: MemoryStorePartition) -> dict[bytes, bytes]:
+    """The buffer and index entries of ``store`` (everything but the metadata)."""
+    return {k: v for k, v in store.items(b"", None) if k[:1] in (b"\x01", BUFFER_PREFIX)}
+
+
+def test_entries_written_behind_the_metadata_are_dropped_without_output() -> None:
+    """Under at-least-once, a worker that lost a partition while frozen can still deliver
+    the flush it had under way when it resumes: its changelog writes land after the new
+    owner's, and the next restore holds events that owner had already closed (the
+    impression below still unmatched, though the new owner saw its click). The metadata
+    says nothing is buffered below its expiry hint: those entries are leftovers, and a
+    core that loads them drops them without output (seen in CI: false unmatched
+    impressions after a stalled worker rejoined)."""
+    store = MemoryStorePartition()
+    view = TablePartition("buffer", 0, store)
+    owner = StreamStreamJoin(JoinSpec(10, 0, "left"), view)
+    owner.process(JoinInput("left", b"a", b"imp", 100, 0))
+    _flush(view, 1)
+    late_flush = _buffered_events(store)  # what the frozen worker still delivers
+    assert owner.process(JoinInput("right", b"a", b"clk", 105, 0)) == [
+        JoinOutput(b"a", b"imp", b"clk", 105)
+    ]
+    assert owner.process(JoinInput("left", b"b", b"other", 300, 1)) == []  # closes a's
+    _flush(view, 2)
+    store.write(late_flush, 3)
+
+    again_view = TablePartition("buffer", 0, store)
+    again = StreamStreamJoin(JoinSpec(10, 0, "left"), again_view)
+    assert again.stats.leftovers_dropped == 1
+    assert again.advance(1000) == [JoinOutput(b"b", b"other", None, 300)]
+    _flush(again_view, 4)
+    assert _buffered_events(store) == {}
+
+
+def test_an_event_the_metadata_missed_is_buffered_once_when_replayed() -> None:
+    """A flush cut short can leave an event's entries in the changelog without the
+    metadata that counts it; its replay finds it buffered (no second copy in memory: its
+    partner is joined once and its window closes once)."""
+    store = MemoryStorePartition()
+    view = TablePartition("buffer", 0, store)
+    first = StreamStreamJoin(JoinSpec(10, 0, "left"), view)
+    first.process(JoinInput("left", b"a", b"l0", 100, 0))
+    _flush(view, 1)
+    first.process(JoinInput("left", b"a", b"l1", 102, 1))
+    partial = {k: v for k, v in view.take_pending().items() if k != core_module.META_KEY}
+    store.write(partial, 2)  # the entries reached the changelog, the metadata did not
+
+    again_view = TablePartition("buffer", 0, store)
+    again = StreamStreamJoin(JoinSpec(10, 0, "left"), again_view)
+    assert again.process(JoinInput("left", b"a", b"l1", 102, 1)) == []  # the replay
+    assert again.process(JoinInput("right", b"a", b"r0", 104, 0)) == [
+        JoinOutput(b"a", b"l0", b"r0", 104),
+        JoinOutput(b"a", b"l1", b"r0", 104),
+    ]
+    assert again.advance(1000) == []
+    assert again.stats.expired == 3
 
 
 def _run(
