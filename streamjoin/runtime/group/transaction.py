@@ -403,7 +403,8 @@ class TransactionalSender(KafkaSender):
         return (
             f"{waits}; {unanswered} of its {len(self._outcomes)} sends unanswered; "
             f"aiokafka's transaction state {manager.state.name}, partitions to add "
-            f"{sorted(map(tuple, manager.partitions_to_add()))}, its sender task {running}"
+            f"{sorted(map(tuple, manager.partitions_to_add()))}, its sender task {running}; "
+            f"batches not yet handed over: {self.describe_unhanded()}"
         )
 
     async def _add_offsets(

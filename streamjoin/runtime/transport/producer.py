@@ -35,6 +35,7 @@ from aiokafka.errors import (
     OutOfOrderSequenceNumber,
     UnknownProducerId,
 )
+from aiokafka.structs import TopicPartition
 from mode import Service
 
 from streamjoin.context import Delivery, Headers, OutgoingRecord
@@ -559,6 +560,45 @@ class KafkaSender(Service):
         if waiting:
             await asyncio.wait(waiting)
 
+    def describe_unhanded(self) -> str:
+        """The partitions whose batches are not all handed to the producer yet, and what
+        each waits for (for the warning of a commit or flush that takes too long)."""
+        producer = self._producer
+        parts: list[str] = []
+        for outbox in self._outboxes.values():
+            last = outbox.last()
+            if last is None or (last.handed is not None and last.handed.done()):
+                continue
+            tp = TopicPartition(outbox.topic, outbox.partition)
+            pump = outbox.pump
+            if pump is None:
+                pumping = "no pump"
+            elif pump.done():
+                pumping = "pump ended"
+            else:
+                pumping = f"pump waiting in {_awaiting(pump)}"
+            where = f"{len(outbox.full)} full and {0 if outbox.open is None else 1} open batches"
+            if outbox.submitting is not None:
+                where += ", one being handed over"
+            if self._replacing is not None:
+                where += ", the producer being replaced"
+            if producer is not None:
+                try:  # (aiokafka's internals: a description, never a failure of its own)
+                    accumulated = producer._message_accumulator._batches.get(tp)
+                    sender = producer._sender
+                    leader = producer.client.cluster.leader_for_partition(tp)
+                    busy = leader in sender._in_flight
+                    in_flight = " (a request in flight to it)" if busy else ""
+                    muted = ", muted" if tp in sender._muted_partitions else ""
+                    where += (
+                        f"; aiokafka holds {len(accumulated or ())} batches for it, leader "
+                        f"{leader}{in_flight}{muted}"
+                    )
+                except AttributeError:
+                    pass
+            parts.append(f"{outbox.topic}[{outbox.partition}]: {where}, {pumping}")
+        return "; ".join(parts) or "none"
+
     async def _drop_unsent(self) -> None:
         """Forget the batches not yet handed over (their transaction aborted: their events
         are processed again; or the producer stops)."""
@@ -568,6 +608,11 @@ class KafkaSender(Service):
         if pumps:
             await asyncio.wait(pumps)
         for outbox in self._outboxes.values():
+            if outbox.pump is not None and outbox.pump.done():
+                # A pump cancelled before its first step never ran its own cleanup: left
+                # in place, no batch of the partition would be handed over again.
+                outbox.pump = None
+                outbox.submitting = None
             dropped = [*outbox.full, *([outbox.open] if outbox.open is not None else [])]
             outbox.full.clear()
             outbox.open = None
@@ -663,6 +708,18 @@ def dropped_delivery() -> asyncio.Future[Any]:
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     future.cancel()
     return future
+
+
+def _awaiting(task: asyncio.Task[Any]) -> str:
+    """Where ``task`` waits: its chain of coroutines, outermost first (function:line)."""
+    chain: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and hasattr(awaited, "cr_frame"):
+        frame = awaited.cr_frame
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+        awaited = awaited.cr_await
+    return " > ".join(chain) or "?"
 
 
 def _wake(outbox: Outbox) -> None:

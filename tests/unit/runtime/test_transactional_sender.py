@@ -137,3 +137,50 @@ async def test_an_abort_the_producer_never_answers_replaces_the_producer(
     await asyncio.wait_for(sender.abort(), timeout=5)
     assert wedged.transactions == ["abort"] and wedged.stopped
     assert sender._producer is fresh and fresh.transactions == ["begin"]
+
+
+async def test_an_abort_right_after_a_batch_opened_leaves_its_partition_able_to_send() -> None:
+    """A record opens a partition's batch, which starts the partition's pump for the end of
+    this event-loop turn; an abort in the same turn cancels that pump before it ever ran
+    (so its own cleanup never ran either). The partition must still send in the next
+    transaction: found in CI, where a worker that rejoined after a stall saw every
+    transaction wait for "handing its record batches to the producer" until it was given
+    up, again and again (tests/integration/test_exactly_once.py, the zombie test)."""
+    producer = FakeProducer()
+    producer.metadata.set()
+    sender = _sender(producer)
+    await sender.send(("out", b"k0", b"v0", 0, (), 0))  # (the partition's metadata)
+    await sender._submit_all()
+    producer.batches.clear()
+    first = sender.send_now(("out", b"k", b"v", 0, (), 1))
+    assert first is not None  # appended: the pump is due, not yet run
+    await sender.abort()
+    assert first.cancelled()
+    second = sender.send_now(("out", b"k2", b"v2", 0, (), 2))
+    assert second is not None
+    await asyncio.wait_for(sender._submit_all(), timeout=5)
+    assert [(t, p, b.record_count()) for t, p, b in producer.batches] == [("out", 0, 1)]
+
+
+class StuckProducer(FakeProducer):
+    """Never takes a batch (aiokafka waiting for room behind an unanswered one)."""
+
+    async def send_batch(self, builder: BatchBuilder, topic: str, *, partition: int) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_a_commit_waiting_on_a_partition_says_which_and_where_its_pump_is() -> None:
+    producer = StuckProducer()
+    producer.metadata.set()
+    sender = _sender(producer)
+    await sender.send(("out", b"k", b"v", 1, (), 1))
+    submitting = asyncio.create_task(sender._submit_all())
+    await asyncio.sleep(0.01)
+    assert not submitting.done()
+    described = sender.describe_unhanded()
+    assert described.startswith("out[1]: 0 full and 0 open batches")
+    assert "one being handed over" in described
+    assert "pump waiting in _pump:" in described and "> send_batch:" in described
+    await sender.abort()  # (drops it: the commit that waited is over)
+    await asyncio.wait_for(submitting, timeout=5)
+    assert sender.describe_unhanded() == "none"
