@@ -547,13 +547,16 @@ class StreamStreamJoin:
         below the expiry hint dropped)."""
         heap: list[tuple[bytes, bytes, bytes]] = []
         hint = self._hint
+        leftovers: list[bytes] = []
         for index_key, _ in self.view.scan(EXPIRY_PREFIX, _EXPIRY_END):
             timestamp_ms, side, seq, prefixed = _split_expiry_key(index_key)
             if timestamp_ms < hint:
-                self._drop_leftover(index_key, None)
+                leftovers.append(index_key)  # (removed once the scan is left behind)
                 continue
             group = BUFFER_PREFIX + side + prefixed
             heap.append((index_key, group, group + pack_time_seq(timestamp_ms, seq)))
+        for index_key in leftovers:
+            self._drop_leftover(index_key, None)
         heapify(heap)  # (a no-op: the scan is in index order)
         return heap
 
