@@ -427,7 +427,15 @@ class KafkaSender(Service):
     def _first_record(self, outbox: Outbox, batch: OutBatch) -> None:
         """A batch got its first record: it goes out at the end of this event-loop turn
         (or once the batches before it went)."""
-        if outbox.pump is None:
+        self._start_pump(outbox)
+
+    def _start_pump(self, outbox: Outbox) -> None:
+        """Start the partition's pump unless one is running. A pump clears itself when it
+        ends; one cancelled before its first step never ran that cleanup (an abort in the
+        same event-loop turn as the batch's first record), and is replaced here: left in
+        place, no batch of the partition would be handed over again."""
+        pump = outbox.pump
+        if pump is None or pump.done():
             outbox.pump = asyncio.get_running_loop().create_task(self._pump(outbox))
 
     async def _pump(self, outbox: Outbox) -> None:
@@ -552,8 +560,7 @@ class KafkaSender(Service):
             last = outbox.last()
             if last is None:
                 continue
-            if outbox.pump is None:
-                outbox.pump = loop.create_task(self._pump(outbox))
+            self._start_pump(outbox)
             if last.handed is None:
                 last.handed = loop.create_future()
             waiting.append(last.handed)
@@ -608,11 +615,6 @@ class KafkaSender(Service):
         if pumps:
             await asyncio.wait(pumps)
         for outbox in self._outboxes.values():
-            if outbox.pump is not None and outbox.pump.done():
-                # A pump cancelled before its first step never ran its own cleanup: left
-                # in place, no batch of the partition would be handed over again.
-                outbox.pump = None
-                outbox.submitting = None
             dropped = [*outbox.full, *([outbox.open] if outbox.open is not None else [])]
             outbox.full.clear()
             outbox.open = None
