@@ -240,9 +240,9 @@ class TransactionalSender(KafkaSender):
 
     # ------------------------------------------------------------------ sends
 
-    def send_now(self, record: OutgoingRecord) -> Delivery | None:
+    def send_now(self, record: OutgoingRecord, check: bool = True) -> Sent | None:
         """None while a commit ends the transaction: then send() holds the record."""
-        return None if self._closed else super().send_now(record)
+        return None if self._closed else self._append_now(record, check)
 
     async def _send_closed(self, record: OutgoingRecord) -> Delivery | None:
         """A commit is ending the transaction: the record joins the next one. Held here

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 from collections import deque
 from collections.abc import Callable, Generator
 from contextvars import Context
@@ -29,36 +28,48 @@ if TYPE_CHECKING:
 
 __all__ = ["OutBatch", "Outbox", "Sent", "check_batch_builder"]
 
-#: the keywords the send path appends a record to aiokafka's batch builder with
-_APPEND_KEYWORDS = ("timestamp", "key", "value", "headers")
-
 
 def check_batch_builder(builder: object) -> None:
     """Raise :class:`StartupError` unless ``builder`` (what ``AIOKafkaProducer.create_batch``
-    returned) appends as the send path expects: ``append(timestamp=, key=, value=,
-    headers=)``, None once full. Checked when the sender starts (aiokafka's batch
-    builder lives in a private module; this was written against aiokafka 0.14), so a
-    different aiokafka fails there, saying what is missing, not at the first record."""
-    append = getattr(builder, "append", None)
-    try:
-        parameters = inspect.signature(append).parameters if callable(append) else {}
-    except (TypeError, ValueError):
-        parameters = {}
-    missing = [name for name in _APPEND_KEYWORDS if name not in parameters]
-    if missing:
+    returned) is aiokafka's ``BatchBuilder`` as the send path uses it: its record batch
+    builder (``_builder``) appends ``(offset, timestamp, key, value, headers)``, None once
+    full, and it counts records in ``_relative_offset``; ``close()`` and ``record_count()``.
+    Checked when the sender starts (aiokafka's batch builder lives in a private module;
+    this was written against aiokafka 0.14), so a different aiokafka fails there, saying
+    what is missing, not at the first record."""
+    problem = _builder_problem(builder)
+    if problem is not None:
         raise StartupError(
             f"aiokafka {aiokafka.__version__}: its producer's record batch builder "
-            f"({type(builder).__qualname__}) has no append() taking {', '.join(missing)}=; "
-            "streamjoin appends records to batches itself and was written against aiokafka "
-            "0.14's BatchBuilder.append(timestamp=, key=, value=, headers=): install a "
-            "tested aiokafka (see pyproject.toml)"
+            f"({type(builder).__qualname__}) {problem}; streamjoin appends records to "
+            "batches itself and was written against aiokafka 0.14's BatchBuilder: install "
+            "a tested aiokafka (see pyproject.toml)"
         )
+
+
+def _builder_problem(builder: object) -> str | None:
+    for name in ("close", "record_count"):
+        if not callable(getattr(builder, name, None)):
+            return f"has no {name}()"
+    if type(getattr(builder, "_relative_offset", None)) is not int:
+        return "counts no records in _relative_offset"
+    append = getattr(getattr(builder, "_builder", None), "append", None)
+    if not callable(append):
+        return "has no _builder.append()"
+    try:
+        appended = append(0, 0, b"k", b"v", [])
+    except Exception as exc:
+        return f"refused _builder.append(offset, timestamp, key, value, headers): {exc!r}"
+    if appended is None:
+        return "refused a first record in _builder.append()"
+    return None
 
 
 class OutBatch:
     """Records appended for one partition, sent to the broker together."""
 
     __slots__ = (
+        "append_record",
         "builder",
         "future",
         "handed",
@@ -72,6 +83,14 @@ class OutBatch:
     def __init__(self, partition: int, builder: BatchBuilder, future: asyncio.Future[Any]):
         self.partition = partition
         self.builder = builder
+        #: ``append_record(offset, timestamp_ms, key, value, headers)``: the record batch
+        #: builder's own append (compiled in aiokafka), None once the batch is full. The
+        #: send path calls it directly, once per record: aiokafka's ``BatchBuilder.append``
+        #: around it costs more than the append itself. :meth:`full` and
+        #: :meth:`handing_over` keep the ``BatchBuilder`` told.
+        self.append_record: Callable[[int, int, bytes | None, bytes | None, Any], Any] = (
+            builder._builder.append
+        )
         #: each record as it was appended, its timestamp filled in (kept to describe a
         #: refusal, or to send it again)
         self.records: list[OutgoingRecord] = []
@@ -85,6 +104,16 @@ class OutBatch:
         self.moved: list[Sent] | None = None
         #: for a flush waiting until the batch was handed to the producer
         self.handed: asyncio.Future[None] | None = None
+
+    def full(self) -> None:
+        """The batch refused a record: closed, so that aiokafka sends it without
+        lingering (what ``BatchBuilder.append`` does when its builder is full)."""
+        self.builder.close()
+
+    def handing_over(self) -> None:
+        """The batch is about to be handed to aiokafka, which reads its record count
+        (idempotent and transactional sequence numbers) from ``BatchBuilder``."""
+        self.builder._relative_offset = len(self.records)
 
     def was_handed(self) -> None:
         """The batch left its outbox (handed over, failed or dropped)."""

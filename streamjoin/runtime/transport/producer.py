@@ -222,23 +222,14 @@ class KafkaSender(Service):
         self.limits.check(topic, key, value, headers)
         sent = await self._send_closed(record) if self._closed else None
         if sent is None:
-            sent = self._append_now(record, False)
+            sent = self._append_now(record, False)  # (counted there)
+            if sent is not None:
+                return sent
+            sent = await self._append(record)
             if sent is None:
-                sent = await self._append(record)
-                if sent is None:
-                    return dropped_delivery()
+                return dropped_delivery()
         out = self.counters.records_out
         out[topic] = out.get(topic, 0) + 1
-        return sent
-
-    def send_now(self, record: OutgoingRecord) -> Delivery | None:
-        """:meth:`send` without awaiting when the record joins an open batch at once (None:
-        the caller awaits :meth:`send`, which takes the long way)."""
-        sent = self._append_now(record, True)
-        if sent is not None:
-            out = self.counters.records_out
-            topic = record[0]
-            out[topic] = out.get(topic, 0) + 1
         return sent
 
     async def _send_closed(self, record: OutgoingRecord) -> Delivery | None:
@@ -247,8 +238,9 @@ class KafkaSender(Service):
         sender never closes its sends."""
         return None
 
-    def _append_now(self, record: OutgoingRecord, check: bool) -> Sent | None:
-        """The common case without awaiting: a partition already sent to (None:
+    def _append_now(self, record: OutgoingRecord, check: bool = True) -> Sent | None:
+        """The common case without awaiting, counted in ``records_out``: a partition already
+        sent to (None:
         :meth:`_append` handles the rest: a new partition, a producer being replaced, too
         many full batches waiting, a record without key or partition starting a batch).
         Not while sends are closed (:meth:`send` asks :meth:`_send_closed` first, a
@@ -286,19 +278,28 @@ class KafkaSender(Service):
         batch = outbox.open
         if (
             batch is None
-            or not batch.records
-            or batch.builder.append(timestamp=timestamp_ms, key=key, value=value, headers=listed)
-            is None
+            or not (records := batch.records)
+            or batch.append_record(len(records), timestamp_ms, key, value, listed) is None
         ):
             # a batch's first record, or a full batch: a new one opens (a record with neither
             # key nor partition picks its partition again, the long way)
             producer = self._producer
             if producer is None or (partition is None and key is None):
                 return None
-            return self._append_to(producer, outbox, record, listed)
-        records = batch.records
+            sent = self._append_to(producer, outbox, record, listed)
+            if sent is not None:
+                out = self.counters.records_out
+                out[topic] = out.get(topic, 0) + 1
+            return sent
         records.append(record)  # (kept as given: it describes a refusal, or is sent again)
+        out = self.counters.records_out
+        out[topic] = out.get(topic, 0) + 1
         return Sent(topic, batch, len(records) - 1)
+
+    #: :meth:`send` without awaiting when the record joins an open batch at once (None:
+    #: the caller awaits :meth:`send`, which takes the long way): :meth:`_append_now`
+    #: itself, a call less per record (a subclass that closes its sends overrides it)
+    send_now = _append_now
 
     async def _append(self, record: OutgoingRecord) -> Sent | None:
         """Append a record that passed :meth:`RecordLimits.check` (the long way); None when
@@ -338,6 +339,8 @@ class KafkaSender(Service):
         if needed (a full batch waits for its turn, the record starts the next one); None
         when too many full batches wait already (the caller waits for room)."""
         topic, key, value, _, headers, timestamp_ms = record
+        if timestamp_ms is None:
+            raise InternalError(f"a record for {topic!r} reached its batch without a timestamp")
         while True:
             if len(outbox.full) >= MAX_WAITING_BATCHES:
                 return None
@@ -346,19 +349,18 @@ class KafkaSender(Service):
                 self._check_size(topic, key, value, headers)
             if batch is None:
                 batch = self._open_batch(producer, outbox)
-            if (
-                batch.builder.append(timestamp=timestamp_ms, key=key, value=value, headers=listed)
-                is None
-            ):
-                if not batch.records:
+            records = batch.records
+            if batch.append_record(len(records), timestamp_ms, key, value, listed) is None:
+                if not records:
                     raise InternalError(f"an empty record batch refused a record for {topic!r}")
+                batch.full()
                 outbox.full.append(batch)
                 outbox.open = None
                 continue
-            if not batch.records:
+            if not records:
                 self._first_record(outbox, batch)
-            batch.records.append(record)
-            return Sent(topic, batch, len(batch.records) - 1)
+            records.append(record)
+            return Sent(topic, batch, len(records) - 1)
 
     def _check_size(
         self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
@@ -468,6 +470,7 @@ class KafkaSender(Service):
                 producer = self._require()
                 try:
                     # (left open: aiokafka lingers on it for linger_ms, like its own batches)
+                    batch.handing_over()
                     delivered = await producer.send_batch(
                         batch.builder, topic, partition=batch.partition
                     )

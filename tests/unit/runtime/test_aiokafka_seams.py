@@ -6,6 +6,7 @@ and what is missing, or falls back to streamjoin's own code with a warning."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, ClassVar
 
@@ -15,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol import api as aiokafka_api
 from aiokafka.protocol import types as aiokafka_types
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,17 +25,32 @@ from streamjoin.runtime.group import transaction, txn_protocol
 from streamjoin.runtime.group.transaction import TransactionalSender, check_transaction_manager
 from streamjoin.runtime.transport import producer as producer_module
 from streamjoin.runtime.transport import record_limits
-from streamjoin.runtime.transport.out_batches import check_batch_builder
+from streamjoin.runtime.transport.out_batches import OutBatch, check_batch_builder
 from tests.unit.runtime.test_fault_handling import sizes_match_what_aiokafka_builds
 
 VERSION = f"aiokafka {aiokafka.__version__}"
 
 
-class _OldBuilder:
-    """A batch builder whose append takes other arguments than aiokafka 0.14's."""
+class _OldRecords:
+    """A record batch builder whose append takes other arguments than aiokafka 0.14's."""
 
     def append(self, offset: int, timestamp: int, key: bytes, value: bytes) -> Any:
         return None
+
+
+class _OldBuilder:
+    """aiokafka's BatchBuilder as it might change: its record builder's append differs."""
+
+    _relative_offset = 0
+
+    def __init__(self) -> None:
+        self._builder = _OldRecords()
+
+    def close(self) -> None:
+        pass
+
+    def record_count(self) -> int:
+        return 0
 
 
 class _StubProducer:
@@ -88,13 +104,36 @@ def test_aiokafkas_batch_builder_fits_the_send_path() -> None:
     check_batch_builder(BatchBuilder(16384, 0))
 
 
-def test_a_batch_builder_without_the_keywords_fails_naming_version_and_keywords() -> None:
+def test_a_batch_builder_it_does_not_know_fails_naming_version_and_what_differs() -> None:
     with pytest.raises(StartupError) as failure:
         check_batch_builder(_OldBuilder())
     message = str(failure.value)
-    assert VERSION in message and "append()" in message and "headers=" in message
-    with pytest.raises(StartupError, match="no append"):
+    assert VERSION in message and "_builder.append(offset, timestamp, key, value, headers)" in (
+        message
+    )
+    with pytest.raises(StartupError, match="no close"):
         check_batch_builder(object())
+    uncounted = _OldBuilder()
+    uncounted._relative_offset = None  # type: ignore[assignment]
+    with pytest.raises(StartupError, match="_relative_offset"):
+        check_batch_builder(uncounted)
+
+
+async def test_a_batch_appended_directly_tells_aiokafka_its_count_and_that_it_is_full() -> None:
+    """The send path appends to the record builder itself: what aiokafka reads of the
+    BatchBuilder afterwards (record count, closed) is as if BatchBuilder.append had."""
+    builder = BatchBuilder(200, 0)
+    batch = OutBatch(0, builder, asyncio.get_running_loop().create_future())
+    appended = 0
+    while batch.append_record(appended, 1_000 + appended, b"k", b"v" * 20, []) is not None:
+        batch.records.append(("t", b"k", b"v" * 20, 0, [], 1_000 + appended))
+        appended += 1
+    assert appended > 1
+    batch.full()
+    batch.handing_over()
+    assert builder.closed() and builder.record_count() == appended
+    read = list(DefaultRecordBatch(bytes(builder._build())))
+    assert [(r.offset, r.timestamp) for r in read] == [(i, 1_000 + i) for i in range(appended)]
 
 
 async def test_the_sender_does_not_start_on_a_batch_builder_it_does_not_know(
