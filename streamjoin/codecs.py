@@ -34,6 +34,7 @@ from streamjoin.codec_errors import check_bytes as _check_bytes
 from streamjoin.codec_errors import decode_error as _decode_error
 from streamjoin.codec_errors import encode_error as _encode_error
 from streamjoin.errors import ArgumentTypeError, ConfigurationError, EncodeError
+from streamjoin.native import native_function
 from streamjoin.record_codecs import PydanticJson, StructJson, record_codec
 
 __all__ = [
@@ -178,38 +179,44 @@ _fast_encode: Callable[[Any], bytes] = msgspec.json.Encoder(order="sorted").enco
 _fast_decode: Callable[[bytes], Any] = msgspec.json.Decoder().decode
 
 
+def pure_plain_json(obj: Any) -> bool:
+    """Whether ``obj`` is a dict (exactly, str keys) or list (exactly) of scalars that
+    msgspec writes byte for byte as :data:`_ENCODER` does: exactly str, int, bool or None,
+    or a float where msgspec writes Python's repr (zero and magnitudes in [1e-4, 1e16),
+    the range repr writes without an exponent; outside it msgspec writes 1e16 where repr
+    writes 1e+16). The twin of the compiled ``streamjoin_native.plain_json`` (loops
+    spelled out: about 2x faster than all() of a generator)."""
+    kind = type(obj)
+    if kind is dict:
+        items: Iterable[Any] = obj.values()
+        for key in obj:
+            if type(key) is not str:
+                return False
+    elif kind is list:
+        items = obj
+    else:
+        return False
+    for item in items:
+        if type(item) not in _PLAIN_SCALARS and not (
+            type(item) is float and (1e-4 <= item < 1e16 or -1e16 < item <= -1e-4 or item == 0.0)
+        ):
+            return False
+    return True
+
+
+#: the check above, compiled where native/ is built (about 5x faster on a 4-field row)
+_plain_json: Callable[[Any], bool] = native_function("plain_json") or pure_plain_json
+
+
 def _json_dumps(codec: str, obj: Any) -> bytes:
     kind = type(obj)
     if kind is int and -(2**63) <= obj < 2**64:
         return b"%d" % obj
     if kind is str:
         return _utf8(codec, _encode_str(obj))
-    # A dict (str keys) or list of scalars: checked inline, as this runs once per record
-    # sent and per table write. Floats too where msgspec writes Python's repr: zero and
-    # magnitudes in [1e-4, 1e16), the range repr writes without an exponent (outside it
-    # msgspec writes 1e16 where repr writes 1e+16).
-    plain = False
-    if kind is dict:
-        for key, item in obj.items():
-            if type(key) is not str:
-                break
-            if type(item) not in _PLAIN_SCALARS and not (
-                type(item) is float
-                and (1e-4 <= item < 1e16 or -1e16 < item <= -1e-4 or item == 0.0)
-            ):
-                break
-        else:
-            plain = True
-    elif kind is list:
-        for item in obj:
-            if type(item) not in _PLAIN_SCALARS and not (
-                type(item) is float
-                and (1e-4 <= item < 1e16 or -1e16 < item <= -1e-4 or item == 0.0)
-            ):
-                break
-        else:
-            plain = True
-    if plain:
+    # A dict (str keys) or list of scalars goes to msgspec (once per record sent and per
+    # table write: the check is compiled where native/ is built)
+    if (kind is dict or kind is list) and _plain_json(obj):
         try:
             return _fast_encode(obj)
         except (ValueError, msgspec.EncodeError):

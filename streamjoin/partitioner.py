@@ -24,11 +24,11 @@ kept as the fallback and compared with it by property tests;
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable, Iterable
 
 from streamjoin.errors import ArgumentTypeError, ConfigurationError
+from streamjoin.native import native_function
 
 __all__ = [
     "NATIVE",
@@ -135,13 +135,8 @@ def partitions_for_keys(keys: Iterable[bytes], num_partitions: int) -> list[int]
 def _native() -> tuple[Callable[[bytes], int], Callable[[bytes, int], int]] | None:
     """``streamjoin_native``'s murmur2 and partition, unless it is not installed or the
     environment asks for pure Python."""
-    if os.environ.get("STREAMJOIN_PURE_PYTHON") == "1":
-        return None
-    try:
-        import streamjoin_native  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None
-    return streamjoin_native.murmur2, streamjoin_native.partition
+    murmur2, partition = native_function("murmur2"), native_function("partition")
+    return None if murmur2 is None or partition is None else (murmur2, partition)
 
 
 _NATIVE = _native()

@@ -1,8 +1,10 @@
 //! Compiled hot paths of streamjoin. Each function has a pure-Python twin that gives the
-//! same results (`streamjoin/partitioner.py`); property tests compare the two.
+//! same results (`streamjoin/partitioner.py`, `streamjoin/codecs.py`); property tests
+//! compare the two.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 
 const SEED: u32 = 0x9747_b28c;
 const M: u32 = 0x5bd1_e995;
@@ -55,9 +57,53 @@ fn partition(key: &[u8], num_partitions: i64) -> PyResult<i64> {
     Ok(positive % num_partitions)
 }
 
+/// A JSON scalar whose form msgspec writes byte for byte as Python's `json` encoder does:
+/// exactly a str, int, bool or None (no subclass), or a float that both write in Python's
+/// `repr` form (zero and magnitudes in [1e-4, 1e16); NaN is none of these).
+fn plain_scalar(item: &Bound<'_, PyAny>) -> bool {
+    if item.is_exact_instance_of::<PyString>()
+        || item.is_exact_instance_of::<PyInt>()
+        || item.is_exact_instance_of::<PyBool>()
+        || item.is_none()
+    {
+        return true;
+    }
+    match item.downcast_exact::<PyFloat>() {
+        Ok(float) => {
+            let v = float.value();
+            (1e-4..1e16).contains(&v) || (-1e16 < v && v <= -1e-4) || v == 0.0
+        }
+        Err(_) => false,
+    }
+}
+
+/// Whether `obj` is a dict (exactly, str keys) or a list (exactly) of plain scalars: what
+/// the JSON codec hands to msgspec rather than to Python's slower encoder.
+#[pyfunction]
+fn plain_json(obj: &Bound<'_, PyAny>) -> bool {
+    if let Ok(dict) = obj.downcast_exact::<PyDict>() {
+        for (key, value) in dict.iter() {
+            if !key.is_exact_instance_of::<PyString>() || !plain_scalar(&value) {
+                return false;
+            }
+        }
+        return true;
+    }
+    if let Ok(list) = obj.downcast_exact::<PyList>() {
+        for item in list.iter() {
+            if !plain_scalar(&item) {
+                return false;
+            }
+        }
+        return true;
+    }
+    false
+}
+
 #[pymodule]
 fn streamjoin_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(murmur2, module)?)?;
     module.add_function(wrap_pyfunction!(partition, module)?)?;
+    module.add_function(wrap_pyfunction!(plain_json, module)?)?;
     Ok(())
 }

@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import enum
 import json
+import os
+import shutil
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from streamjoin.codecs import (
     resolve_codec,
 )
 from streamjoin.errors import CodecError, DecodeError, EncodeError
+from streamjoin.native import native_function
 
 # -- fixtures and schema ---------------------------------------------------------------------
 
@@ -778,6 +781,72 @@ def test_json_dicts_and_lists_outside_the_fast_path_encode_as_the_standard_libra
     obj: object,
 ) -> None:
     assert codecs.JsonCodec().dumps(obj) == _stdlib_bytes(obj)
+
+
+class _Count(int):
+    pass
+
+
+_odd_scalars = st.sampled_from(
+    [_Label("x"), _Count(3), 1e16, -1e16, 1e-5, -1e-5, 5e-324, float("nan"), float("inf"), b"b"]
+)
+_plain_candidates = st.recursive(
+    _json_scalars | _odd_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.text() | st.integers() | st.builds(_Label, st.text()), inner, max_size=4
+        )
+        | st.tuples(inner)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_plain_candidates)
+def test_the_compiled_and_pure_plain_json_checks_agree(obj: object) -> None:
+    """Which values go to msgspec: the compiled check (native/) and its pure twin."""
+    compiled = native_function("plain_json")
+    expected = codecs.pure_plain_json(obj)
+    if compiled is not None:
+        assert compiled(obj) is expected
+    assert codecs._plain_json(obj) is expected
+
+
+@pytest.mark.parametrize(
+    ("obj", "plain"),
+    [
+        ({"a": 1, "b": "x", "c": None, "d": True, "e": 2.5, "f": 0.0, "g": -1e-4}, True),
+        ([1, "x", None, False, 9999999999999998.0], True),
+        ({}, True),
+        ([], True),
+        ({"a": 1e16}, False),
+        ({"a": 1e-5}, False),
+        ({"a": float("nan")}, False),
+        ({1: "x"}, False),
+        ({_Label("a"): 1}, False),
+        ({"a": _Count(1)}, False),
+        ({"a": [1]}, False),
+        ([{"a": 1}], False),
+        ((1, 2), False),
+        ("text", False),
+    ],
+)
+def test_plain_json_is_a_flat_dict_or_list_of_scalars_msgspec_writes_alike(
+    obj: object, plain: bool
+) -> None:
+    assert codecs.pure_plain_json(obj) is plain
+    assert codecs._plain_json(obj) is plain
+
+
+def test_the_compiled_plain_json_check_is_in_use_where_bootstrap_can_build_it() -> None:
+    if os.environ.get("STREAMJOIN_PURE_PYTHON") == "1" or shutil.which("cargo") is None:
+        assert codecs._plain_json is codecs.pure_plain_json
+        return
+    assert codecs._plain_json is not codecs.pure_plain_json, (
+        "cargo is on PATH but streamjoin_native has no plain_json (run scripts/bootstrap.sh)"
+    )
 
 
 def test_json_encoded_values_are_sized_to_fit() -> None:
