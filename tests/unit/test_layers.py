@@ -49,6 +49,7 @@ PURE = (
     "streamjoin.joins.idle",
     "streamjoin.joins.state",
     "streamjoin.log_summary",
+    "streamjoin.native",
     "streamjoin.partitioner",
     "streamjoin.query.retries",
     "streamjoin.query.routing",

@@ -18,6 +18,7 @@ from contextvars import Context
 from typing import TYPE_CHECKING, Any
 
 import aiokafka
+import msgspec
 from aiokafka.structs import RecordMetadata
 
 from streamjoin.context import OutgoingRecord
@@ -150,17 +151,17 @@ class Outbox:
         return self.submitting
 
 
-class Sent:
+class Sent(msgspec.Struct, eq=False):
     """One record sent: awaitable like the asyncio future of a send (it gives the record's
     ``RecordMetadata``), with ``done()``, ``result()``, ``exception()``, ``cancelled()``
-    and ``add_done_callback()``. ``acknowledged`` is the future of its whole batch."""
+    and ``add_done_callback()``. ``acknowledged`` is the future of its whole batch.
 
-    __slots__ = ("batch", "index", "topic")
+    A msgspec ``Struct`` (built in C, one per record sent: about half the cost of a Python
+    ``__init__``); ``eq=False``: two sends are equal only if they are the same send."""
 
-    def __init__(self, topic: str, batch: OutBatch, index: int) -> None:
-        self.topic = topic
-        self.batch = batch
-        self.index = index
+    topic: str
+    batch: OutBatch
+    index: int
 
     @property
     def acknowledged(self) -> asyncio.Future[Any]:
