@@ -239,14 +239,14 @@ class KafkaSender(Service):
         return None
 
     def _append_now(self, record: OutgoingRecord, check: bool = True) -> Sent | None:
-        """The common case without awaiting, counted in ``records_out``: a partition already
-        sent to (None:
-        :meth:`_append` handles the rest: a new partition, a producer being replaced, too
-        many full batches waiting, a record without key or partition starting a batch).
-        Not while sends are closed (:meth:`send` asks :meth:`_send_closed` first, a
-        subclass that closes them declines in send_now). ``check``: the record
-        has not passed :meth:`RecordLimits.check` yet (send_now: only a record near its
-        topic's limit, or with headers or without key, is checked in full)."""
+        """The common case without awaiting, counted in ``records_out``: a partition
+        already sent to (None: :meth:`_append` handles the rest: a new partition, a producer
+        being replaced, too many full batches waiting, a record without key or partition
+        starting a batch). Not while sends are closed (:meth:`send` asks
+        :meth:`_send_closed` first, a subclass that closes them declines in send_now).
+        ``check``: the record has not passed :meth:`RecordLimits.check` yet (send_now: only
+        a record near its topic's limit, or with headers or without key, is checked in
+        full)."""
         if self._replacing is not None:
             return None
         topic, key, value, partition, headers, timestamp_ms = record
