@@ -1,4 +1,7 @@
-"""Compiled hot paths of streamjoin; each has a pure-Python twin (see streamjoin/partitioner.py, streamjoin/codecs.py)."""
+"""Compiled hot paths of streamjoin; each has a pure-Python twin.
+
+See streamjoin/partitioner.py and streamjoin/codecs.py.
+"""
 
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 of ``data``, as Java's signed 32-bit int."""
