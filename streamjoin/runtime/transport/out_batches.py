@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections import deque
 from collections.abc import Callable, Generator
 from contextvars import Context
@@ -29,12 +30,18 @@ if TYPE_CHECKING:
 
 __all__ = ["OutBatch", "Outbox", "Sent", "check_batch_builder"]
 
+#: the keywords the changelog flush appends a record to aiokafka's batch builder with
+_APPEND_KEYWORDS = ("timestamp", "key", "value", "headers")
+
 
 def check_batch_builder(builder: object) -> None:
     """Raise :class:`StartupError` unless ``builder`` (what ``AIOKafkaProducer.create_batch``
-    returned) is aiokafka's ``BatchBuilder`` as the send path uses it: its record batch
+    returned) is aiokafka's ``BatchBuilder`` as the send paths use it: its record batch
     builder (``_builder``) appends ``(offset, timestamp, key, value, headers)``, None once
-    full, and it counts records in ``_relative_offset``; ``close()`` and ``record_count()``.
+    full, and it counts records in ``_relative_offset``; ``close()`` and ``record_count()``
+    (the records of agents' sends); ``append(timestamp=, key=, value=, headers=)``, None
+    once full (:meth:`~streamjoin.runtime.transport.producer.KafkaSender.send_many`, the
+    changelog flush).
     Checked when the sender starts (aiokafka's batch builder lives in a private module;
     this was written against aiokafka 0.14), so a different aiokafka fails there, saying
     what is missing, not at the first record."""
@@ -63,6 +70,14 @@ def _builder_problem(builder: object) -> str | None:
         return f"refused _builder.append(offset, timestamp, key, value, headers): {exc!r}"
     if appended is None:
         return "refused a first record in _builder.append()"
+    append = getattr(builder, "append", None)
+    try:
+        parameters = inspect.signature(append).parameters if callable(append) else {}
+    except (TypeError, ValueError):
+        parameters = {}
+    missing = [name for name in _APPEND_KEYWORDS if name not in parameters]
+    if missing:
+        return f"has no append() taking {', '.join(missing)}="
     return None
 
 

@@ -119,6 +119,21 @@ def test_a_batch_builder_it_does_not_know_fails_naming_version_and_what_differs(
         check_batch_builder(uncounted)
 
 
+class _PositionalBuilder(BatchBuilder):  # type: ignore[misc]
+    """A BatchBuilder whose own append no longer takes the keywords the changelog flush
+    (``send_many``) passes."""
+
+    def append(self, timestamp: Any, key: Any, value: Any) -> Any:
+        return super().append(timestamp=timestamp, key=key, value=value)
+
+
+def test_a_batch_builder_whose_append_lost_its_keywords_fails_naming_them() -> None:
+    with pytest.raises(StartupError) as failure:
+        check_batch_builder(_PositionalBuilder(16384, 0))
+    message = str(failure.value)
+    assert VERSION in message and "append() taking headers=" in message
+
+
 async def test_a_batch_appended_directly_tells_aiokafka_its_count_and_that_it_is_full() -> None:
     """The send path appends to the record builder itself: what aiokafka reads of the
     BatchBuilder afterwards (record count, closed) is as if BatchBuilder.append had."""
