@@ -41,7 +41,7 @@ if [ ! -f "$stamp" ]; then
   echo "[bootstrap] installing streamjoin${extras:+[$extras]} into .venv" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
-  find .venv -maxdepth 1 -name '.streamjoin-*' ! -name ".streamjoin-$hash-*" -delete
+  find .venv -maxdepth 1 -name '.streamjoin-*' ! -name ".streamjoin-$hash-*" ! -name '.streamjoin-native-*' -delete
   touch "$stamp"
 fi
 
@@ -59,4 +59,13 @@ if command -v cargo >/dev/null 2>&1; then
   fi
 else
   echo "[bootstrap] cargo not found: the pure-Python partitioner is used (install Rust to build native/)" >&2
+fi
+
+# The per-event modules compiled with mypyc (scripts/compile_modules.py; quick when current),
+# where mypyc is installed (the lint extra brings it) and a C compiler is found; otherwise
+# they run as the Python they are compiled from (same results, slower).
+if .venv/bin/python -c "import mypyc" >/dev/null 2>&1; then
+  .venv/bin/python scripts/compile_modules.py
+else
+  echo "[bootstrap] mypyc not installed: the per-event modules run as Python (install the lint extra to compile them)" >&2
 fi

@@ -12,6 +12,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+# (first: it decides whether the compiled modules or their sources are imported)
+from streamjoin import compiled as _compiled  # noqa: F401
 from streamjoin import errors
 from streamjoin.errors import StreamjoinError
 

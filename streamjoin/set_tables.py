@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, MutableSet
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self, cast
+from typing import Any, Self, cast
 
 from streamjoin.codecs import Codec
 from streamjoin.context import Delivery
@@ -58,7 +58,7 @@ _SetOperation = Callable[[frozenset[bytes], frozenset[bytes]], frozenset[bytes]]
 class SetTable(Table):
     """A :class:`~streamjoin.tables.Table` whose values are sets of members."""
 
-    kind: ClassVar[str] = "set table"
+    kind = "set table"
     #: key -> (stored value, its members) of the keys read or written last: a set is
     #: decoded again only when its stored value is another object (bytes are immutable and
     #: the entry holds the object, so an identical object means identical members)

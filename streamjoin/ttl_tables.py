@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from streamjoin.context import current_event
 from streamjoin.errors import SparkJobError, TableAccessError
@@ -41,7 +41,7 @@ class TtlTable(Table):
     """A :class:`~streamjoin.tables.Table` whose keys expire ``ttl_ms`` of stream time
     after their last write."""
 
-    kind: ClassVar[str] = "TTL table"
+    kind = "TTL table"
     ttl_ms: int = 0
 
     def __post_init__(self) -> None:

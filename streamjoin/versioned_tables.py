@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from streamjoin.context import current_event
 from streamjoin.errors import HistoryExpired, TableAccessError
@@ -54,7 +54,7 @@ class VersionedTable(Table):
     """A :class:`~streamjoin.tables.Table` keeping each key's values over ``history_ms``
     of stream time, readable as of a timestamp."""
 
-    kind: ClassVar[str] = "versioned table"
+    kind = "versioned table"
     history_ms: int = 0
     #: partition -> (its runtime partition, the history index made for it): rebuilt from
     #: the store when the partition object changes (a restore, a promotion, a restart)

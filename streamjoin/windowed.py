@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from streamjoin.context import EventContext, TaskScope, current_event
 from streamjoin.errors import CodecError, ConfigurationError, TableAccessError
@@ -80,8 +80,9 @@ class WindowedTable(Table):
     :meth:`update` (applied to each of them) instead of item assignment.
     """
 
-    #: what log messages call it
-    kind: ClassVar[str] = "windowed table"
+    #: what log messages call it (a class attribute, left unannotated: a compiled
+    #: dataclass would take ``ClassVar[str]`` for a field)
+    kind = "windowed table"
     windows: WindowSpec | None = field(default=None, repr=False)
     #: ``"update"`` or ``"close"`` (see the module docstring)
     emit: Emit = "update"
@@ -550,7 +551,7 @@ def check_emission(
         )
 
 
-def idle_after_ms(value: timedelta | float | None, where: str) -> int | None:
+def idle_after_ms(value: object, where: str) -> int | None:
     """``close_idle_after=`` (a timedelta, or seconds) in ms; None stays None."""
     if value is None:
         return None

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, Protocol, cast
 
 from streamjoin.aggregations import Aggregator, StateCodec, aggregator_of
 from streamjoin.codecs import Codec
@@ -90,7 +90,7 @@ class AggregateTable(WindowedTable):
     ``table[key]`` and ``get``. Only the aggregation writes it.
     """
 
-    kind: ClassVar[str] = "aggregation"
+    kind = "aggregation"
     aggregator: Aggregator | None = field(default=None, repr=False)
     #: sliding or session windows (None: tumbling or hopping, in ``windows``)
     dynamic: DynamicWindows | None = None

@@ -34,10 +34,12 @@ _OPAQUE = (
 )
 
 
-def _fields(value: object) -> dict[str, Any]:
+def fields_of(value: object) -> dict[str, Any]:
+    """Every attribute ``value`` holds: slots, a mypyc-compiled class's attributes
+    (``__mypyc_attrs__``: no ``__dict__``) and its ``__dict__``."""
     out: dict[str, Any] = {}
     for cls in type(value).__mro__:
-        for slot in getattr(cls, "__slots__", ()):
+        for slot in (*getattr(cls, "__slots__", ()), *getattr(cls, "__mypyc_attrs__", ())):
             if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
                 out[slot] = getattr(value, slot)
     out.update(getattr(value, "__dict__", {}))
@@ -69,7 +71,7 @@ def _walk(value: object, path: str, seen: dict[int, str], out: dict[str, object]
     elif isinstance(value, (set, frozenset)):
         out[path] = (type(value).__name__, tuple(sorted(repr(v) for v in value)))
     else:
-        fields = _fields(value)
+        fields = fields_of(value)
         out[path] = (type(value).__qualname__, tuple(sorted(fields)))
         for name, item in fields.items():
             _walk(item, f"{path}.{name}", seen, out)

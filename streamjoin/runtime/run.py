@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from streamjoin.compiled import status as compiled_status
 from streamjoin.errors import ConfigurationError, ProvisioningError, StartupError
 from streamjoin.redaction import mask_secrets_in_logs
 from streamjoin.runtime.transport.access import refusal_of
@@ -266,6 +267,7 @@ def run_worker(
     (``os._exit``), without waiting for clients that cannot reach the broker."""
     watch = configure_logging(loglevel, broker, secrets)
     tune_gc_for_worker()
+    log.info("per-event modules: %s", compiled_status())
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(_exception_handler)
     outcome = Outcome()

@@ -68,8 +68,9 @@ _UINT64_BYTES = 8
 MAX_UINT64 = (1 << 64) - 1
 
 
-def encode_uint64(value: int) -> bytes:
-    """8-byte big-endian: byte order equals numeric order."""
+def encode_uint64(value: object) -> bytes:
+    """8-byte big-endian: byte order equals numeric order. (``object``: the check below
+    must see what it was given; compiled, an ``int`` parameter would turn True into 1.)"""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_UINT64:
         raise KeyEncodingError(f"expected an int in [0, 2**64), got {value!r}")
     return value.to_bytes(_UINT64_BYTES, "big")
@@ -81,7 +82,7 @@ def decode_uint64(data: bytes) -> int:
     return int.from_bytes(data, "big")
 
 
-def length_prefixed(key: bytes) -> bytes:
+def length_prefixed(key: object) -> bytes:
     """``key`` behind its 4-byte big-endian length.
 
     The prefix keeps a key's entries contiguous whatever bytes follow it:

@@ -66,6 +66,7 @@ def _flush(view: TablePartition, offset: int) -> None:
     view.finish_flush(offset)
 
 
+@pytest.mark.pure_python  # (subclasses TablePartition)
 def test_over_a_table_partition_partners_and_closes_need_no_range_read() -> None:
     view = _CountingPartition(MemoryStorePartition())
     join = StreamStreamJoin(JoinSpec(10, 0, "left"), view)
@@ -82,6 +83,7 @@ def test_over_a_table_partition_partners_and_closes_need_no_range_read() -> None
     assert not view.grouped  # nothing reads a range: the partition need not index groups
 
 
+@pytest.mark.pure_python  # (subclasses TablePartition)
 def test_a_core_that_keeps_too_much_reads_ranges_over_grouped_writes() -> None:
     view = _CountingPartition(MemoryStorePartition())
     with patch.object(core_module, "TRACKED_KEYS_MAX", 1):
@@ -96,6 +98,7 @@ def test_a_core_that_keeps_too_much_reads_ranges_over_grouped_writes() -> None:
         assert view.group_scans == 1
 
 
+@pytest.mark.pure_python  # (subclasses TablePartition)
 def test_a_restart_reads_the_index_into_memory_once() -> None:
     store = MemoryStorePartition()
     view = TablePartition("buffer", 0, store)
@@ -124,6 +127,7 @@ def test_a_malformed_index_entry_is_refused_when_read_into_memory() -> None:
         StreamStreamJoin(JoinSpec(10, 0), TablePartition("buffer", 0, store))
 
 
+@pytest.mark.pure_python  # (subclasses TablePartition)
 def test_a_partner_gone_behind_the_cores_back_is_read_from_the_view_after_all() -> None:
     """Only the core writes its buffer between flushes; if something else did, a partner
     read by key that is missing makes the core read ranges again, as a core that never

@@ -19,6 +19,7 @@ from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.windows import HoppingWindows, TumblingWindows
 from streamjoin.testing.driver import TestDriver
 from streamjoin.windowed import WindowedTable
+from tests.declarations import fields_of
 
 
 async def test_tumbling_counts_per_window_and_expiry() -> None:
@@ -398,6 +399,7 @@ def _data_and_index(table: WindowedTable) -> tuple[set[tuple[bytes, int]], set[t
     return data, index
 
 
+@pytest.mark.pure_python  # (patches TablePartition.put)
 async def test_counting_into_an_existing_window_writes_its_index_entry_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -514,7 +516,7 @@ async def test_per_partition_state_lives_in_the_task_not_in_the_declaration() ->
         async for event in stream:
             counts[event.key] += 1
 
-    declared = dict(vars(counts))
+    declared = fields_of(counts)
     async with TestDriver(app) as driver:
         for ts, key in ((5, "a"), (7, "b"), (50, "a")):
             await driver.put("clicks", key=key, value=1, timestamp_ms=ts)
@@ -529,7 +531,7 @@ async def test_per_partition_state_lives_in_the_task_not_in_the_declaration() ->
                 latest.append(part.latest)
         assert len(latest) in (1, 2) and max(latest) == 50  # type: ignore[type-var]
         counts.expire()  # reaches each partition's state through its task
-    assert vars(counts) == declared
+    assert fields_of(counts) == declared
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,0 +1,116 @@
+"""The mypyc build of the per-event modules (streamjoin.compiled): when it is used, and
+that the same sources run as Python give the same results."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamjoin import compiled
+from streamjoin.compiled import MODULES, compiled_modules, decide, source_hashes
+
+ROOT = Path(__file__).resolve().parents[2]
+CURRENT = {"streamjoin.tables": "a" * 40, "streamjoin.windowed": "b" * 40}
+
+
+def test_a_current_complete_build_is_used() -> None:
+    used, why = decide(
+        built=True, complete=True, pure_asked=False, recorded=dict(CURRENT), current=CURRENT
+    )
+    assert used and why == "compiled (mypyc, 2 modules)"
+
+
+def test_an_edited_source_runs_every_listed_module_as_python() -> None:
+    edited = {**CURRENT, "streamjoin.windowed": "c" * 40}
+    used, why = decide(
+        built=True, complete=True, pure_asked=False, recorded=dict(CURRENT), current=edited
+    )
+    assert not used
+    assert "sources changed since they were compiled: streamjoin.windowed" in why
+
+
+@pytest.mark.parametrize(
+    ("built", "complete", "pure_asked", "recorded", "reason"),
+    [
+        (False, False, False, None, "not compiled"),
+        (True, True, True, dict(CURRENT), "STREAMJOIN_PURE_PYTHON=1"),
+        (True, True, False, None, "no build manifest"),
+        (True, True, False, {"streamjoin.tables": "a" * 40}, "another set"),
+        (True, False, False, dict(CURRENT), "another set"),
+    ],
+)
+def test_anything_but_a_current_complete_build_runs_as_python(
+    built: bool, complete: bool, pure_asked: bool, recorded: object, reason: str
+) -> None:
+    used, why = decide(
+        built=built, complete=complete, pure_asked=pure_asked, recorded=recorded, current=CURRENT
+    )
+    assert not used and why.startswith("pure Python") and reason in why
+
+
+def test_every_listed_module_has_a_source_and_is_imported_from_the_right_place() -> None:
+    assert set(source_hashes()) == set(MODULES)
+    for name in MODULES:
+        module = sys.modules.get(name) or __import__(name, fromlist=["_"])
+        suffix = Path(module.__file__ or "").suffix
+        assert suffix == (".so" if compiled_modules() else ".py"), (name, compiled.status())
+
+
+def _python(env_pure: bool, code: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "STREAMJOIN_PURE_PYTHON"}
+    if env_pure:
+        env["STREAMJOIN_PURE_PYTHON"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_pure_python_asked_imports_the_sources() -> None:
+    out = _python(
+        True,
+        "import streamjoin.windowed as w, streamjoin.compiled as c; "
+        "print(w.__file__); print(c.status())",
+    )
+    path, why = out.splitlines()
+    assert path.endswith("streamjoin/windowed.py")
+    assert why.startswith("pure Python")
+
+
+@pytest.mark.skipif(not compiled_modules(), reason="pure Python here: every test ran so")
+def test_the_tests_left_to_pure_python_pass_as_python() -> None:
+    """Where the modules run compiled, the tests that patch or subclass their classes
+    (marked ``pure_python``) and the state tests run again, as Python: the twin keeps
+    its tests."""
+    env = {**os.environ, "STREAMJOIN_PURE_PYTHON": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/unit/state",
+            "tests/unit/joins/test_join_buffer_in_memory.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in summary and "skipped" not in summary, summary
