@@ -57,14 +57,10 @@ def _log(message: str) -> None:
 
 
 def built_files() -> list[Path]:
-    """The extension modules of a build (present ones only)."""
-    bases = [source_path(name).with_suffix("") for name in MODULES]
-    bases.append(source_path(GROUP + "__mypyc").with_suffix(""))
+    """The extension modules in the package: a build's (or an older build's)."""
+    package = ROOT / "streamjoin"
     return [
-        base.with_name(base.name + suffix)
-        for base in bases
-        for suffix in EXTENSION_SUFFIXES
-        if base.with_name(base.name + suffix).exists()
+        path for path in package.rglob("*") if path.name.endswith(tuple(EXTENSION_SUFFIXES))
     ]
 
 

@@ -65,6 +65,8 @@ class Agent:
         return (self.topic, *self.more_topics)
 
     def __post_init__(self) -> None:
+        # (set here too: a compiled dataclass leaves an init=False field's default unset)
+        self.raw_records = False
         for topic in self.topics:
             self._loads.setdefault(topic.name, (topic.key_codec.loads, topic.value_codec.loads))
         if self.concurrency < 1:
@@ -109,7 +111,9 @@ class Agent:
         loads = self._loads.get(raw.topic)
         if loads is None:
             loads = self._loads_of(raw.topic)
-        key, value = raw.key, raw.value
+        # (Any: compiled, a variable inferred as the raw bytes would be checked to stay bytes)
+        key: Any = raw.key
+        value: Any = raw.value
         try:
             if key is not None:
                 key = loads[0](key)

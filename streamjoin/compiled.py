@@ -34,6 +34,7 @@ __all__ = [
     "MODULES",
     "compiled_modules",
     "decide",
+    "extension_modules",
     "source_hashes",
     "status",
 ]
@@ -51,6 +52,10 @@ MODULES: tuple[str, ...] = (
     "streamjoin.versioned_tables",
     "streamjoin.ttl_tables",
     "streamjoin.set_tables",
+    "streamjoin.joins.results",
+    "streamjoin.runtime.tasks.in_flight",
+    "streamjoin.runtime.tasks.offset_ledger",
+    "streamjoin.runtime.tasks.acknowledgements",
 )
 
 #: the mypyc group's name; its shared library is the module ``GROUP + "__mypyc"``
@@ -131,18 +136,30 @@ class _Sources:
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname not in self.modules:
+        if fullname not in self.modules or not source_path(fullname).is_file():
             return None
         return importlib.util.spec_from_file_location(fullname, source_path(fullname))
 
 
+def extension_modules() -> set[str]:
+    """The modules of this package that have a compiled extension module beside their
+    source (any build's, current or left over), without the group's library."""
+    found = set()
+    for path in _PACKAGE.rglob("*"):
+        if path.name.endswith(tuple(EXTENSION_SUFFIXES)):
+            relative = path.relative_to(_PACKAGE).with_name(path.name.split(".", 1)[0])
+            found.add(".".join(("streamjoin", *relative.parts)))
+    found.discard(GROUP + "__mypyc")
+    return found
+
+
 _USED, _WHY = _decide()
-if (
-    not _USED
-    and any(_built(name) for name in MODULES)
-    and not any(isinstance(finder, _Sources) for finder in sys.meta_path)
-):
-    sys.meta_path.insert(0, _Sources(MODULES))
+#: imported from their sources: every module with an extension module beside it, but
+#: the listed ones of a build that is used (a left-over module of an older build with
+#: another list is never imported compiled)
+_FROM_SOURCE = extension_modules() - (set(MODULES) if _USED else set())
+if _FROM_SOURCE and not any(isinstance(finder, _Sources) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _Sources(sorted(_FROM_SOURCE)))
 
 
 def compiled_modules() -> bool:

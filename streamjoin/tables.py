@@ -192,10 +192,13 @@ class Table:
         return self.local_items()
 
     def keys(self) -> Iterator[Any]:
-        return (k for k, _ in self.local_items())
+        # (generator functions, not expressions: compiled, an expression becomes a list)
+        for key, _ in self.local_items():
+            yield key
 
     def values(self) -> Iterator[Any]:
-        return (v for _, v in self.local_items())
+        for _, value in self.local_items():
+            yield value
 
     def __iter__(self) -> Iterator[Any]:
         return self.keys()
