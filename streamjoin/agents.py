@@ -10,7 +10,8 @@ from typing import Any, Literal
 from streamjoin.channels import Sinks, drain_into, event_key
 from streamjoin.codecs import RawCodec
 from streamjoin.context import Delivery
-from streamjoin.errors import ConfigurationError, DecodeError
+from streamjoin.decoding import Loads, RecordDecoder
+from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event, RawRecord
 from streamjoin.stream import Stream
 from streamjoin.topics import Topic
@@ -56,19 +57,18 @@ class Agent:
     raw_records: bool = field(default=False, init=False)
     #: key and value decoders of each topic it reads, by name (made once, at declaration:
     #: decoding looks them up once per event)
-    _loads: dict[str, tuple[Callable[[bytes], Any], Callable[[bytes], Any]]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    _loads: dict[str, Loads] = field(default_factory=dict, init=False, repr=False)
+    #: turns a fetched record into the event (compiled: see streamjoin.decoding)
+    decoder: RecordDecoder = field(init=False, repr=False)
 
     @property
     def topics(self) -> tuple[Topic, ...]:
         return (self.topic, *self.more_topics)
 
     def __post_init__(self) -> None:
-        # (set here too: a compiled dataclass leaves an init=False field's default unset)
-        self.raw_records = False
         for topic in self.topics:
             self._loads.setdefault(topic.name, (topic.key_codec.loads, topic.value_codec.loads))
+        self.decoder = RecordDecoder(self._loads, self.topic.name)
         if self.concurrency < 1:
             raise ConfigurationError(f"agent {self.name!r}: concurrency must be >= 1")
         if self.on_error not in ON_ERROR_CHOICES:
@@ -107,25 +107,9 @@ class Agent:
         self.raw_records = True
 
     def decode(self, raw: RawRecord) -> Event:
-        """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes."""
-        loads = self._loads.get(raw.topic)
-        if loads is None:
-            loads = self._loads_of(raw.topic)
-        # (Any: compiled, a variable inferred as the raw bytes would be checked to stay bytes)
-        key: Any = raw.key
-        value: Any = raw.value
-        try:
-            if key is not None:
-                key = loads[0](key)
-            if value is not None:
-                value = loads[1](value)
-        except DecodeError as exc:
-            raise DecodeError(f"{raw.position}: {exc}") from exc
-        return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
-
-    def _loads_of(self, name: str) -> tuple[Callable[[bytes], Any], Callable[[bytes], Any]]:
-        """The decoders for a record of a topic the agent does not read: its first topic's."""
-        return self._loads[self.topic.name]
+        """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes
+        (the actors call ``decoder.decode`` itself: compiled, one Python call less)."""
+        return self.decoder.decode(raw)
 
     def actor_for(self, partition: int) -> int:
         return partition % self.concurrency
@@ -137,4 +121,4 @@ class Agent:
             await drain_into(self.fun(stream), self.sinks, event_key(self._key_loads))
 
     def _key_loads(self, topic: str) -> Callable[[bytes], Any]:
-        return (self._loads.get(topic) or self._loads_of(topic))[0]
+        return self.decoder.decoders(topic)[0]

@@ -52,6 +52,7 @@ MODULES: tuple[str, ...] = (
     "streamjoin.versioned_tables",
     "streamjoin.ttl_tables",
     "streamjoin.set_tables",
+    "streamjoin.decoding",
     "streamjoin.joins.results",
     "streamjoin.runtime.tasks.in_flight",
     "streamjoin.runtime.tasks.offset_ledger",

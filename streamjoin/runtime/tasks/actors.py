@@ -125,7 +125,7 @@ class AgentRunner:
         #: (an internal agent over raw-bytes topics is handed the records as read)
         self._raw_records = agent.raw_records
         self._decode: Callable[[RawRecord], Event] = (
-            _undecoded if agent.raw_records else agent.decode
+            _undecoded if agent.raw_records else agent.decoder.decode
         )
         #: this agent's processing-time histogram, and when the current event was handed out
         self._latency = counters.latency_of(agent.name)

@@ -1,0 +1,50 @@
+"""Decoding a fetched record into the event an agent's function sees.
+
+Once per event, so it is one of the compiled per-event modules
+(:mod:`streamjoin.compiled`); :class:`~streamjoin.agents.Agent`, which takes the user's
+arguments, stays Python and hands its decoders over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from streamjoin.errors import DecodeError
+from streamjoin.events import Event, RawRecord
+
+__all__ = ["Loads", "RecordDecoder"]
+
+#: a topic's key and value decoders
+Loads = tuple[Callable[[bytes], Any], Callable[[bytes], Any]]
+
+
+class RecordDecoder:
+    """The key and value decoders of each topic an agent reads, by topic name."""
+
+    def __init__(self, loads: dict[str, Loads], first_topic: str) -> None:
+        #: shared with the agent (a topic it adds later is seen here too)
+        self.loads = loads
+        self.first_topic = first_topic
+
+    def decoders(self, topic: str) -> Loads:
+        """``topic``'s decoders; a topic the agent does not read gets its first topic's."""
+        found = self.loads.get(topic)
+        return found if found is not None else self.loads[self.first_topic]
+
+    def decode(self, raw: RawRecord) -> Event:
+        """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes."""
+        loads = self.loads.get(raw.topic)
+        if loads is None:
+            loads = self.loads[self.first_topic]
+        # (Any: compiled, a variable inferred as the raw bytes would be checked to stay bytes)
+        key: Any = raw.key
+        value: Any = raw.value
+        try:
+            if key is not None:
+                key = loads[0](key)
+            if value is not None:
+                value = loads[1](value)
+        except DecodeError as exc:
+            raise DecodeError(f"{raw.position}: {exc}") from exc
+        return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
