@@ -12,7 +12,6 @@ from streamjoin.codecs import RawCodec
 from streamjoin.context import Delivery
 from streamjoin.decoding import Loads, RecordDecoder
 from streamjoin.errors import ConfigurationError
-from streamjoin.events import Event, RawRecord
 from streamjoin.stream import Stream
 from streamjoin.topics import Topic
 
@@ -55,10 +54,8 @@ class Agent:
     #: key and value as bytes), without a decode and an Event per record: for the
     #: framework's internal agents over raw-bytes topics (see :meth:`take_raw_records`)
     raw_records: bool = field(default=False, init=False)
-    #: key and value decoders of each topic it reads, by name (made once, at declaration:
-    #: decoding looks them up once per event)
-    _loads: dict[str, Loads] = field(default_factory=dict, init=False, repr=False)
-    #: turns a fetched record into the event (compiled: see streamjoin.decoding)
+    #: turns a fetched record into the event with the key and value decoders of each topic
+    #: it reads (made once, at declaration; compiled: see streamjoin.decoding)
     decoder: RecordDecoder = field(init=False, repr=False)
 
     @property
@@ -66,9 +63,10 @@ class Agent:
         return (self.topic, *self.more_topics)
 
     def __post_init__(self) -> None:
+        loads: dict[str, Loads] = {}
         for topic in self.topics:
-            self._loads.setdefault(topic.name, (topic.key_codec.loads, topic.value_codec.loads))
-        self.decoder = RecordDecoder(self._loads, self.topic.name)
+            loads.setdefault(topic.name, (topic.key_codec.loads, topic.value_codec.loads))
+        self.decoder = RecordDecoder(loads, self.topic.name)
         if self.concurrency < 1:
             raise ConfigurationError(f"agent {self.name!r}: concurrency must be >= 1")
         if self.on_error not in ON_ERROR_CHOICES:
@@ -105,11 +103,6 @@ class Agent:
                     f"{codecs[0]!r}/{codecs[1]!r}; only raw-bytes topics can be read undecoded"
                 )
         self.raw_records = True
-
-    def decode(self, raw: RawRecord) -> Event:
-        """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes
-        (the actors call ``decoder.decode`` itself: compiled, one Python call less)."""
-        return self.decoder.decode(raw)
 
     def actor_for(self, partition: int) -> int:
         return partition % self.concurrency
