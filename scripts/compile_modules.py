@@ -19,14 +19,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["STREAMJOIN_PURE_PYTHON"] = "1"  # (this process reads the sources, not a build)
 
-from streamjoin.compiled import GROUP, MANIFEST, MODULES, source_hashes, source_path  # noqa: E402
+from streamjoin.compiled import (  # noqa: E402
+    GROUP,
+    LIBRARY,
+    MANIFEST,
+    MODULES,
+    build_state,
+    extension_files,
+    source_hashes,
+    source_path,
+)
 
 _SETUP = """
 from setuptools import setup
@@ -56,26 +64,22 @@ def _log(message: str) -> None:
     print(f"[compile] {message}", file=sys.stderr, flush=True)
 
 
-def built_files() -> list[Path]:
-    """The extension modules in the package: a build's (or an older build's)."""
-    package = ROOT / "streamjoin"
-    return [
-        path for path in package.rglob("*") if path.name.endswith(tuple(EXTENSION_SUFFIXES))
-    ]
-
-
 def clean() -> None:
-    for path in built_files():
+    """Remove every extension module in the package (this build's or an older one's)."""
+    for path in extension_files().values():
         path.unlink()
     MANIFEST.unlink(missing_ok=True)
 
 
-def current(hashes: dict[str, str]) -> bool:
-    try:
-        recorded = json.loads(MANIFEST.read_text())["modules"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return bool(recorded == hashes and len(built_files()) == len(MODULES) + 1)
+def complete() -> bool:
+    """Exactly the listed modules and the group's library are built."""
+    return set(extension_files()) == {*MODULES, LIBRARY}
+
+
+def current() -> bool:
+    """The build is the one streamjoin would use, with nothing left over from another."""
+    used, _ = build_state(set(extension_files()), pure_asked=False)
+    return used and complete()
 
 
 def build() -> None:
@@ -101,7 +105,7 @@ def build() -> None:
             clean()
             sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
             raise SystemExit(f"mypyc failed (exit {done.returncode}): the sources run as Python")
-    if len(built_files()) != len(MODULES) + 1:
+    if not complete():
         clean()
         raise SystemExit("mypyc built fewer modules than listed: the sources run as Python")
     MANIFEST.write_text(json.dumps({"modules": hashes}, indent=1, sort_keys=True) + "\n")
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         clean()
         _log("removed the compiled modules")
         return 0
-    if not args.force and current(source_hashes()):
+    if not args.force and current():
         return 0
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         _log("no C compiler found: the per-event modules run as Python")

@@ -23,18 +23,21 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
 __all__ = [
     "GROUP",
+    "LIBRARY",
     "MANIFEST",
     "MODULES",
+    "build_state",
     "compiled_modules",
     "decide",
-    "extension_modules",
+    "extension_files",
+    "recorded_hashes",
     "source_hashes",
     "status",
 ]
@@ -59,8 +62,10 @@ MODULES: tuple[str, ...] = (
     "streamjoin.runtime.tasks.acknowledgements",
 )
 
-#: the mypyc group's name; its shared library is the module ``GROUP + "__mypyc"``
+#: the mypyc group's name
 GROUP = "streamjoin.compiled_group"
+#: the group's shared library, a module built with the listed ones
+LIBRARY = GROUP + "__mypyc"
 
 _PACKAGE = Path(__file__).resolve().parent
 #: written by the build: {"modules": {name: sha1 of its source}}
@@ -76,11 +81,6 @@ def source_path(module: str) -> Path:
 def source_hashes(modules: Sequence[str] = MODULES) -> dict[str, str]:
     """The sha1 of each module's source: what a build is checked against."""
     return {name: hashlib.sha1(source_path(name).read_bytes()).hexdigest() for name in modules}
-
-
-def _built(module: str) -> bool:
-    base = source_path(module).with_suffix("")
-    return any(base.with_name(base.name + suffix).exists() for suffix in EXTENSION_SUFFIXES)
 
 
 def decide(
@@ -107,22 +107,36 @@ def decide(
     return True, f"compiled (mypyc, {len(current)} modules)"
 
 
-def _recorded() -> object:
+def recorded_hashes() -> object:
+    """The manifest's ``modules`` (source hashes of the build), None without one."""
     try:
         return json.loads(MANIFEST.read_text())["modules"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _decide() -> tuple[bool, str]:
-    built = any(_built(name) for name in MODULES)
-    if not built:
+def extension_files() -> dict[str, Path]:
+    """Every extension module in the package (a build's, current or left over), by
+    module name, the group's library included."""
+    found = {}
+    for path in _PACKAGE.rglob("*"):
+        if path.name.endswith(tuple(EXTENSION_SUFFIXES)):
+            relative = path.relative_to(_PACKAGE).with_name(path.name.split(".", 1)[0])
+            found[".".join(("streamjoin", *relative.parts))] = path
+    return found
+
+
+def build_state(found: Collection[str], *, pure_asked: bool) -> tuple[bool, str]:
+    """:func:`decide` for the extension modules ``found`` in the package and the
+    manifest and sources on disk."""
+    listed = set(MODULES)
+    if not listed & set(found):
         return decide(built=False, complete=False, pure_asked=False, recorded=None, current={})
     return decide(
         built=True,
-        complete=all(_built(name) for name in (*MODULES, GROUP + "__mypyc")),
-        pure_asked=os.environ.get("STREAMJOIN_PURE_PYTHON") == "1",
-        recorded=_recorded(),
+        complete=listed | {LIBRARY} <= set(found),
+        pure_asked=pure_asked,
+        recorded=recorded_hashes(),
         current=source_hashes(),
     )
 
@@ -142,23 +156,12 @@ class _Sources:
         return importlib.util.spec_from_file_location(fullname, source_path(fullname))
 
 
-def extension_modules() -> set[str]:
-    """The modules of this package that have a compiled extension module beside their
-    source (any build's, current or left over), without the group's library."""
-    found = set()
-    for path in _PACKAGE.rglob("*"):
-        if path.name.endswith(tuple(EXTENSION_SUFFIXES)):
-            relative = path.relative_to(_PACKAGE).with_name(path.name.split(".", 1)[0])
-            found.add(".".join(("streamjoin", *relative.parts)))
-    found.discard(GROUP + "__mypyc")
-    return found
-
-
-_USED, _WHY = _decide()
+_FOUND = set(extension_files())
+_USED, _WHY = build_state(_FOUND, pure_asked=os.environ.get("STREAMJOIN_PURE_PYTHON") == "1")
 #: imported from their sources: every module with an extension module beside it, but
 #: the listed ones of a build that is used (a left-over module of an older build with
 #: another list is never imported compiled)
-_FROM_SOURCE = extension_modules() - (set(MODULES) if _USED else set())
+_FROM_SOURCE = _FOUND - {LIBRARY} - (set(MODULES) if _USED else set())
 if _FROM_SOURCE and not any(isinstance(finder, _Sources) for finder in sys.meta_path):
     sys.meta_path.insert(0, _Sources(sorted(_FROM_SOURCE)))
 
