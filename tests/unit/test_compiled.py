@@ -60,29 +60,28 @@ def test_every_listed_module_has_a_source_and_is_imported_from_the_right_place()
         assert suffix == (".so" if compiled_modules() else ".py"), (name, compiled.status())
 
 
-def _python(env_pure: bool, code: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "STREAMJOIN_PURE_PYTHON"}
-    if env_pure:
-        env["STREAMJOIN_PURE_PYTHON"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
+def _run_as_python(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """This interpreter with ``args``, in the checkout, under STREAMJOIN_PURE_PYTHON=1."""
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "STREAMJOIN_PURE_PYTHON": "1"},
         capture_output=True,
         text=True,
-        timeout=120,
-        check=True,
+        timeout=timeout,
+        check=False,
     )
-    return done.stdout.strip()
 
 
 def test_pure_python_asked_imports_the_sources() -> None:
-    out = _python(
-        True,
+    done = _run_as_python(
+        "-c",
         "import streamjoin.windowed as w, streamjoin.compiled as c; "
         "print(w.__file__); print(c.status())",
+        timeout=120,
     )
-    path, why = out.splitlines()
+    assert done.returncode == 0, done.stderr
+    path, why = done.stdout.strip().splitlines()
     assert path.endswith("streamjoin/windowed.py")
     assert why.startswith("pure Python")
 
@@ -92,24 +91,15 @@ def test_the_tests_left_to_pure_python_pass_as_python() -> None:
     """Where the modules run compiled, the tests that patch or subclass their classes
     (marked ``pure_python``) and the state tests run again, as Python: the twin keeps
     its tests."""
-    env = {**os.environ, "STREAMJOIN_PURE_PYTHON": "1"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests/unit/state",
-            "tests/unit/joins/test_join_buffer_in_memory.py",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    done = _run_as_python(
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/unit/state",
+        "tests/unit/joins/test_join_buffer_in_memory.py",
         timeout=600,
-        check=False,
     )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

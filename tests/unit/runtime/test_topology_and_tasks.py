@@ -145,6 +145,10 @@ def test_the_fingerprint_sees_a_field_a_run_writes() -> None:
     app.topics["clicks"].partitions = None
     app.tables["per-second"].default = list  # (a field the declaration set)
     assert any("per-second" in d for d in differences(before, fingerprint(app)))
+    app.tables["per-second"].default = int
+    # an attribute a run adds (a compiled table has no __dict__ to add one to: an agent)
+    app.agents["click-view"].__dict__["_latest"] = {0: 5}  # a per-partition dict
+    assert any("click-view" in d and "_latest" in d for d in differences(before, fingerprint(app)))
 
 
 # ------------------------------------------------------------------ TaskManager
