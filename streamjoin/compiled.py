@@ -60,6 +60,7 @@ MODULES: tuple[str, ...] = (
     "streamjoin.runtime.tasks.in_flight",
     "streamjoin.runtime.tasks.offset_ledger",
     "streamjoin.runtime.tasks.acknowledgements",
+    "streamjoin.runtime.tasks.actors",
 )
 
 #: the mypyc group's name

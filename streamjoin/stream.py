@@ -180,6 +180,10 @@ class Stream:
             raise ConfigurationError(
                 f"take(): within must be a finite number of seconds >= 0, got {within!r}"
             )
+        if not isinstance(per_event_errors, bool):
+            raise ConfigurationError(
+                f"take(): per_event_errors must be True or False, got {per_event_errors!r}"
+            )
         return _Batches(self._source, max_events, float(within), per_event_errors)
 
 

@@ -9,8 +9,9 @@ next one; it is then handed to the acknowledgements. A record whose task stopped
 running (revocation began) is dropped when it reaches the actor: it was never
 acknowledged, so its next owner reads it again.
 
-This is the per-event hot path: the steps of handing out the next buffered event are
-spelled out in :meth:`AgentRunner._walk_events` rather than split into calls.
+This is the per-event hot path, compiled with mypyc (:mod:`streamjoin.compiled`): the
+actor is its own async iterator, and :meth:`AgentRunner.__anext__` hands out a buffered
+event as native code, suspending only to wait.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 from streamjoin.agents import Agent
 from streamjoin.context import current_event
@@ -34,7 +35,7 @@ from streamjoin.runtime.tasks.record_queue import RecordQueue
 from streamjoin.runtime.tasks.task import Task, TaskState
 from streamjoin.stream import EventBatch, Stream
 
-_RUNNING = TaskState.RUNNING
+_RUNNING: Final = TaskState.RUNNING
 
 #: what an actor's queue holds: a task and records of it in order (None: stop)
 _Chunk = tuple[Task, list[RawRecord]] | None
@@ -43,13 +44,13 @@ _Chunk = tuple[Task, list[RawRecord]] | None
 #: buffered are taken without suspending, so without it a long backlog would starve the
 #: producer's sender, acknowledgements and the commit loop for seconds (nothing would be
 #: committed until the backlog ends)
-YIELD_EVERY = 64
+YIELD_EVERY: Final = 64
 
 
-def _undecoded(raw: RawRecord) -> Event:
+def _undecoded(raw: RawRecord) -> Any:
     """A raw-bytes agent's "decode": the record itself (it has an Event's fields, and the
     raw codec would return its key and value bytes unchanged)."""
-    return raw  # type: ignore[return-value]
+    return raw
 
 
 class Hold(Protocol):
@@ -124,7 +125,7 @@ class AgentRunner:
         self._redo: list[tuple[Task, list[RawRecord]]] = []
         #: (an internal agent over raw-bytes topics is handed the records as read)
         self._raw_records = agent.raw_records
-        self._decode: Callable[[RawRecord], Event] = (
+        self._decode: Callable[[RawRecord], Any] = (
             _undecoded if agent.raw_records else agent.decoder.decode
         )
         #: this agent's processing-time histogram, and when the current event was handed out
@@ -134,8 +135,8 @@ class AgentRunner:
         #: are acknowledged together (see :meth:`ack_finished`)
         self._done: list[RawRecord] = []
         self._done_task: Task | None = None
-        #: the actor's events (see _walk_events)
-        self._events = self._walk_events()
+        #: the stream ended (the worker stops): every later step ends it again
+        self._ended = False
         #: waiting for more records to fill a batch (``stream.take(within=...)``): records
         #: taken from the queue but not handed out yet
         self.forming = False
@@ -166,98 +167,99 @@ class AgentRunner:
 
     def next_event(self) -> Awaitable[Event]:
         """The next event (marks the previous one processed); what ``anext(stream)`` awaits."""
-        return self._events.__anext__()
+        return self.__anext__()
 
     def events(self) -> AsyncIterator[Event]:
-        """What ``async for event in stream`` iterates (see :meth:`_walk_events`)."""
-        return self._events
+        """What ``async for event in stream`` iterates: the actor itself (see
+        :meth:`__anext__`)."""
+        return self
 
-    async def _walk_events(self) -> AsyncIterator[Event]:
-        """The actor's events, one at a time: one async generator for the actor's lifetime
-        (an agent function restarted after an error goes on with it). A step that finds the
-        next event buffered costs no coroutine and no call: the steps are spelled out here.
-        Asking for the next event marks the one being processed done."""
+    def __aiter__(self) -> AgentRunner:
+        return self
+
+    async def __anext__(self) -> Any:
+        """The actor's next event; asking for it marks the one being processed done.
+
+        The actor is its own async iterator for its lifetime (an agent function restarted
+        after an error goes on with it), and this is a coroutine rather than an async
+        generator so that mypyc compiles it: a step that finds the next event buffered
+        runs as native code and suspends nowhere. (Returns ``Any``: a raw-bytes agent's
+        events are its records, see :func:`_undecoded`.)"""
+        if self._ended:
+            raise StopAsyncIteration
+        current = self.current
+        if current is not None:
+            if current.sends or current.batch is not None:
+                self._finish_current()
+            else:
+                # the usual case: an event that sent nothing is done now, and its
+                # acknowledgement joins the others' (see ack_finished)
+                self.current = None
+                self.processed += 1
+                took = time.perf_counter() - self._started
+                # (the histogram's observe, inline: one call less per event)
+                latency = self._latency
+                latency.counts[bisect_left(latency.bounds, took)] += 1
+                latency.sum += took
+                if current.task is not self._done_task:
+                    self.ack_finished()
+                    self._done_task = current.task
+                self._done.append(current.record)
+                self._spare = current
         hold = self._hold
-        join_stats = self._join_stats
-        decode = self._decode
-        latency = self._latency
-        # (the histogram's observe, inline: one call less per event)
-        latency_bounds, latency_counts = latency.bounds, latency.counts
-        perf_counter = time.perf_counter
-        set_current = current_event.set
-        punctual = self.punctuations
         while True:
-            current = self.current
-            if current is not None:
-                if current.sends or current.batch is not None:
-                    self._finish_current()
-                else:
-                    # the usual case: an event that sent nothing is done now, and its
-                    # acknowledgement joins the others' (see ack_finished)
-                    self.current = None
-                    self.processed += 1
-                    took = perf_counter() - self._started
-                    latency_counts[bisect_left(latency_bounds, took)] += 1
-                    latency.sum += took
-                    if current.task is not self._done_task:
-                        self.ack_finished()
-                        self._done_task = current.task
-                    self._done.append(current.record)
-                    self._spare = current
-            while True:
-                if self._since_yield >= YIELD_EVERY:
-                    self._since_yield = 0
-                    self.ack_finished()  # (before anything else runs, here and below)
-                    await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
-                    continue
-                if hold.holding:
+            if self._since_yield >= YIELD_EVERY:
+                self._since_yield = 0
+                self.ack_finished()  # (before anything else runs, here and below)
+                await asyncio.sleep(0)  # the event loop's turn (see YIELD_EVERY)
+                continue
+            if hold.holding:
+                self.ack_finished()
+                await hold.opened.wait()  # a transaction is taking its snapshot
+                continue
+            chunk = self._chunk
+            pos = self._pos
+            if pos >= len(chunk):
+                punctual = self.punctuations
+                if punctual is not None and punctual.ticks:
                     self.ack_finished()
-                    await hold.opened.wait()  # a transaction is taking its snapshot
+                    await punctual.run_tick()  # (a punctuation due between two events)
                     continue
-                chunk = self._chunk
-                pos = self._pos
-                if pos >= len(chunk):
-                    if punctual is not None and punctual.ticks:
-                        self.ack_finished()
-                        await punctual.run_tick()  # (a punctuation due between two events)
-                        continue
-                    try:
-                        if not self._next_buffered_chunk():
-                            self.ack_finished()
-                            await self._wait_for_chunk()
-                    except StopAsyncIteration:
-                        return  # the end of the stream (a generator must not raise it)
-                    continue
-                # From here to handing the event out nothing awaits: a snapshot or a
-                # revocation sees this record either still buffered or being processed.
-                raw = chunk[pos]
-                self._pos = pos + 1
-                task = self._chunk_task
-                if task is None or task.state is not _RUNNING:
-                    continue  # revocation began: its next owner reads it again
-                inflight = self._spare
-                if inflight is None:
-                    inflight = InFlight(raw, task, join_stats, self)
-                else:
-                    self._spare = None
-                    inflight.record = raw
-                    inflight.task = task
-                try:
-                    event = decode(raw)
-                except DecodeError as exc:
+                if not self._next_buffered_chunk():
                     self.ack_finished()
-                    await self._handle_failure(inflight, exc, "decode")
-                    continue
-                break
-            self._since_yield += 1
-            self.current = inflight
-            set_current(inflight)
-            if punctual is not None and raw.timestamp >= punctual.due_at:
-                # the record moved its task's stream time to a punctuation's due time: it
-                # runs first, as part of this event (see runtime.tasks.punctuation)
-                await punctual.stream_time_passed(inflight, raw.timestamp)
-            self._started = perf_counter()
-            yield event
+                    await self._wait_for_chunk()  # (raises StopAsyncIteration at the end)
+                continue
+            # From here to handing the event out nothing awaits: a snapshot or a
+            # revocation sees this record either still buffered or being processed.
+            raw = chunk[pos]
+            self._pos = pos + 1
+            task = self._chunk_task
+            if task is None or task.state is not _RUNNING:
+                continue  # revocation began: its next owner reads it again
+            inflight = self._spare
+            if inflight is None:
+                inflight = InFlight(raw, task, self._join_stats, self)
+            else:
+                self._spare = None
+                inflight.record = raw
+                inflight.task = task
+            try:
+                event = self._decode(raw)
+            except DecodeError as exc:
+                self.ack_finished()
+                await self._handle_failure(inflight, exc, "decode")
+                continue
+            break
+        self._since_yield += 1
+        self.current = inflight
+        current_event.set(inflight)
+        punctual = self.punctuations
+        if punctual is not None and raw.timestamp >= punctual.due_at:
+            # the record moved its task's stream time to a punctuation's due time: it
+            # runs first, as part of this event (see runtime.tasks.punctuation)
+            await punctual.stream_time_passed(inflight, raw.timestamp)
+        self._started = time.perf_counter()
+        return event
 
     def ack_finished(self) -> None:
         """Acknowledge the finished events that sent nothing, in one call to their task's
@@ -295,6 +297,7 @@ class AgentRunner:
             # the end of the stream: records taken but not handed out (a batch being
             # filled) were never acknowledged, so the partition's next owner reads them
             current_event.set(None)
+            self._ended = True
             raise StopAsyncIteration
         self._chunk_task, self._chunk = item
         self._pos = 0

@@ -354,6 +354,16 @@ def test_bad_take_arguments_are_refused(args: tuple[Any, ...], message: str) -> 
         stream.take(*args)
 
 
+def test_per_event_errors_must_be_a_bool() -> None:
+    # (the actor's step is compiled: a truthy 1 would reach it as a TypeError)
+    class _Source:
+        pass
+
+    stream = Stream(_Source())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="per_event_errors must be True or False"):
+        stream.take(5, per_event_errors=1)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("batch_size", [None, 1, 10, 1000])
 async def test_a_backlog_gives_the_event_loop_a_turn_every_64_events(
     batch_size: int | None,
