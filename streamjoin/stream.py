@@ -9,12 +9,11 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
-    Iterator,
-    Sequence,
 )
 from typing import Any, Protocol, TypeVar, overload
 
 from streamjoin.errors import ConfigurationError
+from streamjoin.event_batch import EventBatch
 from streamjoin.events import Event
 from streamjoin.stream_ops import Chain, echo_events, events_of, values_of
 from streamjoin.topics import Topic
@@ -26,6 +25,8 @@ U = TypeVar("U")
 #: (hand-out, acknowledgement); they take them with ``per_event_errors=True``, so an error
 #: still gets the agent's policy for its event alone.
 INTERNAL_AGENT_BATCH = 64
+
+__all__ = ["INTERNAL_AGENT_BATCH", "EventBatch", "EventSource", "Stream"]
 
 
 class EventSource(Protocol):
@@ -39,51 +40,6 @@ class EventSource(Protocol):
     def next_batch(
         self, max_events: int, within: float, per_event_errors: bool
     ) -> Awaitable[EventBatch]: ...
-
-
-class CurrentEvent(Protocol):
-    """What a batch moves from event to event as it is iterated (the runtime's context of
-    the event being processed: tables and ``current_record()`` read its record)."""
-
-    record: Any
-
-
-class EventBatch:
-    """Events of one task (one partition of each input), handed out together by
-    :meth:`Stream.take`.
-
-    Iterating the batch makes each event in turn the current one: a table read or write, a
-    windowed table's window and ``current_record()`` inside the loop see that event, as in
-    ``async for event in stream``. The whole batch counts as processed when the agent asks
-    for the next batch.
-    """
-
-    __slots__ = ("_current", "_events", "_records")
-
-    def __init__(self, events: Sequence[Event], records: Sequence[Any], current: CurrentEvent):
-        self._events = events
-        self._records = records
-        self._current = current
-
-    def __len__(self) -> int:
-        return len(self._events)
-
-    def __bool__(self) -> bool:
-        return bool(self._events)
-
-    def __iter__(self) -> Iterator[Event]:
-        current = self._current
-        for record, event in zip(self._records, self._events, strict=True):
-            current.record = record
-            yield event
-
-    def items(self) -> Iterator[tuple[Any, Any]]:
-        """``(key, value)`` of each event (each made current in turn, as by iterating)."""
-        for event in self:
-            yield event.key, event.value
-
-    def __repr__(self) -> str:
-        return f"<EventBatch of {len(self._events)} events>"
 
 
 class Stream:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
+from streamjoin.agents import ON_ERROR_CHOICES
 from streamjoin.context import EventContext, OutgoingRecord, current_event
 from streamjoin.errors import (
     ArgumentTypeError,
@@ -41,16 +42,15 @@ from streamjoin.errors import (
 from streamjoin.events import Event
 from streamjoin.global_tables import GlobalTable
 from streamjoin.joins.core import JoinOutput, JoinSpec, StreamStreamJoin
+from streamjoin.joins.enrich import JoinFunction, handle_batches, table_enricher
 from streamjoin.joins.foreign_key_api import ForeignKeyDeclarations, declare_foreign_key_join
 from streamjoin.joins.global_join import GlobalJoinDeclarations, declare_global_join
 from streamjoin.joins.idle import IdleClock
 from streamjoin.joins.results import PLAIN_RESULTS as _PLAIN_RESULTS
-from streamjoin.joins.results import Emit, EmitAwaited, result_senders
 from streamjoin.joins.run_state import JoinPartition, JoinStats
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
-from streamjoin.versioned_tables import TOO_LATE, VersionedTable
 
 if TYPE_CHECKING:
     from streamjoin.state.table_partition import TablePartition
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("streamjoin.joins")
 
 How = Literal["inner", "left", "outer"]
-JoinFunction = Callable[[Any, Any, Any], Any]
 TimestampExtractor = Callable[[Event], int]
 
 
@@ -482,6 +481,11 @@ def declare_join(
 
     def register(fun: JoinFunction) -> JoinFunction:
         join_name = name or fun.__name__
+        if on_error not in ON_ERROR_CHOICES:
+            raise ConfigurationError(
+                f"join {join_name!r}: on_error must be one of {ON_ERROR_CHOICES}, "
+                f"got {on_error!r}"
+            )
         if close_idle_after is not None and not (
             isinstance(left, Topic) and isinstance(right, Topic)
         ):
@@ -636,63 +640,16 @@ def _stream_table(
     app.attach_reader(table, stream)
     source = app.table_sources.get(table.name)
     app.joins[name] = StreamTableJoinDecl(name, stream, table, source, how, output, fun)
-    emit, emit_awaited = result_senders(output)
-
-    def enrich(event: Event) -> Awaitable[object] | None:
-        """One event's join: done at once (None) unless the function is async or the output
-        must wait for room; then what is left to await (no coroutine for the usual case)."""
-        key = event.key
-        current = table.get(key)
-        if current is None and how == "inner":
-            return None
-        result = fun(key, event.value, current)  # (_call inlined: once per event)
-        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            return emit_awaited(event, result)
-        return emit(event, result)
-
-    handler: Callable[[Event], Awaitable[object] | None] = enrich
-    if isinstance(table, VersionedTable):
-        handler = _enrich_as_of(table, how == "inner", fun, emit, emit_awaited)
+    handler = table_enricher(table, how == "inner", fun, output)
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
     if app.read_in_order(table, stream, handler, join=name, on_error=on_error):
         return
 
     # A table written by agents: nothing orders its writes against the stream.
     async def run(events: Stream) -> None:
-        async for batch in events.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
-            for event in batch:
-                pending = handler(event)
-                if pending is not None:
-                    await pending
+        await handle_batches(events, handler)
 
     app.agent(stream, name=f"{name}.stream", on_error=on_error)(run)
-
-
-def _enrich_as_of(
-    table: VersionedTable,
-    inner: bool,
-    fun: JoinFunction,
-    emit: Emit,
-    emit_awaited: EmitAwaited,
-) -> Callable[[Event], Awaitable[object] | None]:
-    """A stream-table join's per-event work on a versioned table: the row as of the
-    event's timestamp. An event older than the table's history is dropped and counted
-    (``table.too_late``): its row may be purged, so no answer would be reliable."""
-
-    def enrich_as_of(event: Event) -> Awaitable[object] | None:
-        key = event.key
-        current = table.lookup_for_join(key, event.timestamp)
-        if current is TOO_LATE:
-            table.count_too_late()
-            return None
-        if current is None and inner:
-            return None
-        result = fun(key, event.value, current)
-        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            return emit_awaited(event, result)
-        return emit(event, result)
-
-    return enrich_as_of
 
 
 def _table_table(

@@ -11,8 +11,7 @@ when it is sent, so events sent after it see it and events sent before do not.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -20,13 +19,12 @@ from streamjoin.agents import OnError
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
 from streamjoin.global_tables import GlobalTable
-from streamjoin.joins.results import PLAIN_RESULTS, result_senders
-from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
+from streamjoin.joins.enrich import JoinFunction, global_enricher, handle_batches
+from streamjoin.stream import Stream
 from streamjoin.topics import Topic
 
 __all__ = ["StreamGlobalJoinDecl", "declare_global_join"]
 
-JoinFunction = Callable[[Any, Any, Any], Any]
 KeyOf = Callable[[Event], Any]
 
 
@@ -76,22 +74,10 @@ def declare_global_join(
     inner = how == "inner"
     decl = StreamGlobalJoinDecl(name, stream, table, key, how, output, fun)  # type: ignore[arg-type]
     app.joins[name] = decl
-    lookup = table.get
-    emit, emit_awaited = result_senders(output)
+    handler = global_enricher(table.get, key, inner, fun, output)
 
     async def run(events: Stream) -> None:
-        async for batch in events.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
-            for event in batch:
-                row = lookup(key(event))
-                if row is None and inner:
-                    continue
-                result = fun(event.key, event.value, row)
-                if type(result) not in PLAIN_RESULTS and inspect.isawaitable(result):
-                    pending: Awaitable[object] | None = emit_awaited(event, result)
-                else:
-                    pending = emit(event, result)
-                if pending is not None:
-                    await pending
+        await handle_batches(events, handler)
 
     app.agent(stream, name=f"{name}.stream", on_error=on_error)(run)
     return decl

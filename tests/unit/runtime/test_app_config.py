@@ -139,6 +139,22 @@ def test_agent_options_are_validated() -> None:
         app.agent("t", name="one")(f)
 
 
+@pytest.mark.parametrize("table_kind", ["topic_table", "table"])
+def test_a_join_refuses_an_unknown_on_error(table_kind: str) -> None:
+    # (refused by the join itself, before a topic table's agent takes the join in)
+    app = streamjoin.App("x")
+    events = app.topic("events", partitions=2)
+    if table_kind == "topic_table":
+        rows = app.topic_table(app.topic("rows", partitions=2))
+    else:
+        rows = app.table("rows", partitions=2)
+    with pytest.raises(ConfigurationError, match="join 'enrich': on_error must be one of"):
+
+        @app.join(events, rows, on_error="retry")  # type: ignore[arg-type]
+        def enrich(key: object, event: object, row: object) -> object:
+            return row
+
+
 async def test_send_before_start_is_a_clear_error() -> None:
     app = streamjoin.App("x")
     topic = app.topic("t")
