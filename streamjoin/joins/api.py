@@ -483,8 +483,7 @@ def declare_join(
         join_name = name or fun.__name__
         if on_error not in ON_ERROR_CHOICES:
             raise ConfigurationError(
-                f"join {join_name!r}: on_error must be one of {ON_ERROR_CHOICES}, "
-                f"got {on_error!r}"
+                f"join {join_name!r}: on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}"
             )
         if close_idle_after is not None and not (
             isinstance(left, Topic) and isinstance(right, Topic)
