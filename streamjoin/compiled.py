@@ -60,6 +60,7 @@ MODULES: tuple[str, ...] = (
     "streamjoin.topic_tables",
     "streamjoin.joins.enrich",
     "streamjoin.joins.results",
+    "streamjoin.quick_sends",
     "streamjoin.runtime.tasks.in_flight",
     "streamjoin.runtime.tasks.offset_ledger",
     "streamjoin.runtime.tasks.acknowledgements",

@@ -11,6 +11,7 @@ from streamjoin.codecs import Codec
 from streamjoin.context import Delivery, Headers, RuntimeLink, Sender, current_event
 from streamjoin.errors import ArgumentTypeError, ConfigurationError
 from streamjoin.partitioner import partition_for_key
+from streamjoin.quick_sends import try_send_record
 
 __all__ = ["Delivery", "Headers", "Sender", "Topic", "check_timestamp_ms"]
 
@@ -131,28 +132,4 @@ class Topic:
             timestamp_ms = time.time_ns() // 1_000_000
         elif type(timestamp_ms) is not int or timestamp_ms < 0:
             timestamp_ms = check_timestamp_ms(timestamp_ms, None, self._send_where)
-        sender = self.link.sender
-        if sender is None:
-            sender = self.link.require_sender(self.name)
-        key_bytes = self.key_codec.dumps(key)
-        value_bytes = self.value_codec.dumps(value)
-        if partition is None and key_bytes is not None:
-            partitions = self.partitions or self.link.partitions.get(self.name)
-            if not partitions:
-                return None
-            partition = partition_for_key(key_bytes, partitions)
-        sent = sender.send_now(
-            (
-                self.name,
-                key_bytes,
-                value_bytes,
-                partition,
-                list(headers) if headers else (),
-                timestamp_ms,
-            )
-        )
-        if sent is not None:
-            event = current_event.get()
-            if event is not None:
-                event.track_send(sent)
-        return sent
+        return try_send_record(self, key, value, headers, partition, timestamp_ms)

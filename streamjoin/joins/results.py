@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamjoin.events import Event
+from streamjoin.quick_sends import try_send_record
 from streamjoin.topics import Topic
 
 __all__ = ["PLAIN_RESULTS", "Emit", "EmitAwaited", "result_senders"]
@@ -28,7 +29,12 @@ def result_senders(output: Topic | None) -> tuple[Emit, EmitAwaited]:
     def emit(event: Event, result: Any) -> Awaitable[object] | None:
         if result is not None and output is not None:
             key, timestamp = event.key, event.timestamp
-            if output.try_send(key=key, value=result, timestamp_ms=timestamp) is None:
+            if type(timestamp) is int and timestamp >= 0:
+                # (try_send's own checks passed: its compiled part, without its frame)
+                sent = try_send_record(output, key, result, (), None, timestamp)
+            else:
+                sent = output.try_send(key=key, value=result, timestamp_ms=timestamp)
+            if sent is None:
                 return output.send(key=key, value=result, timestamp_ms=timestamp)
         return None
 

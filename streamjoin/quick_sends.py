@@ -1,0 +1,67 @@
+"""A record sent without awaiting: the per-record part of :meth:`Topic.try_send
+<streamjoin.topics.Topic.try_send>`, from the encoding to the sender's open batch.
+
+Compiled with mypyc (:mod:`streamjoin.compiled`): every record an enriching join sends
+passes here, and the join's compiled code calls it directly. The topic's checks of its
+caller's arguments stay in :class:`~streamjoin.topics.Topic` (interpreted), so a bad
+argument is refused there, with the topic's own error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from streamjoin.codecs import Codec
+from streamjoin.context import Delivery, RuntimeLink, current_event
+from streamjoin.partitioner import partition_for_key
+
+__all__ = ["SendingTopic", "try_send_record"]
+
+
+class SendingTopic(Protocol):
+    """What :func:`try_send_record` reads of a :class:`~streamjoin.topics.Topic`."""
+
+    name: str
+    key_codec: Codec
+    value_codec: Codec
+    partitions: int | None
+    link: RuntimeLink
+
+
+def try_send_record(
+    topic: SendingTopic,
+    key: Any,
+    value: Any,
+    headers: Any,
+    partition: Any,
+    timestamp_ms: int | None,
+) -> Delivery | None:
+    """Encode and send one record to ``topic`` at once, tracked on the event being
+    processed; None when it cannot join an open batch now (then ``await topic.send()``
+    the same record). ``timestamp_ms`` is checked already; ``headers`` a sequence."""
+    link = topic.link
+    sender = link.sender
+    if sender is None:
+        sender = link.require_sender(topic.name)
+    key_bytes = topic.key_codec.dumps(key)
+    value_bytes = topic.value_codec.dumps(value)
+    if partition is None and key_bytes is not None:
+        partitions = topic.partitions or link.partitions.get(topic.name)
+        if not partitions:
+            return None
+        partition = partition_for_key(key_bytes, partitions)
+    sent = sender.send_now(
+        (
+            topic.name,
+            key_bytes,
+            value_bytes,
+            partition,
+            list(headers) if headers else (),
+            timestamp_ms,
+        )
+    )
+    if sent is not None:
+        event = current_event.get()
+        if event is not None:
+            event.track_send(sent)
+    return sent
