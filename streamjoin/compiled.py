@@ -55,6 +55,7 @@ MODULES: tuple[str, ...] = (
     "streamjoin.versioned_tables",
     "streamjoin.ttl_tables",
     "streamjoin.set_tables",
+    "streamjoin.runtime.transport.record_scan",
     "streamjoin.decoding",
     "streamjoin.event_batch",
     "streamjoin.topic_tables",

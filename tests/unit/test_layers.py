@@ -212,6 +212,7 @@ RUNTIME_FOLDERS: dict[str, tuple[str, ...]] = {
         "streamjoin.runtime.transport.liveness",
         "streamjoin.runtime.transport.producer",
         "streamjoin.runtime.transport.record_limits",
+        "streamjoin.runtime.transport.record_scan",
         "streamjoin.runtime.transport.topic_admin",
         "streamjoin.runtime.member",
         "streamjoin.runtime.worker",

@@ -26,7 +26,8 @@ import aiokafka
 from aiokafka.consumer import fetcher as aiokafka_fetcher
 
 from streamjoin.events import RawRecord
-from streamjoin.runtime.table_state.changelog_records import READ_COMMITTED, scan_batches
+from streamjoin.runtime.table_state.changelog_records import READ_COMMITTED
+from streamjoin.runtime.transport.record_scan import raw_records
 
 log = logging.getLogger(__name__)
 
@@ -90,32 +91,14 @@ class RawPartitionRecords(_AIOKAFKA_PARTITION_RECORDS or object):  # type: ignor
         tp = self._tp
         topic, partition = tp.topic, tp.partition
         committed_only = self._isolation_level == READ_COMMITTED
-        scanned = scan_batches(
+        return raw_records(
+            self,
+            topic,
+            partition,
             self._records,
-            self.next_fetch_offset,
             self._aborted_transactions if committed_only else None,
-            check_crcs=self._check_crcs,
+            bool(self._check_crcs),
         )
-        for batch in scanned.batches:
-            start = self.next_fetch_offset
-            for record in batch:
-                offset = record.offset
-                if offset < start:
-                    continue  # a fetch from the middle of a batch returns all of it
-                # kept per record: aiokafka stops mid-batch at max_poll_records and
-                # resumes the fetch position from here
-                self.next_fetch_offset = offset + 1
-                yield RawRecord(
-                    topic,
-                    partition,
-                    offset,
-                    record.timestamp,
-                    record.key,
-                    record.value,
-                    tuple(record.headers),
-                )
-            self.next_fetch_offset = batch.next_offset
-        self.next_fetch_offset = scanned.next_offset
 
 
 def install() -> bool:
