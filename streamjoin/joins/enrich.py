@@ -9,12 +9,11 @@ topic table's agent) to the result's send.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamjoin.events import Event
-from streamjoin.joins.results import PLAIN_RESULTS, result_senders
+from streamjoin.joins.results import result_sender
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
@@ -34,7 +33,7 @@ def table_enricher(
 ) -> EventHandler:
     """A stream-table join's handler: the row of the event's key now, or, on a versioned
     table, as of the event's timestamp."""
-    emit, emit_awaited = result_senders(output)
+    emit = result_sender(output)
     if isinstance(table, VersionedTable):
         versioned = table
 
@@ -48,10 +47,7 @@ def table_enricher(
                 return None
             if current is None and inner:
                 return None
-            result = fun(key, event.value, current)
-            if type(result) not in PLAIN_RESULTS and inspect.isawaitable(result):
-                return emit_awaited(event, result)
-            return emit(event, result)
+            return emit(event, fun(key, event.value, current))
 
         return enrich_as_of
 
@@ -60,10 +56,7 @@ def table_enricher(
         current = table.get(key)
         if current is None and inner:
             return None
-        result = fun(key, event.value, current)
-        if type(result) not in PLAIN_RESULTS and inspect.isawaitable(result):
-            return emit_awaited(event, result)
-        return emit(event, result)
+        return emit(event, fun(key, event.value, current))
 
     return enrich
 
@@ -76,16 +69,13 @@ def global_enricher(
     output: Topic | None,
 ) -> EventHandler:
     """A stream-global-table join's handler: the row of ``key(event)`` in the local copy."""
-    emit, emit_awaited = result_senders(output)
+    emit = result_sender(output)
 
     def enrich(event: Event) -> Awaitable[object] | None:
         row = lookup(key(event))
         if row is None and inner:
             return None
-        result = fun(event.key, event.value, row)
-        if type(result) not in PLAIN_RESULTS and inspect.isawaitable(result):
-            return emit_awaited(event, result)
-        return emit(event, result)
+        return emit(event, fun(event.key, event.value, row))
 
     return enrich
 
