@@ -135,7 +135,8 @@ class FaustRecord:
             return inner.loads(data)
         try:
             payload = msgspec.json.decode(check_bytes(self.name, data))
-        except (msgspec.DecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # (DecodeError, and UnicodeDecodeError
+            # for invalid UTF-8 inside a JSON string: msgspec raises that one as it is)
             raise decode_error(self.name, data, str(exc), self.cls.__qualname__) from exc
         return inner.loads_from(msgspec.json.encode(_without_metadata(payload)), data)
 
