@@ -12,6 +12,7 @@ from streamjoin.codecs import RawCodec
 from streamjoin.context import Delivery
 from streamjoin.decoding import Loads, RecordDecoder
 from streamjoin.errors import ConfigurationError
+from streamjoin.quick_codecs import loader
 from streamjoin.stream import Stream
 from streamjoin.topics import Topic
 
@@ -65,7 +66,7 @@ class Agent:
     def __post_init__(self) -> None:
         loads: dict[str, Loads] = {}
         for topic in self.topics:
-            loads.setdefault(topic.name, (topic.key_codec.loads, topic.value_codec.loads))
+            loads.setdefault(topic.name, (loader(topic.key_codec), loader(topic.value_codec)))
         self.decoder = RecordDecoder(loads, self.topic.name)
         if self.concurrency < 1:
             raise ConfigurationError(f"agent {self.name!r}: concurrency must be >= 1")

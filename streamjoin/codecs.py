@@ -173,10 +173,10 @@ _encode_str: Callable[[str], str] = json.encoder.encode_basestring
 #: msgspec writes a dict with str keys sorted, compact, UTF-8 (not ASCII-escaped): the
 #: bytes of _ENCODER (a test compares them), several times faster; its bytes are sized to
 #: fit (orjson's kept a 4 KB buffer each, which table values and sends held until flushed)
-_fast_encode: Callable[[Any], bytes] = msgspec.json.Encoder(order="sorted").encode
+fast_json_encode: Callable[[Any], bytes] = msgspec.json.Encoder(order="sorted").encode
 #: msgspec reads strict UTF-8 JSON as the standard parser does (integers of any size
 #: too), several times faster; what it refuses goes to the standard parser
-_fast_decode: Callable[[bytes], Any] = msgspec.json.Decoder().decode
+fast_json_decode: Callable[[bytes], Any] = msgspec.json.Decoder().decode
 
 
 def pure_plain_json(obj: Any) -> bool:
@@ -205,7 +205,7 @@ def pure_plain_json(obj: Any) -> bool:
 
 
 #: the check above, compiled where native/ is built (about 5x faster on a 4-field row)
-_plain_json: Callable[[Any], bool] = native_function("plain_json") or pure_plain_json
+plain_json: Callable[[Any], bool] = native_function("plain_json") or pure_plain_json
 
 
 def _json_dumps(codec: str, obj: Any) -> bytes:
@@ -216,9 +216,9 @@ def _json_dumps(codec: str, obj: Any) -> bytes:
         return _utf8(codec, _encode_str(obj))
     # A dict (str keys) or list of scalars goes to msgspec (once per record sent and per
     # table write: the check is compiled where native/ is built)
-    if (kind is dict or kind is list) and _plain_json(obj):
+    if (kind is dict or kind is list) and plain_json(obj):
         try:
-            return _fast_encode(obj)
+            return fast_json_encode(obj)
         except (ValueError, msgspec.EncodeError):
             pass  # a lone surrogate: the encoder words the error
     try:
@@ -234,7 +234,7 @@ def _json_loads(codec: str, data: _Bytes, target: str | None) -> Any:
     # reads what JSON allows of it and words the error for the rest.
     if type(data) is bytes:
         try:
-            return _fast_decode(data)
+            return fast_json_decode(data)
         except (ValueError, RecursionError):  # msgspec.DecodeError is a ValueError
             pass
     try:
@@ -263,7 +263,7 @@ class JsonCodec:
         """Parse strict UTF-8 JSON."""
         if type(data) is bytes:  # (_json_loads's fast path, inlined: once per record read)
             try:
-                return _fast_decode(data)
+                return fast_json_decode(data)
             except (ValueError, RecursionError):
                 pass  # _json_loads reads it or words the error
         if data is None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from streamjoin.codecs import Codec
 from streamjoin.context import Delivery, RuntimeLink, current_event
 from streamjoin.partitioner import partition_for_key
+from streamjoin.quick_codecs import dump
 
 __all__ = ["SendingTopic", "try_send_record"]
 
@@ -43,8 +44,8 @@ def try_send_record(
     sender = link.sender
     if sender is None:
         sender = link.require_sender(topic.name)
-    key_bytes = topic.key_codec.dumps(key)
-    value_bytes = topic.value_codec.dumps(value)
+    key_bytes = dump(topic.key_codec, key)
+    value_bytes = dump(topic.value_codec, value)
     if partition is None and key_bytes is not None:
         partitions = topic.partitions or link.partitions.get(topic.name)
         if not partitions:

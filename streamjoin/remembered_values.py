@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamjoin.codecs import Codec, JsonCodec
+from streamjoin.quick_codecs import load
 
 __all__ = ["DEFAULT_BOUND", "MAX_REMEMBERED_BYTES", "RememberedValues", "value_loader"]
 
@@ -55,7 +56,7 @@ class RememberedValues:
             if value is not _MISS:
                 kind = type(value)
                 return value.copy() if kind is dict or kind is list else value
-        value = self._codec.loads(data)
+        value = load(self._codec, data)
         kind = type(value)
         if kind in _IMMUTABLE:
             kept = value

@@ -22,6 +22,7 @@ from streamjoin.codecs import Codec
 from streamjoin.context import RuntimeLink, current_channel_agent, current_event
 from streamjoin.errors import TableAccessError
 from streamjoin.partitioner import partition_for_key
+from streamjoin.quick_codecs import dump, load
 from streamjoin.remembered_values import value_loader
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
@@ -123,7 +124,7 @@ class Table:
         return [] if tables is None else tables.active_partitions(self.name)
 
     def _encode_key(self, key: Any) -> bytes:
-        data = self.key_codec.dumps(key)
+        data: bytes | None = dump(self.key_codec, key)
         if data is None:
             raise TableAccessError(f"table {self.name!r}: keys must not encode to None")
         return data
@@ -142,7 +143,7 @@ class Table:
     def get(self, key: Any, default: Any = None) -> Any:
         # (_encode_key and _state's usual path inlined: a stream-table join reads once per
         # event)
-        key_bytes = self.key_codec.dumps(key)
+        key_bytes = dump(self.key_codec, key)
         if key_bytes is None:
             key_bytes = self._encode_key(key)  # raises
         event = current_event.get()
@@ -159,7 +160,7 @@ class Table:
     def __setitem__(self, key: Any, value: Any) -> None:
         key_bytes = self._encode_key(key)
         state = self._state(key_bytes, writing=True)
-        state.put(key_bytes, self.value_codec.dumps(value))
+        state.put(key_bytes, dump(self.value_codec, value))
 
     def __delitem__(self, key: Any) -> None:
         key_bytes = self._encode_key(key)
@@ -186,7 +187,7 @@ class Table:
         for state in self._local_states(partition):
             # materialized: the caller may write to the table while iterating
             for key_bytes, value_bytes in list(state.scan(b"", None)):
-                yield self.key_codec.loads(key_bytes), self.value_codec.loads(value_bytes)
+                yield load(self.key_codec, key_bytes), load(self.value_codec, value_bytes)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         return self.local_items()

@@ -22,6 +22,7 @@ from typing import Any
 
 from streamjoin.context import current_event
 from streamjoin.errors import SparkJobError, TableAccessError
+from streamjoin.quick_codecs import dump, load
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.ttl import (
@@ -109,7 +110,7 @@ class TtlTable(Table):
     def __setitem__(self, key: Any, value: Any) -> None:
         key_bytes = self._encode_key(key)
         state, expiry = self._used(key_bytes, writing=True)
-        encoded = self.value_codec.dumps(value)
+        encoded = dump(self.value_codec, value)
         if encoded is None:  # (a codec encoding the value to None deletes, as in Table)
             state.delete(key_bytes)
             expiry.deleted(key_bytes)
@@ -134,7 +135,7 @@ class TtlTable(Table):
                     continue
                 value = self._live(expiry, raw)
                 if value is not None:
-                    yield self.key_codec.loads(key_bytes), self.value_codec.loads(value)
+                    yield load(self.key_codec, key_bytes), load(self.value_codec, value)
 
     def stored_value(
         self, store: StorePartition | TablePartition, key_bytes: bytes

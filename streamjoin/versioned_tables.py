@@ -23,6 +23,7 @@ from typing import Any
 
 from streamjoin.context import current_event
 from streamjoin.errors import HistoryExpired, TableAccessError
+from streamjoin.quick_codecs import dump, load
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.state.versions import (
@@ -159,7 +160,7 @@ class VersionedTable(Table):
     def _item(self, key_bytes: bytes, stored: bytes) -> Iterator[tuple[Any, Any]]:
         raw = decode_version(stored)
         if raw is not None:
-            yield self.key_codec.loads(key_bytes), self.value_codec.loads(raw)
+            yield load(self.key_codec, key_bytes), load(self.value_codec, raw)
 
     def stored_value(
         self, store: StorePartition | TablePartition, key_bytes: bytes
@@ -189,7 +190,7 @@ class VersionedTable(Table):
         and counted in ``late_writes``, as Kafka Streams does."""
         key_bytes = self._encode_key(key)
         state = self._state(key_bytes, writing=True)
-        self._write(state, key_bytes, self.value_codec.dumps(value), self._timestamp(timestamp))
+        self._write(state, key_bytes, dump(self.value_codec, value), self._timestamp(timestamp))
 
     def delete(self, key: Any, *, timestamp: int | None = None) -> None:
         """Record that ``key`` is absent from ``timestamp`` on (default: the current

@@ -43,6 +43,7 @@ from streamjoin.context import EventContext, TaskScope, current_event
 from streamjoin.errors import CodecError, ConfigurationError, TableAccessError
 from streamjoin.events import Event, RawRecord
 from streamjoin.partitioner import partition_for_key
+from streamjoin.quick_codecs import dump, load
 from streamjoin.state import window_layout as layout
 from streamjoin.state.table_partition import Emitted, TablePartition
 from streamjoin.state.window_layout import DATA, table_data_key, table_keys
@@ -203,8 +204,8 @@ class WindowedTable(Table):
                 f"windowed table {self.name!r}: cannot extract the event time of a record of "
                 f"{record.topic!r}, a topic the app does not declare"
             )
-        key = None if record.key is None else topic.key_codec.loads(record.key)
-        value = None if record.value is None else topic.value_codec.loads(record.value)
+        key = None if record.key is None else load(topic.key_codec, record.key)
+        value = None if record.value is None else load(topic.value_codec, record.value)
         return extractor(
             Event(
                 key,
@@ -250,7 +251,7 @@ class WindowedTable(Table):
         """A closed window's final value: to ``on_window_close``, and the record for
         ``emit_to`` (None without one). A callback that raises, or a value the topic's
         codecs refuse, is logged and counted, not retried: the window stays closed."""
-        key, value = self.key_codec.loads(key_bytes), self.value_codec.loads(raw)
+        key, value = load(self.key_codec, key_bytes), load(self.value_codec, raw)
         return self._final_record(key, start, end, value, self.on_window_close, self.emit_to)
 
     def _final_record(
@@ -280,8 +281,8 @@ class WindowedTable(Table):
         if out is None:
             return None
         try:
-            out_key = out.key_codec.dumps(key)
-            out_value = out.value_codec.dumps(self._final_value(start, end, value))
+            out_key = dump(out.key_codec, key)
+            out_value = dump(out.value_codec, self._final_value(start, end, value))
         except CodecError:
             self.emission_stats().callback_errors += 1
             log.exception(
@@ -404,7 +405,7 @@ class WindowedTable(Table):
                 f"table {self.name!r} has hopping windows: an event is in {len(windows)} "
                 "windows, so use table.update(key, fn) to change each of them"
             )
-        encoded = self.value_codec.dumps(value)
+        encoded = dump(self.value_codec, value)
         if encoded is None:
             part.view.delete(data_key)
             return
@@ -430,7 +431,7 @@ class WindowedTable(Table):
                 old = self._load_value(raw)
             else:
                 old = self.default() if self.default is not None else None
-            encoded = self.value_codec.dumps(fn(old))
+            encoded = dump(self.value_codec, fn(old))
             if encoded is None:
                 view.delete(data_key)
             else:
@@ -456,7 +457,7 @@ class WindowedTable(Table):
         view = self._state(key_bytes, writing=False)
         out = []
         for data_key, raw in view.scan(*layout.data_range(key_bytes, max(from_ms, 0), to_ms)):
-            out.append((layout.split_data_key(data_key).time_ms, self.value_codec.loads(raw)))
+            out.append((layout.split_data_key(data_key).time_ms, load(self.value_codec, raw)))
         return out
 
     def local_items(self, partition: int | None = None) -> Iterator[tuple[Any, Any]]:
@@ -466,7 +467,7 @@ class WindowedTable(Table):
             # materialized: the caller may write to the table while iterating
             for data_key, raw in list(self.active_partition(p).scan(*layout.namespace_range(DATA))):
                 _, key_bytes, start, _ = layout.split_data_key(data_key)
-                yield (self.key_codec.loads(key_bytes), start), self.value_codec.loads(raw)
+                yield (load(self.key_codec, key_bytes), start), load(self.value_codec, raw)
 
     def expire(self) -> int:
         """Delete windows past retention in every active partition; returns how many.

@@ -811,7 +811,7 @@ def test_the_compiled_and_pure_plain_json_checks_agree(obj: object) -> None:
     expected = codecs.pure_plain_json(obj)
     if compiled is not None:
         assert compiled(obj) is expected
-    assert codecs._plain_json(obj) is expected
+    assert codecs.plain_json(obj) is expected
 
 
 @pytest.mark.parametrize(
@@ -837,14 +837,14 @@ def test_plain_json_is_a_flat_dict_or_list_of_scalars_msgspec_writes_alike(
     obj: object, plain: bool
 ) -> None:
     assert codecs.pure_plain_json(obj) is plain
-    assert codecs._plain_json(obj) is plain
+    assert codecs.plain_json(obj) is plain
 
 
 def test_the_compiled_plain_json_check_is_in_use_where_bootstrap_can_build_it() -> None:
     if os.environ.get("STREAMJOIN_PURE_PYTHON") == "1" or shutil.which("cargo") is None:
-        assert codecs._plain_json is codecs.pure_plain_json
+        assert codecs.plain_json is codecs.pure_plain_json
         return
-    assert codecs._plain_json is not codecs.pure_plain_json, (
+    assert codecs.plain_json is not codecs.pure_plain_json, (
         "cargo is on PATH but streamjoin_native has no plain_json (run scripts/bootstrap.sh)"
     )
 

@@ -211,6 +211,7 @@ RUNTIME_FOLDERS: dict[str, tuple[str, ...]] = {
         "streamjoin.runtime.transport.fetched_records",
         "streamjoin.runtime.transport.liveness",
         "streamjoin.runtime.transport.producer",
+        "streamjoin.runtime.transport.quick_append",
         "streamjoin.runtime.transport.record_limits",
         "streamjoin.runtime.transport.record_scan",
         "streamjoin.runtime.transport.topic_admin",

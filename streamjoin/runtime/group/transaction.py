@@ -240,10 +240,6 @@ class TransactionalSender(KafkaSender):
 
     # ------------------------------------------------------------------ sends
 
-    def send_now(self, record: OutgoingRecord, check: bool = True) -> Sent | None:
-        """None while a commit ends the transaction: then send() holds the record."""
-        return None if self._closed else self._append_now(record, check)
-
     async def _send_closed(self, record: OutgoingRecord) -> Delivery | None:
         """A commit is ending the transaction: the record joins the next one. Held here
         (the agent goes on at once: its event counts as processed, and the next

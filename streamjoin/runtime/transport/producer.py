@@ -22,7 +22,6 @@ import contextlib
 import functools
 import logging
 import random
-import sys
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -49,6 +48,7 @@ from streamjoin.errors import (
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent, check_batch_builder
+from streamjoin.runtime.transport.quick_append import QuickAppend
 from streamjoin.runtime.transport.record_limits import (
     RecordLimits,
     describe_rejection,
@@ -66,8 +66,6 @@ DEFAULT_MAX_BATCH_SIZE = 256 * 1024
 MAX_WAITING_BATCHES = 2
 #: the headers of a record without any (the batch builder wants a list; it only reads it)
 _NO_HEADERS: list[tuple[str, bytes]] = []
-#: a topic without a size limit (RecordLimits.quick)
-_ANY = sys.maxsize
 #: how long a record batch waits for its partition to have a leader before it fails
 #: (aiokafka's own limit is its request timeout, 40 s: less than a cluster takes to
 #: come back after a full outage)
@@ -130,8 +128,6 @@ class KafkaSender(Service):
         limits: RecordLimits | None = None,
     ) -> None:
         super().__init__()
-        #: records out per topic, changelog flush sizes
-        self.counters = counters if counters is not None else WorkerCounters()
         self._options: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
             "client_id": client_id,
@@ -158,15 +154,10 @@ class KafkaSender(Service):
             )
             self._options["max_batch_size"] = smallest
         self._producer: AIOKafkaProducer | None = None
-        #: True while records may not join a batch (a transactional sender ending its
-        #: transaction): send() asks _send_closed what becomes of them (and the subclass's
-        #: send_now declines them: this one's never closes, so it does not ask)
-        self._closed = False
         #: counts the times records not yet sent were dropped (an aborted transaction): a
         #: send that was waiting meanwhile is dropped too, not appended to what comes next
         self.drops = 0
-        #: a new producer being started after a refusal (sends wait for it)
-        self._replacing: asyncio.Future[None] | None = None
+        self._replacement: asyncio.Future[None] | None = None
         #: producers replaced after a refusal: what they fail afterwards is sent again
         self._retired: weakref.WeakSet[AIOKafkaProducer] = weakref.WeakSet()
         self._resends: set[asyncio.Future[None]] = set()
@@ -178,7 +169,53 @@ class KafkaSender(Service):
         self._max_request_size = int(self._options.get("max_request_size", 1048576))
         #: a batch may be larger than a request: then every record is checked, not only
         #: a batch's first one (the only one a batch takes whatever its size)
-        self._check_each_size = int(self._options["max_batch_size"]) > self._max_request_size
+        check_each_size = int(self._options["max_batch_size"]) > self._max_request_size
+        #: the per-record send path (compiled), sharing the outboxes and partition counts;
+        #: it holds the counters and the flags of closed sends and a producer replaced
+        self._quick = QuickAppend(
+            self._outboxes,
+            self._sticky,
+            self._partition_counts,
+            self.limits,
+            counters if counters is not None else WorkerCounters(),
+            check_each_size,
+            self._start_batch_now,
+        )
+        #: :meth:`send` without awaiting when the record joins an open batch at once (None:
+        #: the caller awaits :meth:`send`, which takes the long way); declined while sends
+        #: are closed. The compiled :meth:`QuickAppend.send_now` itself, a call less per
+        #: record; ``check=False``: the record passed :meth:`RecordLimits.check` already
+        self.send_now: Callable[..., Sent | None] = self._quick.send_now
+
+    @property
+    def counters(self) -> WorkerCounters:
+        """Records out per topic, changelog flush sizes."""
+        return self._quick.counters
+
+    @counters.setter
+    def counters(self, counters: WorkerCounters) -> None:
+        self._quick.counters = counters
+
+    @property
+    def _closed(self) -> bool:
+        """True while records may not join a batch (a transactional sender ending its
+        transaction): :meth:`send` asks :meth:`_send_closed` what becomes of them, and
+        ``send_now`` declines them. This sender never closes its sends."""
+        return self._quick.closed
+
+    @_closed.setter
+    def _closed(self, closed: bool) -> None:
+        self._quick.closed = closed
+
+    @property
+    def _replacing(self) -> asyncio.Future[None] | None:
+        """A new producer being started after a refusal (sends wait for it)."""
+        return self._replacement
+
+    @_replacing.setter
+    def _replacing(self, replacement: asyncio.Future[None] | None) -> None:
+        self._replacement = replacement
+        self._quick.replacing = replacement is not None
 
     async def on_start(self) -> None:
         self._producer = await started_producer(self._options, self._check_seams)
@@ -222,7 +259,7 @@ class KafkaSender(Service):
         self.limits.check(topic, key, value, headers)
         sent = await self._send_closed(record) if self._closed else None
         if sent is None:
-            sent = self._append_now(record, False)  # (counted there)
+            sent = self._quick.append_now(record, False)  # (counted there)
             if sent is not None:
                 return sent
             sent = await self._append(record)
@@ -238,68 +275,16 @@ class KafkaSender(Service):
         sender never closes its sends."""
         return None
 
-    def _append_now(self, record: OutgoingRecord, check: bool = True) -> Sent | None:
-        """The common case without awaiting, counted in ``records_out``: a partition
-        already sent to (None: :meth:`_append` handles the rest: a new partition, a producer
-        being replaced, too many full batches waiting, a record without key or partition
-        starting a batch). Not while sends are closed (:meth:`send` asks
-        :meth:`_send_closed` first, a subclass that closes them declines in send_now).
-        ``check``: the record has not passed :meth:`RecordLimits.check` yet (send_now: only
-        a record near its topic's limit, or with headers or without key, is checked in
-        full)."""
-        if self._replacing is not None:
+    def _start_batch_now(
+        self, outbox: Outbox, record: OutgoingRecord, listed: list[tuple[str, bytes]]
+    ) -> Sent | None:
+        """For :class:`QuickAppend`: a record (with key or partition, and its timestamp)
+        that starts ``outbox``'s next batch, or None when there is no producer now or too
+        many full batches wait (the long way, :meth:`_append`, waits for them)."""
+        producer = self._producer
+        if producer is None:
             return None
-        topic, key, value, partition, headers, timestamp_ms = record
-        if check:
-            limits = self.limits
-            if (
-                key is None
-                or headers
-                or limits.rejected
-                or len(key) + (0 if value is None else len(value)) >= limits.quick.get(topic, _ANY)
-            ):
-                limits.check(topic, key, value, headers)
-        if partition is None:
-            if key is None:
-                outbox = self._sticky.get(topic)
-            else:
-                count = self._partition_counts.get(topic)
-                if count is None:
-                    return None
-                outbox = self._outboxes.get((topic, partition_for_key(key, count)))
-        else:
-            outbox = self._outboxes.get((topic, partition))
-        if outbox is None or self._check_each_size:
-            return None
-        if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
-            record = (topic, key, value, partition, headers, timestamp_ms)
-        listed = headers if type(headers) is list else list(headers) if headers else _NO_HEADERS
-        batch = outbox.open
-        if (
-            batch is None
-            or not (records := batch.records)
-            or batch.append_record(len(records), timestamp_ms, key, value, listed) is None
-        ):
-            # a batch's first record, or a full batch: a new one opens (a record with neither
-            # key nor partition picks its partition again, the long way)
-            producer = self._producer
-            if producer is None or (partition is None and key is None):
-                return None
-            sent = self._append_to(producer, outbox, record, listed)
-            if sent is not None:
-                out = self.counters.records_out
-                out[topic] = out.get(topic, 0) + 1
-            return sent
-        records.append(record)  # (kept as given: it describes a refusal, or is sent again)
-        out = self.counters.records_out
-        out[topic] = out.get(topic, 0) + 1
-        return Sent(topic, batch, len(records) - 1)
-
-    #: :meth:`send` without awaiting when the record joins an open batch at once (None:
-    #: the caller awaits :meth:`send`, which takes the long way): :meth:`_append_now`
-    #: itself, a call less per record (a subclass that closes its sends overrides it)
-    send_now = _append_now
+        return self._append_to(producer, outbox, record, listed)
 
     async def _append(self, record: OutgoingRecord) -> Sent | None:
         """Append a record that passed :meth:`RecordLimits.check` (the long way); None when
