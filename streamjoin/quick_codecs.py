@@ -13,13 +13,17 @@ the codec's result, byte for byte and error for error.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
 from streamjoin.codecs import JsonCodec, StrCodec, fast_json_decode, fast_json_encode, plain_json
 
 __all__ = ["dump", "json_loads", "load", "loader", "str_loads"]
+
+#: the ints the JSON codec writes with ``b"%d"`` itself (its encoder writes the rest)
+_INT64_MIN: Final = -(2**63)
+_UINT64_END: Final = 2**64
 
 
 def dump(codec: Any, obj: Any) -> Any:
@@ -35,6 +39,8 @@ def dump(codec: Any, obj: Any) -> Any:
         if obj is None:
             return None
         shape = type(obj)
+        if shape is int and _INT64_MIN <= obj < _UINT64_END:  # (a count, an id)
+            return b"%d" % obj
         if (shape is dict or shape is list) and plain_json(obj):
             try:
                 return fast_json_encode(obj)
