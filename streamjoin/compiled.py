@@ -44,7 +44,6 @@ __all__ = [
 
 #: the modules compiled together (one mypyc group), in the order of an event's path
 MODULES: tuple[str, ...] = (
-    "streamjoin.events",
     "streamjoin.state.keys",
     "streamjoin.state.window_layout",
     "streamjoin.state.table_partition",

@@ -33,9 +33,7 @@ class EventBatch:
 
     __slots__ = ("_current", "_events", "_records")
 
-    def __init__(self, events: Sequence[Any], records: Sequence[Any], current: CurrentEvent):
-        # (``events``: each an Event, but a raw-bytes agent's are its RawRecords, which its
-        # code reads as such: not checked as Events here)
+    def __init__(self, events: Sequence[Event], records: Sequence[Any], current: CurrentEvent):
         self._events = events
         self._records = records
         self._current = current
