@@ -48,7 +48,7 @@ from streamjoin.errors import (
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent, check_batch_builder
-from streamjoin.runtime.transport.quick_append import QuickAppend
+from streamjoin.runtime.transport.quick_append import NO_HEADERS, QuickAppend
 from streamjoin.runtime.transport.record_limits import (
     RecordLimits,
     describe_rejection,
@@ -64,8 +64,6 @@ DEFAULT_MAX_BATCH_SIZE = 256 * 1024
 #: full batches of one partition waiting for their turn before senders wait (backpressure:
 #: with the one aiokafka holds and the one on the wire, at most this + 3 batches in memory)
 MAX_WAITING_BATCHES = 2
-#: the headers of a record without any (the batch builder wants a list; it only reads it)
-_NO_HEADERS: list[tuple[str, bytes]] = []
 #: how long a record batch waits for its partition to have a leader before it fails
 #: (aiokafka's own limit is its request timeout, 40 s: less than a cluster takes to
 #: come back after a full outage)
@@ -157,7 +155,6 @@ class KafkaSender(Service):
         #: counts the times records not yet sent were dropped (an aborted transaction): a
         #: send that was waiting meanwhile is dropped too, not appended to what comes next
         self.drops = 0
-        self._replacement: asyncio.Future[None] | None = None
         #: producers replaced after a refusal: what they fail afterwards is sent again
         self._retired: weakref.WeakSet[AIOKafkaProducer] = weakref.WeakSet()
         self._resends: set[asyncio.Future[None]] = set()
@@ -171,7 +168,7 @@ class KafkaSender(Service):
         #: a batch's first one (the only one a batch takes whatever its size)
         check_each_size = int(self._options["max_batch_size"]) > self._max_request_size
         #: the per-record send path (compiled), sharing the outboxes and partition counts;
-        #: it holds the counters and the flags of closed sends and a producer replaced
+        #: it holds the counters, the flag of closed sends and the producer's replacement
         self._quick = QuickAppend(
             self._outboxes,
             self._sticky,
@@ -210,12 +207,11 @@ class KafkaSender(Service):
     @property
     def _replacing(self) -> asyncio.Future[None] | None:
         """A new producer being started after a refusal (sends wait for it)."""
-        return self._replacement
+        return self._quick.replacing
 
     @_replacing.setter
     def _replacing(self, replacement: asyncio.Future[None] | None) -> None:
-        self._replacement = replacement
-        self._quick.replacing = replacement is not None
+        self._quick.replacing = replacement
 
     async def on_start(self) -> None:
         self._producer = await started_producer(self._options, self._check_seams)
@@ -293,7 +289,7 @@ class KafkaSender(Service):
         topic, key, _, partition, headers, timestamp_ms = record
         if timestamp_ms is None:
             record = (*record[:5], int(time.time() * 1000))
-        listed = list(headers) if headers else _NO_HEADERS
+        listed = list(headers) if headers else NO_HEADERS
         drops = self.drops
         while True:
             if self._replacing is not None:

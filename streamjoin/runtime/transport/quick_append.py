@@ -10,6 +10,7 @@ takes a record this declines (None) the long way.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -20,12 +21,12 @@ from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.transport.out_batches import Outbox, Sent
 from streamjoin.runtime.transport.record_limits import RecordLimits
 
-__all__ = ["AnyRecord", "BatchStarter", "QuickAppend"]
+__all__ = ["NO_HEADERS", "AnyRecord", "BatchStarter", "QuickAppend"]
 
 #: a topic without a size limit (RecordLimits.quick)
 _ANY = sys.maxsize
 #: the headers of a record without any (the batch builder wants a list; it only reads it)
-_NO_HEADERS: list[tuple[str, bytes]] = []
+NO_HEADERS: list[tuple[str, bytes]] = []
 
 #: an :data:`~streamjoin.context.OutgoingRecord`, its parts unchecked (a user's codec
 #: may give a bytearray: the record limits word what is wrong with a record)
@@ -64,8 +65,8 @@ class QuickAppend:
         self.start_batch = start_batch
         #: sends are closed (a transactional sender ending its transaction)
         self.closed = False
-        #: the producer is being replaced after a refusal: sends wait for it
-        self.replacing = False
+        #: the new producer being started after a refusal (sends wait for it), or None
+        self.replacing: asyncio.Future[None] | None = None
 
     def send_now(self, record: AnyRecord, check: bool = True) -> Sent | None:
         """The sender's ``send_now``: :meth:`append_now` unless sends are closed (then
@@ -79,7 +80,7 @@ class QuickAppend:
         way. ``check``: the record has not passed :meth:`RecordLimits.check` yet (then
         only a record near its topic's limit, or with headers or without key, is checked
         in full)."""
-        if self.replacing:
+        if self.replacing is not None:
             return None
         topic, key, value, partition, headers, timestamp_ms = record
         if check:
@@ -107,9 +108,7 @@ class QuickAppend:
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
             record = (topic, key, value, partition, headers, timestamp_ms)
-        listed: Any = (
-            headers if type(headers) is list else list(headers) if headers else _NO_HEADERS
-        )
+        listed: Any = headers if type(headers) is list else list(headers) if headers else NO_HEADERS
         batch = outbox.open
         records: Any = None if batch is None else batch.records
         if (
