@@ -48,6 +48,7 @@ MODULES: tuple[str, ...] = (
     "streamjoin.state.window_layout",
     "streamjoin.state.table_partition",
     "streamjoin.state.window_partition",
+    "streamjoin.quick_partition",
     "streamjoin.quick_codecs",
     "streamjoin.remembered_values",
     "streamjoin.tables",

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from msgspec.structs import astuple
+
 from streamjoin.errors import DecodeError
 from streamjoin.events import Event, RawRecord
 
@@ -33,12 +35,12 @@ class RecordDecoder:
 
     def decode(self, raw: RawRecord) -> Event:
         """The event for ``raw``; raises :class:`DecodeError` naming the record on bad bytes."""
-        loads = self.loads.get(raw.topic)
+        # the record's fields in one call (compiled, seven attribute reads of a msgspec
+        # Struct each go through the generic lookup: about 2x as long)
+        topic, partition, offset, timestamp, key, value, headers = astuple(raw)
+        loads = self.loads.get(topic)
         if loads is None:  # (decoders() inline: one call less per event)
             loads = self.loads[self.first_topic]
-        # (Any: compiled, a variable inferred as the raw bytes would be checked to stay bytes)
-        key: Any = raw.key
-        value: Any = raw.value
         try:
             if key is not None:
                 key = loads[0](key)
@@ -46,4 +48,4 @@ class RecordDecoder:
                 value = loads[1](value)
         except DecodeError as exc:
             raise DecodeError(f"{raw.position}: {exc}") from exc
-        return Event(key, value, raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
+        return Event(key, value, topic, partition, offset, timestamp, headers)

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 from streamjoin.codecs import Codec
 from streamjoin.context import Delivery, RuntimeLink, current_event
-from streamjoin.partitioner import partition_for_key
 from streamjoin.quick_codecs import dump
+from streamjoin.quick_partition import partition_of
 
 __all__ = ["SendingTopic", "try_send_record"]
 
@@ -50,7 +50,7 @@ def try_send_record(
         partitions = topic.partitions or link.partitions.get(topic.name)
         if not partitions:
             return None
-        partition = partition_for_key(key_bytes, partitions)
+        partition = partition_of(key_bytes, partitions)
     sent = sender.send_now(
         (
             topic.name,

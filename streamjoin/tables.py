@@ -21,8 +21,8 @@ from typing import Any, Literal
 from streamjoin.codecs import Codec
 from streamjoin.context import RuntimeLink, current_channel_agent, current_event
 from streamjoin.errors import TableAccessError
-from streamjoin.partitioner import partition_for_key
 from streamjoin.quick_codecs import dump, load
+from streamjoin.quick_partition import partition_of
 from streamjoin.remembered_values import value_loader
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
@@ -104,7 +104,7 @@ class Table:
             )
         if key_bytes is None:
             raise TableAccessError(f"table {self.name!r}: None keys have no partition")
-        return self.active_partition(partition_for_key(key_bytes, self.partitions))
+        return self.active_partition(partition_of(key_bytes, self.partitions))
 
     def active_partition(self, partition: int) -> TablePartition:
         """Partition ``partition`` when it is active and restored on this worker."""

@@ -42,8 +42,8 @@ from typing import Any, Literal
 from streamjoin.context import EventContext, TaskScope, current_event
 from streamjoin.errors import CodecError, ConfigurationError, TableAccessError
 from streamjoin.events import Event, RawRecord
-from streamjoin.partitioner import partition_for_key
 from streamjoin.quick_codecs import dump, load
+from streamjoin.quick_partition import partition_of
 from streamjoin.state import window_layout as layout
 from streamjoin.state.table_partition import Emitted, TablePartition
 from streamjoin.state.window_layout import DATA, table_data_key, table_keys
@@ -297,7 +297,7 @@ class WindowedTable(Table):
             )
             return None
         count = out.partitions or self.link.partitions.get(out.name)
-        partition = partition_for_key(out_key, count) if out_key is not None and count else None
+        partition = partition_of(out_key, count) if out_key is not None and count else None
         headers = [("window-start", b"%d" % start), ("window-end", b"%d" % end)]
         return (out.name, out_key, out_value, partition, headers, end - 1)
 

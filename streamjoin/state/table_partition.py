@@ -73,6 +73,7 @@ class TablePartition:
         "_group_low",
         "_group_of",
         "_groups",
+        "_read_cache",
         "_scanned",
         "_sorted",
         "_stored_deletes",
@@ -93,6 +94,10 @@ class TablePartition:
         self.table = table
         self.partition = partition
         self.store = store
+        #: the store's read cache when it has one (see ``RocksDBStorePartition.read_cache``):
+        #: :meth:`lookup` answers its hits without a call into the store
+        cache = getattr(store, "read_cache", None)
+        self._read_cache: dict[bytes, bytes | None] | None = cache if type(cache) is dict else None
         #: key -> value bytes (None = delete), written since the last flush began
         self.pending: Buffer = {}
         #: writes of the flush under way (read through while it runs)
@@ -169,6 +174,11 @@ class TablePartition:
         if value is _MISSING:
             value = self.flushing.get(key, _MISSING)
             if value is _MISSING:
+                cache = self._read_cache
+                if cache is not None:
+                    value = cache.get(key, _MISSING)
+                    if value is not _MISSING:
+                        return value  # type: ignore[return-value]
                 return self.store.get(key)
         return value  # type: ignore[return-value]
 

@@ -17,9 +17,8 @@ event as native code, suspending only to wait.
 from __future__ import annotations
 
 import asyncio
-import time
-from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable
+from time import perf_counter
 from typing import Any, Final, Protocol, cast
 
 from streamjoin.agents import Agent
@@ -131,6 +130,11 @@ class AgentRunner:
         #: this agent's processing-time histogram, and when the current event was handed out
         self._latency = counters.latency_of(agent.name)
         self._started = 0.0
+        #: the histogram's bounds and counts, read and counted here natively per event;
+        #: the sum of the latencies counted since :meth:`ack_finished` last added them
+        self._latency_bounds: tuple[float, ...] = self._latency.bounds
+        self._latency_counts: list[int] = self._latency.counts
+        self._latency_sum = 0.0
         #: finished events of ``_done_task`` that sent nothing, not yet acknowledged: they
         #: are acknowledged together (see :meth:`ack_finished`)
         self._done: list[RawRecord] = []
@@ -196,11 +200,15 @@ class AgentRunner:
                 # acknowledgement joins the others' (see ack_finished)
                 self.current = None
                 self.processed += 1
-                took = time.perf_counter() - self._started
-                # (the histogram's observe, inline: one call less per event)
-                latency = self._latency
-                latency.counts[bisect_left(latency.bounds, took)] += 1
-                latency.sum += took
+                took = perf_counter() - self._started
+                # the histogram's observe, inline and native: the bucket is the number of
+                # bounds below ``took`` (bisect_left's; most events fall in the first)
+                bounds = self._latency_bounds
+                bucket = 0
+                while bucket < len(bounds) and bounds[bucket] < took:
+                    bucket += 1
+                self._latency_counts[bucket] += 1
+                self._latency_sum += took
                 if current.task is not self._done_task:
                     self.ack_finished()
                     self._done_task = current.task
@@ -258,7 +266,7 @@ class AgentRunner:
             # the record moved its task's stream time to a punctuation's due time: it
             # runs first, as part of this event (see runtime.tasks.punctuation)
             await punctual.stream_time_passed(inflight, raw.timestamp)
-        self._started = time.perf_counter()
+        self._started = perf_counter()
         return event
 
     def ack_finished(self) -> None:
@@ -266,7 +274,11 @@ class AgentRunner:
         ledger instead of one per event. Done before the actor waits for anything (so while
         it is idle, or held by a transaction's snapshot, none is left), when the next such
         event is another task's, and by :meth:`AgentRuntime.ack_finished` before a commit
-        reads the ledgers (an agent may be inside an event that awaits)."""
+        reads the ledgers (an agent may be inside an event that awaits). The latencies
+        counted since the last call join the histogram's sum here too."""
+        if self._latency_sum:
+            self._latency.sum += self._latency_sum
+            self._latency_sum = 0.0
         done = self._done
         if done:
             self._done = []
@@ -401,7 +413,7 @@ class AgentRunner:
             current_event.set(inflight)
             if punctual is not None and raws[0].timestamp >= punctual.due_for(task):
                 await punctual.stream_time_passed(inflight, raws[0].timestamp)
-            self._started = time.perf_counter()
+            self._started = perf_counter()
             # (a raw-bytes agent's events are its records: see _undecoded)
             handed = cast("list[Event]", raws) if raw_records else events
             return EventBatch(handed, raws, inflight)
@@ -434,11 +446,11 @@ class AgentRunner:
         if current is not None:
             if current.batch is not None:
                 self.processed += len(current.batch)
-                self._latency.observe(time.perf_counter() - self._started)
+                self._latency.observe(perf_counter() - self._started)
                 self._acks.complete(current)
                 return
             self.processed += 1
-            self._latency.observe(time.perf_counter() - self._started)
+            self._latency.observe(perf_counter() - self._started)
             if current.sends:
                 self._acks.complete(current)
                 return

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streamjoin.partitioner import partition_for_key
+from streamjoin.quick_partition import partition_of
 from streamjoin.runtime.metrics import WorkerCounters
 from streamjoin.runtime.transport.out_batches import Outbox, Sent
 from streamjoin.runtime.transport.record_limits import RecordLimits
@@ -100,7 +100,7 @@ class QuickAppend:
                 count = self.partition_counts.get(topic)
                 if count is None:
                     return None
-                outbox = self.outboxes.get((topic, partition_for_key(key, count)))
+                outbox = self.outboxes.get((topic, partition_of(key, count)))
         else:
             outbox = self.outboxes.get((topic, partition))
         if outbox is None or self.check_each_size:

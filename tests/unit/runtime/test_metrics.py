@@ -14,10 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import streamjoin
 from streamjoin.errors import ConfigurationError
-from streamjoin.runtime.metrics import METRICS, Histogram, WorkerCounters, registry_for, samples
+from streamjoin.runtime.metrics import (
+    LATENCY_BUCKETS,
+    METRICS,
+    Histogram,
+    WorkerCounters,
+    registry_for,
+    samples,
+)
 from streamjoin.runtime.ops.monitor import WorkerMonitor, status_line
 from streamjoin.runtime.ops.status_page import render_status_page
 from streamjoin.runtime.table_state.service import RestoreProgress
+from streamjoin.runtime.tasks import actors
 from streamjoin.runtime.tasks.offset_ledger import OffsetTracker
 from streamjoin.stream import Stream
 from streamjoin.testing.driver import TestDriver
@@ -190,6 +198,41 @@ async def test_agents_count_latency_and_failed_records_by_policy() -> None:
     # events the function finished: the failed ones are not timed
     assert counters.processing_latency["tolerant"].count == 2
     assert counters.processing_latency["checker"].count == 1
+    # the latencies counted per event join the sum before the agent waits for more
+    assert counters.processing_latency["tolerant"].sum > 0
+    assert counters.processing_latency["checker"].sum > 0
+
+
+async def test_an_agents_latency_buckets_are_the_histograms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The actor counts each event's latency into the histogram itself (inline, native):
+    the buckets, bounds included, and the sum are those of ``Histogram.observe``."""
+    bounds = LATENCY_BUCKETS
+    took = [bounds[0] / 2, *bounds, *(b * 1.5 for b in bounds), 100.0]
+    # the actor reads the clock when it hands an event out (0.0 here) and when it is
+    # asked for the next one (the event's latency)
+    readings = iter([x for latency in took for x in (0.0, latency)])
+    monkeypatch.setattr(actors, "perf_counter", lambda: next(readings, 0.0))
+    app = streamjoin.App("latency-unit")
+    topic = app.topic("t", partitions=1)
+
+    @app.agent(topic, name="timed")
+    async def timed(stream: Stream) -> None:
+        async for _event in stream:
+            pass
+
+    async with TestDriver(app) as driver:
+        for n in range(len(took)):
+            await driver.put("t", value=str(n))
+        await driver.drain()
+        assert driver.runtime is not None
+        counted = driver.runtime.counters.processing_latency["timed"]
+    expected = Histogram(bounds)
+    for latency in took:
+        expected.observe(latency)
+    assert counted.counts == expected.counts
+    assert counted.sum == pytest.approx(expected.sum)
 
 
 def test_offset_tracker_reports_processed_and_committed_positions() -> None:

@@ -14,6 +14,7 @@ from rocksdict import WriteBatch
 
 from streamjoin.errors import ConfigurationError, StoreError
 from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition, _entry_size
+from streamjoin.state.table_partition import TablePartition
 
 TINY = RocksDBOptions(read_cache_entries=3)
 
@@ -264,3 +265,49 @@ def test_the_byte_bound_is_validated(tmp_path: Path) -> None:
         assert not store._cache
     finally:
         store.close()
+
+
+@settings(
+    deadline=None,
+    max_examples=60,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=OPS)
+def test_a_table_partition_reading_the_cache_itself_answers_as_the_store(
+    tmp_path: Path, ops: list[tuple[str, Any]]
+) -> None:
+    """``TablePartition.lookup`` answers a hit of the store's ``read_cache`` without calling
+    ``get``: through evictions, writes and reopens it answers what RocksDB holds."""
+    path = tmp_path / f"table-{next(_ids)}"
+    store = open_store(path)
+    part = TablePartition("t", 0, store)
+    model: dict[bytes, bytes] = {}
+    try:
+        for op, arg in ops:
+            if op == "get":
+                assert part.lookup(arg) == model.get(arg)
+            elif op == "write":
+                store.write(arg, None)
+                for key, value in arg.items():
+                    if value is None:
+                        model.pop(key, None)
+                    else:
+                        model[key] = value
+            else:
+                store.close()
+                store = open_store(path)
+                part = TablePartition("t", 0, store)
+            assert store.read_cache is store._cache
+            check_cache_shape(store)
+    finally:
+        store.close()
+
+
+def test_a_table_partition_over_a_closed_store_answers_no_cached_key(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s")
+    part = TablePartition("t", 0, store)
+    store.write({b"a": b"1"}, 1)
+    assert part.lookup(b"a") == b"1" and store.read_cache == {b"a": b"1"}
+    store.close()
+    with pytest.raises(StoreError, match="is closed"):
+        part.lookup(b"a")
