@@ -865,10 +865,13 @@ def bench_main(
 
 
 #: systems of the workload benchmarks; "streamjoin-2w" is two streamjoin worker processes,
-#: "kstreams" the workload's Kafka Streams app (``WorkloadSpec.kstreams_app``)
+#: "kstreams" the workload's Kafka Streams app (``WorkloadSpec.kstreams_app``);
+#: "streamjoin-str" decodes the window count's values as UTF-8 strings instead of JSON,
+#: the work of the Kafka Streams peer (``Serdes.String()``: the count never reads them)
 WORKLOAD_SYSTEMS = (
     "streamjoin",
     "streamjoin-take",
+    "streamjoin-str",
     "streamjoin-2w",
     "streamjoin-base",
     "kstreams",
@@ -932,6 +935,10 @@ def workload_commands(
         )
         if system == "streamjoin-take":
             env["BENCH_TAKE"] = str(TAKE_BATCH)
+        if system == "streamjoin-str":
+            if workload != "count":
+                raise SystemExit("streamjoin-str is a window count system (its values unread)")
+            env["BENCH_VALUES"] = "str"
         workers = 2 if system == "streamjoin-2w" else 1
         python_cmd = baseline_worker(env) if system == "streamjoin-base" else []
         app = "benchmarks.workload_streamjoin_app:app"

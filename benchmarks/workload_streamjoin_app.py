@@ -8,7 +8,8 @@
 * ``count``: a windowed table of 1-minute tumbling windows (retention 1 hour, so nothing
   expires during a run), ``counts[event.key] += 1`` per event (``BENCH_TAKE=N``: the
   agent takes batches of up to N events with ``stream.take``, the harness's
-  ``streamjoin-take`` system). When this process has
+  ``streamjoin-take`` system; ``BENCH_VALUES=str``: the values are decoded as UTF-8
+  strings, not JSON, as the Kafka Streams peer does, the ``streamjoin-str`` system). When this process has
   processed a partition's last offset it writes that partition's windows to
   ``<marks>.dump.p<partition>`` as JSON lines ``[key, window start ms, count]``.
 * ``enrich``: ``app.topic_table(table topic)`` and a left stream-table join of the input
@@ -47,7 +48,10 @@ AVRO = os.environ.get("BENCH_VALUES") == "avro"
 
 
 def _values(schema: str) -> Any:
-    """The value codec: JSON, or Avro of ``schema`` (benchmarks/enrichment_avro_schemas.py)."""
+    """The value codec: JSON, Avro of ``schema`` (benchmarks/enrichment_avro_schemas.py),
+    or UTF-8 strings (``BENCH_VALUES=str``, the window count's ``streamjoin-str``)."""
+    if os.environ.get("BENCH_VALUES") == "str":
+        return "str"
     if not AVRO:
         return "json"
     from streamjoin.schema_registry import AvroCodec
