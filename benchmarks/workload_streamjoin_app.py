@@ -9,8 +9,8 @@
   expires during a run), ``counts[event.key] += 1`` per event (``BENCH_TAKE=N``: the
   agent takes batches of up to N events with ``stream.take``, the harness's
   ``streamjoin-take`` system; ``BENCH_VALUES=str``: the values are decoded as UTF-8
-  strings, not JSON, as the Kafka Streams peer does, the ``streamjoin-str`` system). When this process has
-  processed a partition's last offset it writes that partition's windows to
+  strings, not JSON, as the Kafka Streams peer does, the ``streamjoin-str`` system).
+  When this process has processed a partition's last offset it writes that partition's windows to
   ``<marks>.dump.p<partition>`` as JSON lines ``[key, window start ms, count]``.
 * ``enrich``: ``app.topic_table(table topic)`` and a left stream-table join of the input
   with it; each event goes to the output enriched with its row (None when the table has no
