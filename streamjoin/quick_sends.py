@@ -41,25 +41,19 @@ def try_send_record(
     processed; None when it cannot join an open batch now (then ``await topic.send()``
     the same record). ``timestamp_ms`` is checked already; ``headers`` a sequence."""
     link = topic.link
+    name = topic.name
     sender = link.sender
     if sender is None:
-        sender = link.require_sender(topic.name)
+        sender = link.require_sender(name)
     key_bytes = dump(topic.key_codec, key)
     value_bytes = dump(topic.value_codec, value)
     if partition is None and key_bytes is not None:
-        partitions = topic.partitions or link.partitions.get(topic.name)
+        partitions = topic.partitions or link.partitions.get(name)
         if not partitions:
             return None
         partition = partition_of(key_bytes, partitions)
     sent = sender.send_now(
-        (
-            topic.name,
-            key_bytes,
-            value_bytes,
-            partition,
-            list(headers) if headers else (),
-            timestamp_ms,
-        )
+        (name, key_bytes, value_bytes, partition, list(headers) if headers else (), timestamp_ms)
     )
     if sent is not None:
         event = current_event.get()

@@ -260,7 +260,10 @@ class AgentRunner:
             break
         self._since_yield += 1
         self.current = inflight
-        current_event.set(inflight)
+        if current_event.get() is not inflight:
+            # (usually it is: the finished event's context is reused for the next one, and
+            # reading the variable is cheaper than setting it, which copies the context)
+            current_event.set(inflight)
         punctual = self.punctuations
         if punctual is not None and raw.timestamp >= punctual.due_at:
             # the record moved its task's stream time to a punctuation's due time: it
