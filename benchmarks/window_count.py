@@ -11,7 +11,9 @@ produced once into a fresh ``--partitions`` (8) partition topic. Each system cou
 per key and 1-minute window in a windowed table with RocksDB state and a changelog:
 
 * streamjoin: ``app.table(..., window=TumblingWindows(60 s, retention 1 h))``,
-  ``counts[event.key] += 1`` (``benchmarks/workload_streamjoin_app.py``);
+  ``counts[event.key] += 1`` (``benchmarks/workload_streamjoin_app.py``); the values are
+  declared JSON and parsed, or, as system ``streamjoin-str``, declared ``str`` and decoded
+  as UTF-8 only, the work of the Kafka Streams peer's ``Serdes.String()``;
 * Kafka Streams 4.3: ``groupByKey().windowedBy(TimeWindows.ofSizeAndGrace(60 s, 5 s))
   .count()`` with a 1-hour retention, one stream thread, at-least-once, default caching, a
   commit every second (``--kstreams-commit-ms``) as streamjoin's; the windows are read
