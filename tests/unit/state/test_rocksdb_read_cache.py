@@ -36,6 +36,18 @@ def check_cache_shape(store: RocksDBStorePartition) -> None:
     assert store._cache_bytes <= store._cache_bytes_bound
 
 
+def write_both(
+    store: RocksDBStorePartition, model: dict[bytes, bytes], writes: dict[bytes, bytes | None]
+) -> None:
+    """Apply ``writes`` (None: delete) to the store and to the dict model of it."""
+    store.write(writes, None)
+    for key, value in writes.items():
+        if value is None:
+            model.pop(key, None)
+        else:
+            model[key] = value
+
+
 ALL_KEYS = [b"", b"a", b"b", b"c", b"\xff"]  # more than the cache holds (3)
 KEYS = st.sampled_from(ALL_KEYS)
 OPS = st.lists(
@@ -71,12 +83,7 @@ def test_gets_match_a_dict_model_with_constant_eviction(
                 assert store.get(arg) == model.get(arg)
                 assert store.contains(arg) == (arg in model)
             elif op == "write":
-                store.write(arg, None)
-                for key, value in arg.items():
-                    if value is None:
-                        model.pop(key, None)
-                    else:
-                        model[key] = value
+                write_both(store, model, arg)
             else:
                 store.close()
                 store = open_store(path, options)
@@ -287,12 +294,7 @@ def test_a_table_partition_reading_the_cache_itself_answers_as_the_store(
             if op == "get":
                 assert part.lookup(arg) == model.get(arg)
             elif op == "write":
-                store.write(arg, None)
-                for key, value in arg.items():
-                    if value is None:
-                        model.pop(key, None)
-                    else:
-                        model[key] = value
+                write_both(store, model, arg)
             else:
                 store.close()
                 store = open_store(path)
