@@ -32,7 +32,9 @@ from streamjoin.native import native_function
 
 __all__ = [
     "NATIVE",
+    "NATIVE_PARTITION_LIMIT",
     "murmur2",
+    "native_partition",
     "partition_for_key",
     "partitions_for_keys",
     "pure_murmur2",
@@ -140,10 +142,14 @@ def _native() -> tuple[Callable[[bytes], int], Callable[[bytes, int], int]] | No
 
 
 _NATIVE = _native()
-#: partition counts the compiled partition takes (a signed 64-bit int)
-_I64 = 1 << 63
+#: partition counts the compiled partition takes are below this (a signed 64-bit int)
+NATIVE_PARTITION_LIMIT = 1 << 63
 #: whether the compiled partitioner is in use
 NATIVE = _NATIVE is not None
+#: the compiled partition of a ``bytes`` key and an int count in (0,
+#: :data:`NATIVE_PARTITION_LIMIT`), unchecked; None when it is not in use (for compiled
+#: callers that check those themselves: ``quick_partition``)
+native_partition: Callable[[bytes, int], int] | None = None if _NATIVE is None else _NATIVE[1]
 
 if _NATIVE is None:
     murmur2 = pure_murmur2
@@ -162,6 +168,10 @@ else:
         """The partition Kafka's Java producer picks for the serialized ``key`` (compiled
         for ``bytes`` and a valid count; :func:`pure_partition_for_key`, which words the
         errors, otherwise)."""
-        if type(key) is bytes and type(num_partitions) is int and 0 < num_partitions < _I64:
+        if (
+            type(key) is bytes
+            and type(num_partitions) is int
+            and 0 < num_partitions < NATIVE_PARTITION_LIMIT
+        ):
             return _native_partition(key, num_partitions)
         return pure_partition_for_key(key, num_partitions)

@@ -9,24 +9,21 @@ valid count, and hands everything else (errors included) to ``partition_for_key`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
-from streamjoin.native import native_function
-from streamjoin.partitioner import NATIVE, partition_for_key
+from streamjoin.partitioner import NATIVE_PARTITION_LIMIT, native_partition, partition_for_key
 
 __all__ = ["partition_of"]
-
-_native: Final[Callable[[bytes, int], int] | None] = (
-    native_function("partition") if NATIVE else None
-)
-#: partition counts the compiled partition takes (a signed 64-bit int)
-_I64: Final = 1 << 63
 
 
 def partition_of(key: Any, count: Any) -> int:
     """``partition_for_key(key, count)``: Kafka's partition of the serialized ``key``."""
-    native = _native
-    if native is not None and type(key) is bytes and type(count) is int and 0 < count < _I64:
+    native = native_partition
+    if (
+        native is not None
+        and type(key) is bytes
+        and type(count) is int
+        and 0 < count < NATIVE_PARTITION_LIMIT
+    ):
         return native(key, count)
     return partition_for_key(key, count)
