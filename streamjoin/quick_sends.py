@@ -9,7 +9,7 @@ argument is refused there, with the topic's own error.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from streamjoin.codecs import Codec
 from streamjoin.context import Delivery, RuntimeLink, current_event
@@ -17,6 +17,9 @@ from streamjoin.quick_codecs import dump
 from streamjoin.quick_partition import partition_of
 
 __all__ = ["SendingTopic", "try_send_record"]
+
+#: (``Final``: a C static when compiled, not a module dict lookup per use)
+_CURRENT_EVENT: Final = current_event
 
 
 class SendingTopic(Protocol):
@@ -56,7 +59,7 @@ def try_send_record(
         (name, key_bytes, value_bytes, partition, list(headers) if headers else (), timestamp_ms)
     )
     if sent is not None:
-        event = current_event.get()
+        event = _CURRENT_EVENT.get()
         if event is not None:
             event.track_send(sent)
     return sent

@@ -18,7 +18,7 @@ codecs) are decoded every time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from streamjoin.codecs import Codec, JsonCodec
 from streamjoin.quick_codecs import load
@@ -27,15 +27,15 @@ __all__ = ["DEFAULT_BOUND", "MAX_REMEMBERED_BYTES", "RememberedValues", "value_l
 
 #: values remembered per table; past it the memory starts over (a table whose reads spread
 #: over more distinct values than this gains little from remembering them)
-DEFAULT_BOUND = 10_000
+DEFAULT_BOUND: Final = 10_000
 #: stored values longer than this are decoded every time: with the bound above, a table
 #: holds at most about 15 MB of remembered values (a decoded dict takes several times its
 #: JSON's bytes)
-MAX_REMEMBERED_BYTES = 256
+MAX_REMEMBERED_BYTES: Final = 256
 
-_IMMUTABLE = frozenset((str, int, float, bool))
-_FLAT_ITEMS = frozenset((str, int, float, bool, type(None)))
-_MISS = object()
+_IMMUTABLE: Final = frozenset((str, int, float, bool))
+_FLAT_ITEMS: Final = frozenset((str, int, float, bool, type(None)))
+_MISS: Final = object()
 
 
 class RememberedValues:

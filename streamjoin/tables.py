@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from streamjoin.codecs import Codec
 from streamjoin.context import RuntimeLink, current_channel_agent, current_event
@@ -29,6 +29,9 @@ from streamjoin.state.table_partition import TablePartition
 from streamjoin.topics import Topic
 
 __all__ = ["STORE_KINDS", "StoreKind", "Table"]
+
+#: (``Final``: a C static when compiled, not a module dict lookup per use)
+_CURRENT_EVENT: Final = current_event
 
 #: where a table's partitions keep their state: a RocksDB database under the state dir,
 #: or memory (empty at every start, restored in full from the changelog)
@@ -77,7 +80,7 @@ class Table:
     def _state(self, key_bytes: bytes | None, *, writing: bool) -> TablePartition:
         """The partition a read or write goes to: the current event's task's, or (reads
         outside agents) the key's partition when it is active here."""
-        event = current_event.get()
+        event = _CURRENT_EVENT.get()
         if event is not None:
             state = event.table_partition(self.name)
             if state is None:
@@ -146,7 +149,7 @@ class Table:
         key_bytes = dump(self.key_codec, key)
         if key_bytes is None:
             key_bytes = self._encode_key(key)  # raises
-        event = current_event.get()
+        event = _CURRENT_EVENT.get()
         state = None if event is None else event.table_partition(self.name)
         if state is None:
             state = self._state(key_bytes, writing=False)  # outside agents, or raises
@@ -171,11 +174,11 @@ class Table:
 
     def _local_states(self, partition: int | None) -> list[TablePartition]:
         if partition is not None:
-            event = current_event.get()
+            event = _CURRENT_EVENT.get()
             if event is not None and event.record.partition == partition:
                 return [self._state(None, writing=False)]
             return [self.active_partition(partition)]
-        if current_event.get() is not None:
+        if _CURRENT_EVENT.get() is not None:
             return [self._state(None, writing=False)]
         return [self.active_partition(p) for p in self.active_partitions()]
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from streamjoin.context import EventContext, TaskScope, current_event
 from streamjoin.errors import CodecError, ConfigurationError, TableAccessError
@@ -65,6 +65,9 @@ from streamjoin.window_views import (
 )
 
 log = logging.getLogger("streamjoin.windows")
+#: (``Final``: a C static when compiled, not a module dict lookup per use)
+_CURRENT_EVENT: Final = current_event
+_TUMBLING: Final = TumblingWindows
 
 #: ``emit=``: every change stays readable and writable until expiry, or one final result
 #: per window when it closes
@@ -152,7 +155,7 @@ class WindowedTable(Table):
         stream time in memory: it is written to the partition once per flush, by the
         expiry pass that reads it.
         """
-        event = current_event.get()
+        event = _CURRENT_EVENT.get()
         if event is None:
             raise TableAccessError(
                 f"windowed table {self.name!r}: table[key], get and `in` read the current "
@@ -174,7 +177,7 @@ class WindowedTable(Table):
             windows  # (empty: no event yet, or the last one's windows had all closed)
             and type(timestamp) is int
             and windows[0][0] <= timestamp < windows[0][1]
-            and type(self.windows) is TumblingWindows
+            and type(self.windows) is _TUMBLING
         ):
             pass  # the previous event's one window holds this one too (and is still open)
         else:
@@ -370,7 +373,7 @@ class WindowedTable(Table):
             raise KeyError(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        event = current_event.get()
+        event = _CURRENT_EVENT.get()
         part = None if event is None else event.task.windows.get(self.name)
         last_read = None if part is None else part.last_read
         index_key: bytes | None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from streamjoin.events import Event
 from streamjoin.quick_sends import try_send_record
@@ -15,7 +15,7 @@ __all__ = ["PLAIN_RESULTS", "Emit", "result_sender"]
 
 #: result types a join function returns directly: checked by type before the slower
 #: ``inspect.isawaitable`` (an async join function's result is awaited first)
-PLAIN_RESULTS = frozenset((dict, list, tuple, str, bytes, int, float, bool, type(None)))
+PLAIN_RESULTS: Final = frozenset((dict, list, tuple, str, bytes, int, float, bool, type(None)))
 
 #: ``emit(event, result)``: None when done, or what is left to await
 Emit = Callable[[Event, Any], Awaitable[object] | None]

@@ -10,6 +10,8 @@ that no two layers can pick colliding ones.
 
 from __future__ import annotations
 
+from typing import Final
+
 from streamjoin.errors import KeyEncodingError
 
 __all__ = [
@@ -39,15 +41,15 @@ __all__ = [
 #: A store with another version is wiped at open and rebuilt from its changelog, so this
 #: versions what a changelog replay rebuilds (the store and its metadata), not the keys
 #: tables write: those come back from the changelog as they were written.
-FORMAT_VERSION = 2
+FORMAT_VERSION: Final = 2
 #: RocksDB column family holding every partition's metadata, out of the user key space
 #: entirely; a partition's keys there start with ``b"<partition>/"`` (see
 #: :func:`partition_metadata_key`)
-METADATA_COLUMN_FAMILY = "streamjoin-metadata"
-META_FORMAT_VERSION = b"format-version"
-META_TABLE = b"table"
-META_PARTITION = b"partition"
-META_CHANGELOG_OFFSET = b"changelog-offset"
+METADATA_COLUMN_FAMILY: Final = "streamjoin-metadata"
+META_FORMAT_VERSION: Final = b"format-version"
+META_TABLE: Final = b"table"
+META_PARTITION: Final = b"partition"
+META_CHANGELOG_OFFSET: Final = b"changelog-offset"
 
 
 def partition_metadata_key(partition: int, name: bytes) -> bytes:
@@ -62,10 +64,10 @@ def partition_column_family(partition: int) -> str:
 
 # ------------------------------------------------------------------ encodings
 
-KEY_LENGTH_BYTES = 4
-_MAX_KEY_LENGTH = (1 << (8 * KEY_LENGTH_BYTES)) - 1
-_UINT64_BYTES = 8
-MAX_UINT64 = (1 << 64) - 1
+KEY_LENGTH_BYTES: Final = 4
+_MAX_KEY_LENGTH: Final = (1 << (8 * KEY_LENGTH_BYTES)) - 1
+_UINT64_BYTES: Final = 8
+MAX_UINT64: Final = (1 << 64) - 1
 
 
 def encode_uint64(value: object) -> bytes:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Final
 
 from streamjoin.errors import StoreCorrupted
 from streamjoin.state.base import StorePartition
@@ -59,7 +60,7 @@ Emitted = tuple[
     str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]], int | None
 ]
 
-_MISSING = object()
+_MISSING: Final = object()
 
 
 class TablePartition:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from streamjoin.errors import IncompatibleWindowState, KeyEncodingError
 from streamjoin.state.keys import (
@@ -90,14 +90,14 @@ __all__ = [
 # ------------------------------------------------------------------ reserved names
 
 #: per-partition metadata: ``META + name``
-META = b"\x00"
+META: Final = b"\x00"
 #: the time-ordered index expiry scans: ``INDEX + u64(time) + entry id``
-INDEX = b"\x01"
+INDEX: Final = b"\x01"
 #: windows and events: ``DATA + [space] + window_key(key, time) + [suffix]``
-DATA = b"\x02"
-NAMESPACES = (META, INDEX, DATA)
+DATA: Final = b"\x02"
+NAMESPACES: Final = (META, INDEX, DATA)
 
-_U64 = 8
+_U64: Final = 8
 
 # ------------------------------------------------------------------ precompiled packers
 # The bytes of encode_uint64 and length_prefixed, without their checks: C calls for the
@@ -105,11 +105,11 @@ _U64 = 8
 # terms, windowed tables in table_keys).
 
 #: ``u64(value)``
-pack_u64 = struct.Struct(">Q").pack
+pack_u64: Final = struct.Struct(">Q").pack
 #: ``(value,)`` of a u64
-unpack_u64 = struct.Struct(">Q").unpack
+unpack_u64: Final = struct.Struct(">Q").unpack
 #: the length in front of a key (:func:`~streamjoin.state.keys.length_prefixed`)
-pack_key_length = struct.Struct(">I").pack
+pack_key_length: Final = struct.Struct(">I").pack
 
 
 def meta_key(name: bytes) -> bytes:
@@ -120,25 +120,25 @@ def meta_key(name: bytes) -> bytes:
 
 
 #: windowed tables: the partition's stream time (largest event timestamp seen), a u64
-STREAM_TIME_KEY = meta_key(b"stream-time")
+STREAM_TIME_KEY: Final = meta_key(b"stream-time")
 #: windowed tables that emit on close: the stream time through which windows are closed
 #: (every window whose close time is at or before it sent its final result), a u64
-CLOSED_THROUGH_KEY = meta_key(b"closed-through")
+CLOSED_THROUGH_KEY: Final = meta_key(b"closed-through")
 #: session aggregations: the longest session (end - start, ms) the partition ever stored,
 #: a u64: a session a record can reach starts at most that long before the record's reach,
 #: so lookups and flush passes scan a bounded range instead of the key's whole history
-SESSION_SPAN_KEY = meta_key(b"session-span")
+SESSION_SPAN_KEY: Final = meta_key(b"session-span")
 #: session aggregations: ``LATEST_SESSION_PREFIX + key`` -> the start of the key's latest
 #: session, a u64: a record at or after it can reach that session only (a key's sessions
 #: are more than a gap apart), read with one point lookup instead of a range scan
-LATEST_SESSION_PREFIX = meta_key(b"latest-session/")
+LATEST_SESSION_PREFIX: Final = meta_key(b"latest-session/")
 #: join buffers: format version, stream time, buffered count, expiry hint
 #: (encoded by :mod:`streamjoin.joins.core`)
-JOIN_STATE_KEY = meta_key(b"join-state")
+JOIN_STATE_KEY: Final = meta_key(b"join-state")
 #: where windowed tables kept their stream time (as ASCII digits) before this layout.
 #: No key of this layout has that shape (as a DATA key it would claim a key of ~1.9 GB),
 #: so finding it means the partition was written by an earlier version.
-LEGACY_TABLE_STREAM_TIME_KEY = DATA + b"stream-time"
+LEGACY_TABLE_STREAM_TIME_KEY: Final = DATA + b"stream-time"
 
 
 def namespace_range(namespace: bytes) -> tuple[bytes, bytes]:
@@ -295,8 +295,8 @@ def data_group(space_length: int = 0) -> Callable[[bytes], bytes | None]:
 
 #: keys and window starts the table key builders pack directly (any other goes through the
 #: checked functions, which pack the same bytes or raise)
-_FAST_KEY_BYTES = 1 << 16
-_FAST_START_END = 1 << 63
+_FAST_KEY_BYTES: Final = 1 << 16
+_FAST_START_END: Final = 1 << 63
 
 
 def table_keys(key: bytes, start_ms: int) -> tuple[bytes, bytes]:
@@ -325,14 +325,14 @@ def table_data_key(key: bytes, start_ms: int) -> bytes:
 # and, per event, uses the packers below inline; these functions build the same bytes.
 
 #: ``u64(ts) + u64(seq)``: the tail of a buffer key
-pack_time_seq = struct.Struct(">QQ").pack
-_JOIN_INDEX_HEAD = struct.Struct(">cQcQ")
+pack_time_seq: Final = struct.Struct(">QQ").pack
+_JOIN_INDEX_HEAD: Final = struct.Struct(">cQcQ")
 #: ``(INDEX, ts, side, seq)`` -> ``INDEX + u64(ts) + side + u64(seq)``: an index entry
 #: before its length-prefixed key
-pack_join_index_head = _JOIN_INDEX_HEAD.pack
+pack_join_index_head: Final = _JOIN_INDEX_HEAD.pack
 #: the same and the key's length: every byte of an index entry but the key itself
-_JOIN_INDEX_FIXED = struct.Struct(">cQcQI")
-_unpack_join_index_fixed = _JOIN_INDEX_FIXED.unpack_from
+_JOIN_INDEX_FIXED: Final = struct.Struct(">cQcQI")
+_unpack_join_index_fixed: Final = _JOIN_INDEX_FIXED.unpack_from
 
 
 def join_buffer_key(side: bytes, prefixed_key: bytes, time_ms: int, seq: int) -> bytes:

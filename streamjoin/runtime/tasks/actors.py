@@ -35,6 +35,8 @@ from streamjoin.runtime.tasks.task import Task, TaskState
 from streamjoin.stream import EventBatch, Stream
 
 _RUNNING: Final = TaskState.RUNNING
+#: (``Final``: a C static when compiled, not a module dict lookup per use)
+_CURRENT_EVENT: Final = current_event
 
 #: what an actor's queue holds: a task and records of it in order (None: stop)
 _Chunk = tuple[Task, list[RawRecord]] | None
@@ -260,10 +262,10 @@ class AgentRunner:
             break
         self._since_yield += 1
         self.current = inflight
-        if current_event.get() is not inflight:
+        if _CURRENT_EVENT.get() is not inflight:
             # (usually it is: the finished event's context is reused for the next one, and
             # reading the variable is cheaper than setting it, which copies the context)
-            current_event.set(inflight)
+            _CURRENT_EVENT.set(inflight)
         punctual = self.punctuations
         if punctual is not None and raw.timestamp >= punctual.due_at:
             # the record moved its task's stream time to a punctuation's due time: it
@@ -304,14 +306,14 @@ class AgentRunner:
     async def _wait_for_chunk(self) -> None:
         """Wait for the next chunk and make it the one walked."""
         self._since_yield = 0
-        current_event.set(None)  # (an event's context is set when it is handed out)
+        _CURRENT_EVENT.set(None)  # (an event's context is set when it is handed out)
         self._walk(await self.queue.get())
 
     def _walk(self, item: _Chunk) -> None:
         if item is None:
             # the end of the stream: records taken but not handed out (a batch being
             # filled) were never acknowledged, so the partition's next owner reads them
-            current_event.set(None)
+            _CURRENT_EVENT.set(None)
             self._ended = True
             raise StopAsyncIteration
         self._chunk_task, self._chunk = item
@@ -413,7 +415,7 @@ class AgentRunner:
             inflight.split_errors = per_event_errors
             self._since_yield += len(raws)
             self.current = inflight
-            current_event.set(inflight)
+            _CURRENT_EVENT.set(inflight)
             if punctual is not None and raws[0].timestamp >= punctual.due_for(task):
                 await punctual.stream_time_passed(inflight, raws[0].timestamp)
             self._started = perf_counter()
@@ -480,7 +482,7 @@ class AgentRunner:
                 raise
             except Exception as exc:
                 current, self.current = self.current, None
-                current_event.set(None)
+                _CURRENT_EVENT.set(None)
                 self.ack_finished()
                 corrupted = corrupted_store_behind(exc)
                 if current is not None and corrupted is not None:

@@ -14,7 +14,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from streamjoin.quick_partition import partition_of
 from streamjoin.runtime.metrics import WorkerCounters
@@ -24,9 +24,9 @@ from streamjoin.runtime.transport.record_limits import RecordLimits
 __all__ = ["NO_HEADERS", "AnyRecord", "BatchStarter", "QuickAppend"]
 
 #: a topic without a size limit (RecordLimits.quick)
-_ANY = sys.maxsize
+_ANY: Final = sys.maxsize
 #: the headers of a record without any (the batch builder wants a list; it only reads it)
-NO_HEADERS: list[tuple[str, bytes]] = []
+NO_HEADERS: Final[list[tuple[str, bytes]]] = []
 
 #: an :data:`~streamjoin.context.OutgoingRecord`, its parts unchecked (a user's codec
 #: may give a bytearray: the record limits word what is wrong with a record)
@@ -35,6 +35,9 @@ AnyRecord = tuple[Any, Any, Any, Any, Any, Any]
 #: the sender's way to start a batch for a record, or to append it to a full batch's
 #: successor: ``(outbox, record, headers as a list)`` to its Sent, or None (not now)
 BatchStarter = Callable[[Outbox, Any, list[tuple[str, bytes]]], Sent | None]
+
+#: (``Final``: a C static when compiled, not a module dict lookup per use)
+_SENT: Final = Sent
 
 
 class QuickAppend:
@@ -125,7 +128,7 @@ class QuickAppend:
                 return None
         else:
             records.append(record)  # (kept as given: it describes a refusal, or is sent again)
-            sent = Sent(topic, batch, len(records) - 1)
+            sent = _SENT(topic, batch, len(records) - 1)
         out = self.counters.records_out
         out[topic] = out.get(topic, 0) + 1
         return sent

@@ -9,10 +9,14 @@ be compiled itself; this generator function can.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
 from streamjoin.events import RawRecord
 from streamjoin.runtime.table_state.changelog_records import BatchReader, scan_batches
+
+#: (``Final``: a C static when compiled, not a module dict lookup per use)
+_RAW_RECORD: Final = RawRecord
+_SCAN_BATCHES: Final = scan_batches
 
 __all__ = ["FetchPosition", "raw_records"]
 
@@ -35,7 +39,7 @@ def raw_records(
     """The records of one fetch answer's batches (``records``, read on the first step, as
     aiokafka's own iterator does) from ``position``'s offset on, moving it along.
     ``aborted_transactions``: a ``read_committed`` fetch's, None to read uncommitted."""
-    scanned = scan_batches(
+    scanned = _SCAN_BATCHES(
         records, position.next_fetch_offset, aborted_transactions, check_crcs=check_crcs
     )
     for batch in scanned.batches:
@@ -45,7 +49,7 @@ def raw_records(
             if offset < start:
                 continue  # a fetch from the middle of a batch returns all of it
             position.next_fetch_offset = offset + 1
-            yield RawRecord(
+            yield _RAW_RECORD(
                 topic,
                 partition,
                 offset,
