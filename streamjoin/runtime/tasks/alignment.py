@@ -104,6 +104,13 @@ class TimestampAligner:
                 buffer = buffers[tp] = deque()
             buffer.extend(run)
 
+    def add_partition(self, tp: TopicPartition, records: Iterable[RawRecord]) -> None:
+        """:meth:`add` of records all of ``tp`` (a fetched partition's): no per-record key."""
+        buffer = self._buffers.get(tp)
+        if buffer is None:
+            buffer = self._buffers[tp] = deque()
+        buffer.extend(records)
+
     def buffered(self, tp: TopicPartition) -> int:
         buffer = self._buffers.get(tp)
         return 0 if buffer is None else len(buffer)
@@ -128,7 +135,19 @@ class TimestampAligner:
     def release(
         self, caught_up: Callable[[str, int, float], bool], now_ms: float
     ) -> list[RawRecord]:
-        """Records that may be processed now, in per-partition timestamp order.
+        """Records that may be processed now, in per-partition timestamp order (the runs
+        of :meth:`release_runs`, one after the other)."""
+        out: list[RawRecord] = []
+        for _partition, _topics, run in self.release_runs(caught_up, now_ms):
+            out.extend(run)
+        return out
+
+    def release_runs(
+        self, caught_up: Callable[[str, int, float], bool], now_ms: float
+    ) -> list[tuple[int, tuple[str, ...], list[RawRecord]]]:
+        """Records that may be processed now, as ``(partition, the group's topics, records
+        of that partition of those topics in timestamp order)``: one run per group and
+        partition with records to release.
 
         ``caught_up(topic, partition, since_ms)``: True when the partition has nothing left
         to fetch according to information newer than ``since_ms`` (when the wait began).
@@ -136,9 +155,11 @@ class TimestampAligner:
         previous call, at most ``max_step_ms`` per call.
         """
         self._advance_waits(now_ms)
-        out: list[RawRecord] = []
+        runs: list[tuple[int, tuple[str, ...], list[RawRecord]]] = []
         for group_index, partition in self._pending_groups():
             topics = self._groups[group_index]
+            out: list[RawRecord] = []
+            runs.append((partition, topics, out))
             buffers = [self._buffers.setdefault((t, partition), deque()) for t in topics]
             key = (group_index, partition)
             while True:
@@ -175,7 +196,7 @@ class TimestampAligner:
                 rank = self._rank
                 first = min(heads, key=lambda b: (b[0].timestamp, rank[b[0].topic], b[0].offset))
                 out.append(first.popleft())
-        return out
+        return [run for run in runs if run[2]]
 
     def holding(self) -> int:
         """Records buffered across every partition (waiting to be released)."""

@@ -140,14 +140,15 @@ class TaskProcessing:
             return 0
         first = raws[0]
         if self.aligner.aligned(first.topic):
-            self.aligner.add(raws)
-            return self.aligner.buffered((first.topic, first.partition))
+            tp = (first.topic, first.partition)
+            self.aligner.add_partition(tp, raws)
+            return self.aligner.buffered(tp)
         await self.runtime.dispatch_many(raws, task)
         return 0
 
     async def release(self, caught_up: Callable[[str, int, float], bool], now_ms: float) -> None:
         """Hand the agents what the aligner may release now (see :class:`TimestampAligner`)."""
-        released = self.aligner.release(caught_up, now_ms)
+        released = self.aligner.release_runs(caught_up, now_ms)
         for topic, partition in dict.fromkeys(self.aligner.forced):
             log.warning(
                 "no data from %s[%d] for %.1fs: processing its co-partitioned topics without "
@@ -161,14 +162,19 @@ class TaskProcessing:
         # dropped at once), so the current owner of each partition is the one they were
         # fetched for.
         by_task: dict[int, tuple[Task, list[RawRecord]]] = {}
-        for (topic, partition), run in groupby(released, topic_partition_of):
-            task = self.tasks.task_for(topic, partition)
-            if task is None:
+        task_for = self.tasks.task_for
+        for partition, topics, records in released:
+            owners = {task_for(topic, partition) for topic in topics}
+            if len(owners) == 1:
+                # the usual case: one task owns that partition of the group's topics
+                (task,) = owners
+                if task is not None:
+                    _tasks_records(by_task, task).extend(records)
                 continue
-            entry = by_task.get(id(task))
-            if entry is None:
-                entry = by_task[id(task)] = (task, [])
-            entry[1].extend(run)
+            for (topic, _), run in groupby(records, topic_partition_of):
+                task = task_for(topic, partition)
+                if task is not None:
+                    _tasks_records(by_task, task).extend(run)
         for task, raws in by_task.values():
             await self.runtime.dispatch_many(raws, task)
 
@@ -474,3 +480,11 @@ class TaskProcessing:
         if commit:
             await self.commit(tasks)
         self.tasks.close(tasks)
+
+
+def _tasks_records(by_task: dict[int, tuple[Task, list[RawRecord]]], task: Task) -> list[RawRecord]:
+    """The list of records released for ``task`` this round (made at its first)."""
+    entry = by_task.get(id(task))
+    if entry is None:
+        entry = by_task[id(task)] = (task, [])
+    return entry[1]

@@ -303,3 +303,38 @@ def test_a_side_caught_up_only_since_the_wait_began_lets_one_record_go() -> None
 
     assert [r.offset for r in aligner.release(polled_at_20, 30)] == [0]
     assert aligner.holding() == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["imp", "clk", "other"]), st.integers(0, 2), st.integers(0, 50)),
+        max_size=40,
+    ),
+    st.booleans(),
+)
+def test_runs_are_the_release_by_group_and_partition(
+    fetched: list[tuple[str, int, int]], caught_up: bool
+) -> None:
+    """``release_runs`` releases what ``release`` does, in the same order, cut into one run
+    per group and partition, each holding only that partition of that group's topics;
+    ``add_partition`` buffers what ``add`` does."""
+    by_tp: dict[tuple[str, int], list[RawRecord]] = {}
+    for topic, partition, ts in fetched:
+        records = by_tp.setdefault((topic, partition), [])
+        records.append(rec(topic, len(records), ts, partition))
+    for records in by_tp.values():
+        records.sort(key=lambda r: r.timestamp)
+    whole = TimestampAligner([("imp", "clk"), ("other",)])
+    cut = TimestampAligner([("imp", "clk"), ("other",)])
+    for tp, records in by_tp.items():
+        whole.add(records)
+        cut.add_partition(tp, records)
+    ready = always if caught_up else never
+    released = whole.release(ready, 0)
+    runs = cut.release_runs(ready, 0)
+    assert [r for _, _, run in runs for r in run] == released
+    for partition, topics, run in runs:
+        assert run
+        assert all(r.partition == partition and r.topic in topics for r in run)
+    assert len({(p, topics) for p, topics, _ in runs}) == len(runs)

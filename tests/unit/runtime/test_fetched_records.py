@@ -142,10 +142,13 @@ def test_install_puts_the_class_in_aiokafkas_fetcher_once(
     monkeypatch.setattr(
         aiokafka_fetcher, "PartitionRecords", fetched_records._AIOKAFKA_PARTITION_RECORDS
     )
+    monkeypatch.setattr(aiokafka_fetcher, "FetchResult", fetched_records._AIOKAFKA_FETCH_RESULT)
     assert fetched_records.install()
     assert aiokafka_fetcher.PartitionRecords is RawPartitionRecords
+    assert aiokafka_fetcher.FetchResult is fetched_records.RawFetchResult
     assert fetched_records.install()
     assert aiokafka_fetcher.PartitionRecords is RawPartitionRecords
+    assert aiokafka_fetcher.FetchResult is fetched_records.RawFetchResult
 
 
 def test_an_unknown_aiokafka_is_left_alone_and_its_records_converted(
@@ -155,8 +158,10 @@ def test_an_unknown_aiokafka_is_left_alone_and_its_records_converted(
         def __init__(self, tp: Any, records: Any) -> None: ...
 
     monkeypatch.setattr(aiokafka_fetcher, "PartitionRecords", Changed)
+    monkeypatch.setattr(aiokafka_fetcher, "FetchResult", fetched_records._AIOKAFKA_FETCH_RESULT)
     assert not fetched_records.install()
     assert aiokafka_fetcher.PartitionRecords is Changed
+    assert aiokafka_fetcher.FetchResult is fetched_records._AIOKAFKA_FETCH_RESULT
     assert "ConsumerRecord (slower, same results)" in caplog.text
     handed = hand_out(
         partition_records(
@@ -170,3 +175,95 @@ def test_an_unknown_aiokafka_is_left_alone_and_its_records_converted(
     ]
     raws = [RawRecord("events", 3, 6, 0, None, None)]
     assert as_raw_records("events", 3, raws) is raws
+
+
+class _PartitionState:
+    """What ``FetchResult`` reads and moves of a partition's fetch state in aiokafka."""
+
+    def __init__(self, position: int, paused: bool = False) -> None:
+        self.position = position
+        self.paused = paused
+
+    def consumed_to(self, offset: int) -> None:
+        self.position = offset
+
+
+class _Assignment:
+    def __init__(self, state: _PartitionState) -> None:
+        self.active = True
+        self.state = state
+
+    def state_value(self, tp: TopicPartition) -> _PartitionState:
+        assert tp == TP
+        return self.state
+
+
+def fetch_result(cls: Any, records: Any, state: _PartitionState) -> Any:
+    return cls(TP, assignment=_Assignment(state), partition_records=records, backoff=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps, st.data())
+def test_getall_hands_out_what_aiokafkas_does(
+    plan: list[tuple[str, int, bool, int]], draw: st.DataObject
+) -> None:
+    """RawFetchResult.getall (one list() without a limit) hands out the same records as
+    aiokafka's FetchResult.getall and leaves the partition at the same position; with a
+    limit it is aiokafka's own."""
+    log = Log.built(plan)
+    position = draw.draw(st.integers(0, log.end), label="start")
+    data = log.fetch(position, draw.draw(st.integers(1, 400), label="fetch bytes"))
+    limit = draw.draw(st.none() | st.integers(1, 6), label="max_records")
+    ours_state, theirs_state = _PartitionState(position), _PartitionState(position)
+    ours = fetch_result(
+        fetched_records.RawFetchResult,
+        partition_records(RawPartitionRecords, data, position, None, raw=True),
+        ours_state,
+    )
+    theirs = fetch_result(
+        fetched_records._AIOKAFKA_FETCH_RESULT,
+        partition_records(
+            fetched_records._AIOKAFKA_PARTITION_RECORDS, data, position, None, raw=False
+        ),
+        theirs_state,
+    )
+    while theirs.has_more():
+        got, want = ours.getall(limit), theirs.getall(limit)
+        assert all(type(r) is RawRecord for r in got)
+        assert [fields(r) for r in got] == [fields(r) for r in want]
+        assert ours_state.position == theirs_state.position
+        assert ours.has_more() == theirs.has_more()
+    assert not ours.has_more()
+
+
+def test_getall_of_a_paused_partition_drops_its_records_as_aiokafkas_does() -> None:
+    """(aiokafka fetches a paused partition's records again once it is resumed)"""
+    for cls, raw in (
+        (fetched_records.RawFetchResult, True),
+        (fetched_records._AIOKAFKA_FETCH_RESULT, False),
+    ):
+        state = _PartitionState(0, paused=True)
+        records = partition_records(RawPartitionRecords, batch(0, [rec(0)]), 0, None, raw=raw)
+        result = fetch_result(cls, records, state)
+        assert result.getall() == []
+        assert state.position == 0
+        assert not result.has_more()
+
+
+def test_an_unknown_fetch_result_leaves_both_classes_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class ChangedResult:
+        def __init__(self, tp: Any, records: Any) -> None: ...
+
+        def getall(self) -> list[Any]:
+            return []
+
+    monkeypatch.setattr(
+        aiokafka_fetcher, "PartitionRecords", fetched_records._AIOKAFKA_PARTITION_RECORDS
+    )
+    monkeypatch.setattr(aiokafka_fetcher, "FetchResult", ChangedResult)
+    assert not fetched_records.install()
+    assert aiokafka_fetcher.PartitionRecords is fetched_records._AIOKAFKA_PARTITION_RECORDS
+    assert aiokafka_fetcher.FetchResult is ChangedResult
+    assert "ConsumerRecord (slower, same results)" in caplog.text
