@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamjoin.events import Event
-from streamjoin.joins.results import result_sender
+from streamjoin.joins.results import ResultSender
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
@@ -33,7 +33,7 @@ def table_enricher(
 ) -> EventHandler:
     """A stream-table join's handler: the row of the event's key now, or, on a versioned
     table, as of the event's timestamp."""
-    emit = result_sender(output)
+    results = ResultSender(output)
     if isinstance(table, VersionedTable):
         versioned = table
 
@@ -47,7 +47,7 @@ def table_enricher(
                 return None
             if current is None and inner:
                 return None
-            return emit(event, fun(key, event.value, current))
+            return results.emit(event, fun(key, event.value, current))
 
         return enrich_as_of
 
@@ -56,7 +56,7 @@ def table_enricher(
         current = table.get(key)
         if current is None and inner:
             return None
-        return emit(event, fun(key, event.value, current))
+        return results.emit(event, fun(key, event.value, current))
 
     return enrich
 
@@ -69,13 +69,13 @@ def global_enricher(
     output: Topic | None,
 ) -> EventHandler:
     """A stream-global-table join's handler: the row of ``key(event)`` in the local copy."""
-    emit = result_sender(output)
+    results = ResultSender(output)
 
     def enrich(event: Event) -> Awaitable[object] | None:
         row = lookup(key(event))
         if row is None and inner:
             return None
-        return emit(event, fun(event.key, event.value, row))
+        return results.emit(event, fun(event.key, event.value, row))
 
     return enrich
 
