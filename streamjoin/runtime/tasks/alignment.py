@@ -96,13 +96,9 @@ class TimestampAligner:
         return topic in self._group_of
 
     def add(self, records: Iterable[RawRecord]) -> None:
-        buffers = self._buffers
         # (one fetched partition's records at a time: one run, one buffer lookup)
         for tp, run in groupby(records, topic_partition_of):
-            buffer = buffers.get(tp)
-            if buffer is None:
-                buffer = buffers[tp] = deque()
-            buffer.extend(run)
+            self.add_partition(tp, run)
 
     def add_partition(self, tp: TopicPartition, records: Iterable[RawRecord]) -> None:
         """:meth:`add` of records all of ``tp`` (a fetched partition's): no per-record key."""

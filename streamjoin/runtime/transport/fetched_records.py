@@ -153,7 +153,8 @@ def install() -> bool:
         or not _seam_fits()
     ):
         log.warning(
-            "aiokafka %s: its fetcher's PartitionRecords is not the one streamjoin knows; "
+            "aiokafka %s: its fetcher's PartitionRecords or FetchResult is not the one "
+            "streamjoin knows; "
             "fetched records go through aiokafka's ConsumerRecord (slower, same results)",
             aiokafka.__version__,
         )
