@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from pathlib import Path
 
 from streamjoin.state.base import StorePartition
@@ -61,3 +62,15 @@ def corrupt_data_block(store_dir: Path, table: str, partition: int, key: bytes) 
             data[i] = 0xA5
         sst.write_bytes(bytes(data))
     return store_dir / files[0]["name"].lstrip("/")
+
+
+def write_both(
+    store: StorePartition, model: dict[bytes, bytes], writes: Mapping[bytes, bytes | None]
+) -> None:
+    """Apply ``writes`` (None: delete) to the store and to the dict model of it."""
+    store.write(writes, None)
+    for key, value in writes.items():
+        if value is None:
+            model.pop(key, None)
+        else:
+            model[key] = value

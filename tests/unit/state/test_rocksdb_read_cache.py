@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rocksdict import WriteBatch
+from state_store_support import write_both
 
 from streamjoin.errors import ConfigurationError, StoreError
 from streamjoin.state.rocksdb import RocksDBOptions, RocksDBStorePartition, _entry_size
@@ -34,18 +35,6 @@ def check_cache_shape(store: RocksDBStorePartition) -> None:
     assert list(store._cache_order) == list(store._cache)
     assert store._cache_bytes == sum(_entry_size(k, v) for k, v in store._cache.items())
     assert store._cache_bytes <= store._cache_bytes_bound
-
-
-def write_both(
-    store: RocksDBStorePartition, model: dict[bytes, bytes], writes: dict[bytes, bytes | None]
-) -> None:
-    """Apply ``writes`` (None: delete) to the store and to the dict model of it."""
-    store.write(writes, None)
-    for key, value in writes.items():
-        if value is None:
-            model.pop(key, None)
-        else:
-            model[key] = value
 
 
 ALL_KEYS = [b"", b"a", b"b", b"c", b"\xff"]  # more than the cache holds (3)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from state_store_support import StoreFactory
+from state_store_support import StoreFactory, write_both
 
 from streamjoin.errors import StoreError
 from streamjoin.state.base import StorePartition
@@ -127,13 +127,7 @@ def test_items_match_a_dict_model(
     store = store_factory.fresh()
     model: dict[bytes, bytes] = {}
     for i in range(0, len(ops), 7):  # several batches, each a dict (last write per key wins)
-        batch = dict(ops[i : i + 7])
-        store.write(batch, None)
-        for key, value in batch.items():
-            if value is None:
-                model.pop(key, None)
-            else:
-                model[key] = value
+        write_both(store, model, dict(ops[i : i + 7]))
     expected = sorted(
         (k, v)
         for k, v in model.items()
