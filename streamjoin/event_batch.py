@@ -6,7 +6,7 @@ agent's per-event path, the framework's joins included.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from streamjoin.events import Event
@@ -31,22 +31,24 @@ class EventBatch:
     for the next batch.
     """
 
-    __slots__ = ("_current", "_events", "_records")
+    __slots__ = ("current", "events", "records")
 
-    def __init__(self, events: Sequence[Event], records: Sequence[Any], current: CurrentEvent):
-        self._events = events
-        self._records = records
-        self._current = current
+    def __init__(self, events: list[Event], records: list[Any], current: CurrentEvent):
+        #: the events and their records, read as they are by the framework's joins, which
+        #: walk a batch themselves (making each record current as iterating does)
+        self.events = events
+        self.records = records
+        self.current = current
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self.events)
 
     def __bool__(self) -> bool:
-        return bool(self._events)
+        return bool(self.events)
 
     def __iter__(self) -> Iterator[Event]:
-        current = self._current
-        for record, event in zip(self._records, self._events, strict=True):
+        current = self.current
+        for record, event in zip(self.records, self.events, strict=True):
             current.record = record
             yield event
 
@@ -56,4 +58,4 @@ class EventBatch:
             yield event.key, event.value
 
     def __repr__(self) -> str:
-        return f"<EventBatch of {len(self._events)} events>"
+        return f"<EventBatch of {len(self.events)} events>"

@@ -9,6 +9,7 @@ argument is refused there, with the topic's own error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from streamjoin.codecs import Codec
@@ -16,7 +17,7 @@ from streamjoin.context import Delivery, RuntimeLink, current_event
 from streamjoin.quick_codecs import dump
 from streamjoin.quick_partition import partition_of
 
-__all__ = ["SendingTopic", "try_send_record"]
+__all__ = ["QuickOutput", "SendingTopic", "try_send_record"]
 
 #: (``Final``: a C static when compiled, not a module dict lookup per use)
 _CURRENT_EVENT: Final = current_event
@@ -63,3 +64,49 @@ def try_send_record(
         if event is not None:
             event.track_send(sent)
     return sent
+
+
+class QuickOutput:
+    """One topic's :func:`try_send_record`, with what it reads of the topic (its link's
+    sender, its codecs, its partition count) resolved once per batch of events by
+    :meth:`ready`: a join sending a result for every event of a batch reads the
+    (interpreted) topic's attributes once, not for each record."""
+
+    def __init__(self, topic: SendingTopic) -> None:
+        self.topic = topic
+        self.name = topic.name
+        self.key_codec = topic.key_codec
+        self.value_codec = topic.value_codec
+        self.partitions = 0
+        self._send_now: Callable[[Any], Delivery | None] | None = None
+
+    def ready(self) -> bool:
+        """Resolve the sender and the partition count now; False when records must take
+        the long way (``await topic.send()``: the app is not running, or the topic's
+        partition count is not known yet)."""
+        topic = self.topic
+        link = topic.link
+        sender = link.sender
+        self.name = name = topic.name
+        partitions = topic.partitions or link.partitions.get(name)
+        if sender is None or not partitions:
+            self._send_now = None
+            return False
+        self.key_codec = topic.key_codec
+        self.value_codec = topic.value_codec
+        self._send_now = sender.send_now
+        self.partitions = partitions
+        return True
+
+    def send(self, key: Any, value: Any, timestamp_ms: int) -> Delivery | None:
+        """Encode and send one record (no headers, partitioned by its key) at once, as
+        :func:`try_send_record` does, once :meth:`ready` said True; None when it cannot
+        join an open batch now (then ``await topic.send()`` it). Not tracked on the event:
+        the caller, which has it at hand, does that. ``timestamp_ms`` is checked already."""
+        send_now = self._send_now
+        if send_now is None:
+            return None
+        key_bytes = dump(self.key_codec, key)
+        value_bytes = dump(self.value_codec, value)
+        partition = None if key_bytes is None else partition_of(key_bytes, self.partitions)
+        return send_now((self.name, key_bytes, value_bytes, partition, (), timestamp_ms))

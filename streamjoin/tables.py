@@ -156,6 +156,23 @@ class Table:
         raw = state.lookup(key_bytes)
         return default if raw is None else self._load_value(raw)
 
+    def event_partition(self) -> TablePartition | None:
+        """The current event's task's partition of this table (None outside agents, or
+        not co-partitioned: then :meth:`get` says why). For a caller reading the table for
+        every event of a batch, all of one task: it finds the partition once and reads it
+        with :meth:`get_from`."""
+        event = _CURRENT_EVENT.get()
+        return None if event is None else event.table_partition(self.name)
+
+    def get_from(self, state: TablePartition, key: Any) -> Any:
+        """:meth:`get` of ``key`` (None when absent) from ``state``, the partition that
+        :meth:`event_partition` gave for the batch being processed."""
+        key_bytes = dump(self.key_codec, key)
+        if key_bytes is None:
+            key_bytes = self._encode_key(key)  # raises
+        raw = state.lookup(key_bytes)
+        return None if raw is None else self._load_value(raw)
+
     def __contains__(self, key: Any) -> bool:
         key_bytes = self._encode_key(key)
         return self._state(key_bytes, writing=False).lookup(key_bytes) is not None

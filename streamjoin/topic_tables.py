@@ -25,6 +25,7 @@ from streamjoin.codecs import RawCodec, StrCodec
 from streamjoin.context import current_event
 from streamjoin.errors import ConfigurationError
 from streamjoin.events import Event
+from streamjoin.joins.enrich import TableEnricher
 from streamjoin.stream import INTERNAL_AGENT_BATCH, Stream
 from streamjoin.tables import Table
 from streamjoin.topics import Topic
@@ -116,10 +117,31 @@ class TopicTableFeed:
         source = self.source.name
         readers = self.readers
         async for batch in stream.take(INTERNAL_AGENT_BATCH, per_event_errors=True):
-            for event in batch:
-                if event.topic == source:
+            events = batch.events
+            records = batch.records
+            current = batch.current
+            end = len(events)
+            i = 0
+            while i < end:
+                event = events[i]
+                topic = event.topic
+                handlers = readers.get(topic)
+                if topic != source and handlers is not None and len(handlers) == 1:
+                    enricher = handlers[0][1]
+                    if isinstance(enricher, TableEnricher):
+                        # a run of one stream's events, enriched together (see enrich_run)
+                        run_end = i + 1
+                        while run_end < end and events[run_end].topic == topic:
+                            run_end += 1
+                        await enricher.enrich_run(batch, i, run_end)
+                        i = run_end
+                        continue
+                current.record = records[i]  # (what iterating the batch does)
+                i += 1
+                if topic == source:
                     await self.apply(event)
-                for _, handler in readers.get(event.topic, ()):
-                    pending = handler(event)
-                    if pending is not None:
-                        await pending
+                if handlers is not None:
+                    for _, handler in handlers:
+                        pending = handler(event)
+                        if pending is not None:
+                            await pending
