@@ -173,3 +173,30 @@ async def test_try_send_appends_at_once_or_leaves_the_record_to_send(
         got = await _read_partition(kafka_bootstrap, TopicPartition(name, partition))
         assert [(k, v) for _, k, v in got] == expected[partition]
         assert sorted(m.offset for m in metas if m.partition == partition) == [o for o, _, _ in got]
+
+
+async def test_a_flush_and_a_changelog_flush_do_not_wait_out_the_linger(
+    kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    """A commit's flushes send what the producer holds at once: a linger far longer than
+    the test's patience would otherwise hold each of them for its whole length."""
+    topic = unique_topic("lingering")
+    await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2)])
+    sender = KafkaSender(
+        kafka_bootstrap,
+        client_options={},
+        producer_options={"linger_ms": 60_000},
+        client_id="linger-test",
+    )
+    await sender.start()
+    try:
+        sent = [await sender.send((topic, b"k", f"v{i}".encode(), 0, (), None)) for i in range(3)]
+        await asyncio.wait_for(sender.flush(), timeout=20)
+        assert [(await s).offset for s in sent] == [0, 1, 2]
+        records: list[tuple[bytes, bytes | None]] = [(b"c", b"1"), (b"c", b"2")]
+        last = await asyncio.wait_for(await sender.send_many(topic, 1, records), timeout=20)
+        assert last == 1
+    finally:
+        await sender.stop()
+    got = await _read_partition(kafka_bootstrap, TopicPartition(topic, 0))
+    assert got == [(i, b"k", f"v{i}".encode()) for i in range(3)]

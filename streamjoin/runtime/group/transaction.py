@@ -62,7 +62,12 @@ from streamjoin.runtime.group.txn_protocol import (
 from streamjoin.runtime.table_state.flush import Sending, TakenWrites, send_writes
 from streamjoin.runtime.transport.liveness import BACKOFF_MAX, BACKOFF_START
 from streamjoin.runtime.transport.out_batches import OutBatch, Outbox, Sent
-from streamjoin.runtime.transport.producer import KafkaSender, dropped_delivery, started_producer
+from streamjoin.runtime.transport.producer import (
+    KafkaSender,
+    dropped_delivery,
+    flush_now,
+    started_producer,
+)
 from streamjoin.runtime.transport.record_limits import RecordLimits, is_rejection
 from streamjoin.tables import Table
 
@@ -314,7 +319,7 @@ class TransactionalSender(KafkaSender):
         self._waits["records"] = "handing its record batches to the producer"
         await self._submit_all()
         self._waits["records"] = "the brokers' answers to its record batches"
-        await self._require().flush()
+        await flush_now(self._require())
         pending = [future for future in self._outcomes if not future.done()]
         if pending:
             await asyncio.wait(pending)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import random
 import time
@@ -27,6 +28,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import aiokafka
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
@@ -44,6 +46,7 @@ from streamjoin.errors import (
     LifecycleError,
     RecordRejected,
     RecordTooLargeError,
+    StartupError,
 )
 from streamjoin.partitioner import partition_for_key
 from streamjoin.runtime.metrics import WorkerCounters
@@ -220,6 +223,7 @@ class KafkaSender(Service):
         """What this sender uses of aiokafka beyond its documented API, checked before the
         first producer starts: a different aiokafka fails at start, naming what it lacks."""
         check_batch_builder(producer.create_batch())
+        check_flush_now(producer)
 
     async def on_stop(self) -> None:
         if self._producer is not None:
@@ -664,10 +668,32 @@ class KafkaSender(Service):
         return len(partitions)
 
     async def flush(self) -> None:
-        """Until every record sent so far is acknowledged (or failed)."""
+        """Until every record sent so far is acknowledged (or failed); what aiokafka holds
+        lingering is sent now, not after ``linger_ms``."""
         if self._producer is not None:
             await self._submit_all()
-            await self._producer.flush()
+            await flush_now(self._producer)
+
+
+async def flush_now(producer: AIOKafkaProducer) -> None:
+    """``producer.flush()`` without waiting out ``linger_ms``: the batches it holds are
+    closed and sent at once. (aiokafka's ``flush`` waits for each batch's linger; its
+    accumulator's ``flush_for_commit``, what a transaction's commit uses, closes them and
+    wakes its sender. Checked at start: :func:`check_flush_now`.)"""
+    await producer._message_accumulator.flush_for_commit()
+
+
+def check_flush_now(producer: AIOKafkaProducer) -> None:
+    """Raise :class:`StartupError` unless ``producer`` has what :func:`flush_now` uses."""
+    accumulator = getattr(producer, "_message_accumulator", None)
+    flush = getattr(accumulator, "flush_for_commit", None)
+    if not inspect.iscoroutinefunction(flush):
+        raise StartupError(
+            f"aiokafka {aiokafka.__version__}: its producer has no "
+            "_message_accumulator.flush_for_commit() coroutine, which streamjoin's flush "
+            "uses to send lingering batches at once; install a tested aiokafka (see "
+            "pyproject.toml)"
+        )
 
 
 async def _send_batch_waiting(
@@ -675,7 +701,9 @@ async def _send_batch_waiting(
 ) -> asyncio.Future[Any]:
     """``producer.send_batch``, waiting on while aiokafka has no room for the batch: it
     gives up after request_timeout_ms when the partition's batch before is unanswered (the
-    broker away, a silent connection), but this batch was not taken and can wait on."""
+    broker away, a silent connection), but this batch was not taken and can wait on. The
+    batch is complete: closed, so that aiokafka sends it without lingering."""
+    batch.close()
     while True:
         try:
             sent: asyncio.Future[Any] = await producer.send_batch(batch, topic, partition=partition)

@@ -53,6 +53,13 @@ class _OldBuilder:
         return 0
 
 
+class _StubAccumulator:
+    """aiokafka's message accumulator as the sender's flush uses it."""
+
+    async def flush_for_commit(self) -> None:
+        return None
+
+
 class _StubProducer:
     """Stands in for AIOKafkaProducer in the sender's start: records whether it was started
     and stopped; its batch builder and transaction manager are what the test sets."""
@@ -60,10 +67,12 @@ class _StubProducer:
     instances: ClassVar[list[_StubProducer]] = []
     builder: ClassVar[Any] = None
     txn_manager: ClassVar[Any] = None
+    accumulator: ClassVar[Any] = None
 
     def __init__(self, **options: Any) -> None:
         self.started = self.stopped = False
         self._txn_manager = _StubProducer.txn_manager
+        self._message_accumulator = _StubProducer.accumulator
         _StubProducer.instances.append(self)
 
     def create_batch(self) -> Any:
@@ -81,6 +90,7 @@ def stub_producer(monkeypatch: pytest.MonkeyPatch) -> type[_StubProducer]:
     _StubProducer.instances.clear()
     _StubProducer.builder = BatchBuilder(16384, 0)
     _StubProducer.txn_manager = None
+    _StubProducer.accumulator = _StubAccumulator()
     monkeypatch.setattr(producer_module, "AIOKafkaProducer", _StubProducer)
     return _StubProducer
 
@@ -162,6 +172,28 @@ async def test_the_sender_does_not_start_on_a_batch_builder_it_does_not_know(
         await sender.on_start()
     [producer] = stub_producer.instances
     assert not producer.started and producer.stopped  # checked before connecting
+
+
+async def test_aiokafkas_producer_can_flush_without_waiting_out_its_linger() -> None:
+    producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")
+    try:
+        producer_module.check_flush_now(producer)
+    finally:
+        await producer.stop()
+
+
+async def test_the_sender_does_not_start_on_a_producer_that_cannot_flush_at_once(
+    stub_producer: type[_StubProducer],
+) -> None:
+    stub_producer.accumulator = object()  # (no flush_for_commit)
+    sender = producer_module.KafkaSender(
+        "127.0.0.1:9", client_options={}, producer_options={}, client_id="test"
+    )
+    with pytest.raises(StartupError, match=r"_message_accumulator\.flush_for_commit") as failure:
+        await sender.on_start()
+    assert VERSION in str(failure.value)
+    [producer] = stub_producer.instances
+    assert not producer.started and producer.stopped
 
 
 # ------------------------------------------------------------------ the transaction manager

@@ -12,11 +12,17 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from streamjoin.runtime.transport import producer as producer_module
 
 
+class _Accumulator:
+    async def flush_for_commit(self) -> None:
+        return None
+
+
 class FailingProducer:
     instances: ClassVar[list[FailingProducer]] = []
 
     def __init__(self, **options: Any) -> None:
         self.stopped = False
+        self._message_accumulator = _Accumulator()
         FailingProducer.instances.append(self)
 
     def create_batch(self) -> BatchBuilder:
