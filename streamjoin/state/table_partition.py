@@ -171,9 +171,12 @@ class TablePartition:
     # ------------------------------------------------------------ the KeyValueView contract
 
     def lookup(self, key: bytes) -> bytes | None:
-        value = self.pending.get(key, _MISSING)
+        # (an empty buffer is not searched: a table read by a join is written rarely)
+        pending = self.pending
+        value = pending.get(key, _MISSING) if pending else _MISSING
         if value is _MISSING:
-            value = self.flushing.get(key, _MISSING)
+            flushing = self.flushing
+            value = flushing.get(key, _MISSING) if flushing else _MISSING
             if value is _MISSING:
                 cache = self._read_cache
                 if cache is not None:

@@ -38,6 +38,8 @@ BatchStarter = Callable[[Outbox, Any, list[tuple[str, bytes]]], Sent | None]
 
 #: (``Final``: a C static when compiled, not a module dict lookup per use)
 _SENT: Final = Sent
+#: the records of no batch (never appended to)
+_NO_RECORDS: Final[list[Any]] = []
 
 
 class QuickAppend:
@@ -113,7 +115,8 @@ class QuickAppend:
             record = (topic, key, value, partition, headers, timestamp_ms)
         listed: Any = headers if type(headers) is list else list(headers) if headers else NO_HEADERS
         batch = outbox.open
-        records: Any = None if batch is None else batch.records
+        # (a list typed as one: appended to and measured natively)
+        records: list[Any] = _NO_RECORDS if batch is None else batch.records
         if (
             batch is None
             or not records
