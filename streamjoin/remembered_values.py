@@ -23,13 +23,7 @@ from typing import Any, Final
 from streamjoin.codecs import Codec, JsonCodec
 from streamjoin.quick_codecs import load
 
-__all__ = [
-    "DEFAULT_BOUND",
-    "MAX_REMEMBERED_BYTES",
-    "RememberedValues",
-    "remembered_values",
-    "value_loader",
-]
+__all__ = ["DEFAULT_BOUND", "MAX_REMEMBERED_BYTES", "RememberedValues", "value_loader"]
 
 #: values remembered per table; past it the memory starts over (a table whose reads spread
 #: over more distinct values than this gains little from remembering them)
@@ -91,12 +85,7 @@ def value_loader(codec: Codec, bound: int = DEFAULT_BOUND) -> Callable[[bytes], 
     """What a table decodes its stored values with: remembered for plain-data codecs (the
     JSON codec, codecs with a true ``plain_values``; ``bound`` > 0), the codec's own
     ``loads`` otherwise."""
-    remembered = remembered_values(codec, bound)
-    return codec.loads if remembered is None else remembered.loads
-
-
-def remembered_values(codec: Codec, bound: int = DEFAULT_BOUND) -> RememberedValues | None:
-    """The remembered values :func:`value_loader` decodes with for ``codec``, or None when
-    its values are decoded every time."""
     plain = type(codec) is JsonCodec or getattr(codec, "plain_values", False) is True
-    return RememberedValues(codec, bound) if plain and bound > 0 else None
+    if plain and bound > 0:
+        return RememberedValues(codec, bound).loads
+    return codec.loads

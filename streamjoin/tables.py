@@ -23,7 +23,7 @@ from streamjoin.context import RuntimeLink, current_channel_agent, current_event
 from streamjoin.errors import TableAccessError
 from streamjoin.quick_codecs import dump, load
 from streamjoin.quick_partition import partition_of
-from streamjoin.remembered_values import RememberedValues, remembered_values
+from streamjoin.remembered_values import value_loader
 from streamjoin.state.base import StorePartition
 from streamjoin.state.table_partition import TablePartition
 from streamjoin.topics import Topic
@@ -60,13 +60,9 @@ class Table:
     store: StoreKind = "rocksdb"
     #: decodes stored values (JSON values are remembered: see :mod:`~streamjoin.remembered_values`)
     _load_value: Callable[[bytes], Any] = field(init=False, repr=False)
-    #: the remembered values ``_load_value`` decodes with, if any (:meth:`get_from` calls
-    #: them natively)
-    _remembered: RememberedValues | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
-        self._remembered = remembered = remembered_values(self.value_codec)
-        self._load_value = self.value_codec.loads if remembered is None else remembered.loads
+        self._load_value = value_loader(self.value_codec)
 
     @property
     def partitions(self) -> int:
@@ -175,10 +171,7 @@ class Table:
         if key_bytes is None:
             key_bytes = self._encode_key(key)  # raises
         raw = state.lookup(key_bytes)
-        if raw is None:
-            return None
-        remembered = self._remembered
-        return self._load_value(raw) if remembered is None else remembered.loads(raw)
+        return None if raw is None else self._load_value(raw)
 
     def __contains__(self, key: Any) -> bool:
         key_bytes = self._encode_key(key)

@@ -107,7 +107,6 @@ class AggregateTable(WindowedTable):
         super().__post_init__()
         # ``update`` hands the stored *state* to the aggregation (results are for readers)
         self._load_value = self._state_codec().load_state
-        self._remembered = None
 
     def _state_codec(self) -> StateCodec:
         codec = self.value_codec
