@@ -13,6 +13,7 @@ from typing import Any
 
 import streamjoin
 from streamjoin.context import current_record
+from streamjoin.events import Event
 from streamjoin.testing.driver import TestDriver
 
 VIEWS = 240
@@ -54,16 +55,22 @@ async def _put_views(driver: TestDriver, first_ts: int, gate: asyncio.Event) -> 
     gate.set()
 
 
-async def test_each_event_of_a_run_is_the_current_one_while_it_is_joined() -> None:
-    app, seen, gate = _app()
+async def _rows_then_views(app: streamjoin.App, gate: asyncio.Event) -> list[Event]:
+    """The join's output after the table's rows, then the views, each processed."""
     async with TestDriver(app) as driver:
         for i in range(ADS):
             await driver.put("ads", key=f"ad{i}", value=f"title{i}", timestamp_ms=i)
         await driver.drain()
         await _put_views(driver, 1_000, gate)
         await driver.drain()
-        got = {e.value["view"]: (e.key, e.value["ad"]) for e in driver.records("enriched")}
-    assert len(driver.records("enriched")) == VIEWS
+        return driver.records("enriched")
+
+
+async def test_each_event_of_a_run_is_the_current_one_while_it_is_joined() -> None:
+    app, seen, gate = _app()
+    enriched = await _rows_then_views(app, gate)
+    got = {e.value["view"]: (e.key, e.value["ad"]) for e in enriched}
+    assert len(enriched) == VIEWS
     # the record current_record() gave is the event's own (its key and value bytes)
     assert [(k, rk.decode(), int(rv)) for k, _, _, rk, rv in seen] == [
         (k, k, v) for k, v, *_ in seen
@@ -112,12 +119,6 @@ async def test_rows_between_the_events_of_a_batch_are_seen_in_timestamp_order() 
 
 async def test_an_inner_join_sends_only_the_events_with_a_row() -> None:
     app, seen, gate = _app(how="inner")
-    async with TestDriver(app) as driver:
-        for i in range(ADS):
-            await driver.put("ads", key=f"ad{i}", value=f"title{i}", timestamp_ms=i)
-        await driver.drain()
-        await _put_views(driver, 1_000, gate)
-        await driver.drain()
-        got = sorted(e.value["view"] for e in driver.records("enriched"))
+    got = sorted(e.value["view"] for e in await _rows_then_views(app, gate))
     assert got == [i for i in range(VIEWS) if i % (ADS + 3) < ADS]
     assert len(seen) == len(got)  # the function is not called without a row
