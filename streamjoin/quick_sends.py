@@ -67,10 +67,11 @@ def try_send_record(
 
 
 class QuickOutput:
-    """One topic's :func:`try_send_record`, with what it reads of the topic (its link's
-    sender, its codecs, its partition count) resolved once per batch of events by
-    :meth:`ready`: a join sending a result for every event of a batch reads the
-    (interpreted) topic's attributes once, not for each record."""
+    """One topic's :func:`try_send_record`, with what it reads of the topic resolved
+    ahead: its name and codecs (fixed by its declaration) once, its link's sender and its
+    partition count once per batch of events by :meth:`ready`. A join sending a result
+    for every event of a batch reads the (interpreted) topic's attributes once, not for
+    each record."""
 
     def __init__(self, topic: SendingTopic) -> None:
         self.topic = topic
@@ -87,13 +88,10 @@ class QuickOutput:
         topic = self.topic
         link = topic.link
         sender = link.sender
-        self.name = name = topic.name
-        partitions = topic.partitions or link.partitions.get(name)
+        partitions = topic.partitions or link.partitions.get(self.name)
         if sender is None or not partitions:
             self._send_now = None
             return False
-        self.key_codec = topic.key_codec
-        self.value_codec = topic.value_codec
         self._send_now = sender.send_now
         self.partitions = partitions
         return True

@@ -149,8 +149,7 @@ class Table:
         key_bytes = dump(self.key_codec, key)
         if key_bytes is None:
             key_bytes = self._encode_key(key)  # raises
-        event = _CURRENT_EVENT.get()
-        state = None if event is None else event.table_partition(self.name)
+        state = self.event_partition()
         if state is None:
             state = self._state(key_bytes, writing=False)  # outside agents, or raises
         raw = state.lookup(key_bytes)

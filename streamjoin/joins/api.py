@@ -42,7 +42,7 @@ from streamjoin.errors import (
 from streamjoin.events import Event
 from streamjoin.global_tables import GlobalTable
 from streamjoin.joins.core import JoinOutput, JoinSpec, StreamStreamJoin
-from streamjoin.joins.enrich import JoinFunction, handle_batches, table_enricher
+from streamjoin.joins.enrich import JoinFunction, TableEnricher, handle_batches
 from streamjoin.joins.foreign_key_api import ForeignKeyDeclarations, declare_foreign_key_join
 from streamjoin.joins.global_join import GlobalJoinDeclarations, declare_global_join
 from streamjoin.joins.idle import IdleClock
@@ -639,7 +639,7 @@ def _stream_table(
     app.attach_reader(table, stream)
     source = app.table_sources.get(table.name)
     app.joins[name] = StreamTableJoinDecl(name, stream, table, source, how, output, fun)
-    handler = table_enricher(table, how == "inner", fun, output)
+    handler = TableEnricher(table, how == "inner", fun, output)
     # A topic table's own agent reads the stream too: rows and events in one timestamp order.
     if app.read_in_order(table, stream, handler, join=name, on_error=on_error):
         return

@@ -29,7 +29,6 @@ __all__ = [
     "TableEnricher",
     "global_enricher",
     "handle_batches",
-    "table_enricher",
 ]
 
 #: ``fun(key, event value, row)``: the join's result (or an awaitable of it)
@@ -43,17 +42,12 @@ _CURRENT_EVENT: Final = current_event
 _PLAIN_RESULTS: Final = PLAIN_RESULTS
 
 
-def table_enricher(
-    table: Table, inner: bool, fun: JoinFunction, output: Topic | None
-) -> TableEnricher:
-    """A stream-table join's handler: the row of the event's key now, or, on a versioned
-    table, as of the event's timestamp."""
-    return TableEnricher(table, inner, fun, output)
-
-
 class TableEnricher:
-    """A stream-table join's work: called with one event (an :data:`EventHandler`), or
-    given a run of a batch's events (:meth:`enrich_run`), which it walks itself.
+    """A stream-table join's handler: the row of the event's key now, or, on a versioned
+    table, as of the event's timestamp.
+
+    Called with one event (an :data:`EventHandler`), or given a run of a batch's events
+    (:meth:`enrich_run`), which it walks itself.
 
     A run is one task's events, so the table's partition and the output's sender are
     found once for it, not for each event; each event is made the current one (its
