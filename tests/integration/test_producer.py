@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -35,20 +37,28 @@ async def _read_partition(
         await consumer.stop()
 
 
+@contextlib.asynccontextmanager
+async def _running_sender(
+    bootstrap: str, client_id: str, **producer_options: Any
+) -> AsyncIterator[KafkaSender]:
+    """A started ``KafkaSender`` with ``producer_options``, stopped when the block ends."""
+    sender = KafkaSender(
+        bootstrap, client_options={}, producer_options=producer_options, client_id=client_id
+    )
+    await sender.start()
+    try:
+        yield sender
+    finally:
+        await sender.stop()
+
+
 async def test_send_many_spans_batches_in_order_and_reports_the_last_offset(
     kafka_bootstrap: str, unique_topic: Callable[..., str]
 ) -> None:
     topic = unique_topic("changelog")
     await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2)])
     # small batches: 3,000 records take many of them
-    sender = KafkaSender(
-        kafka_bootstrap,
-        client_options={},
-        producer_options={"max_batch_size": 4096},
-        client_id="send-many-test",
-    )
-    await sender.start()
-    try:
+    async with _running_sender(kafka_bootstrap, "send-many-test", max_batch_size=4096) as sender:
         first = [(f"k{i % 700}".encode(), f"v{i}".encode()) for i in range(3000)]
         last = await (await sender.send_many(topic, 1, first))
         assert last == 2999
@@ -57,8 +67,6 @@ async def test_send_many_spans_batches_in_order_and_reports_the_last_offset(
         # a record bigger than a batch goes in a batch of its own
         big = [(b"a", b"1"), (b"big", bytes(10_000)), (b"b", b"2")]
         assert await (await sender.send_many(topic, 0, big)) == 2
-    finally:
-        await sender.stop()
     got = await _read_partition(kafka_bootstrap, TopicPartition(topic, 1))
     assert got == [(i, k, v) for i, (k, v) in enumerate(first + tombstones)]
     got = await _read_partition(kafka_bootstrap, TopicPartition(topic, 0))
@@ -70,14 +78,8 @@ async def test_sends_of_one_turn_share_a_batch_and_each_reads_its_own_metadata(
 ) -> None:
     topic = unique_topic("out")
     await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 3)])
-    sender = KafkaSender(
-        kafka_bootstrap,
-        client_options={},
-        producer_options={"max_batch_size": 4096},  # 2,000 records take many batches
-        client_id="send-test",
-    )
-    await sender.start()
-    try:
+    # small batches: 2,000 records take many of them
+    async with _running_sender(kafka_bootstrap, "send-test", max_batch_size=4096) as sender:
         first = await sender.send((topic, b"k", b"first", 1, [("h", b"1")], 1_000))
         assert isinstance(first, Sent) and not first.done()
         assert (await first).offset == 0  # awaiting a record gives its metadata
@@ -117,8 +119,6 @@ async def test_sends_of_one_turn_share_a_batch_and_each_reads_its_own_metadata(
         waiter.cancel()
         assert (await pending).offset == before_last
         await sender.flush()
-    finally:
-        await sender.stop()
     got = await _read_partition(kafka_bootstrap, TopicPartition(topic, 1))
     assert got[0] == (0, b"k", b"first")
     assert got[1:2001] == [(i + 1, f"k{i}".encode(), f"v{i}".encode()) for i in range(2000)]
@@ -139,14 +139,8 @@ async def test_try_send_appends_at_once_or_leaves_the_record_to_send(
     await ensure_topics(kafka_bootstrap, [TopicSpec(name, 2)])
     unknown = Topic(name, StrCodec(), JsonCodec())
     topic = Topic(name, StrCodec(), JsonCodec(), partitions=2)
-    sender = KafkaSender(
-        kafka_bootstrap,
-        client_options={},
-        producer_options={"max_batch_size": 4096},  # 2,000 records take many batches
-        client_id="try-send-test",
-    )
-    await sender.start()
-    try:
+    # small batches: 2,000 records take many of them
+    async with _running_sender(kafka_bootstrap, "try-send-test", max_batch_size=4096) as sender:
         for declared in (unknown, topic):
             declared.link.connect(sender, None)  # type: ignore[arg-type]  (no tables)
         assert unknown.partitions is None
@@ -163,8 +157,6 @@ async def test_try_send_appends_at_once_or_leaves_the_record_to_send(
             deliveries.append(sent)
         assert 1_800 < at_once < 2_000  # most join an open batch; each batch's first does not
         metas = [await sent for sent in deliveries]
-    finally:
-        await sender.stop()
     expected: dict[int, list[tuple[bytes, bytes]]] = {0: [], 1: []}
     for i in range(2000):
         key = f"u{i % 50}".encode()
@@ -182,21 +174,12 @@ async def test_a_flush_and_a_changelog_flush_do_not_wait_out_the_linger(
     the test's patience would otherwise hold each of them for its whole length."""
     topic = unique_topic("lingering")
     await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2)])
-    sender = KafkaSender(
-        kafka_bootstrap,
-        client_options={},
-        producer_options={"linger_ms": 60_000},
-        client_id="linger-test",
-    )
-    await sender.start()
-    try:
+    async with _running_sender(kafka_bootstrap, "linger-test", linger_ms=60_000) as sender:
         sent = [await sender.send((topic, b"k", f"v{i}".encode(), 0, (), None)) for i in range(3)]
         await asyncio.wait_for(sender.flush(), timeout=20)
         assert [(await s).offset for s in sent] == [0, 1, 2]
         records: list[tuple[bytes, bytes | None]] = [(b"c", b"1"), (b"c", b"2")]
         last = await asyncio.wait_for(await sender.send_many(topic, 1, records), timeout=20)
         assert last == 1
-    finally:
-        await sender.stop()
     got = await _read_partition(kafka_bootstrap, TopicPartition(topic, 0))
     assert got == [(i, b"k", f"v{i}".encode()) for i in range(3)]
